@@ -1,0 +1,246 @@
+"""The GPU layer: adapter choice, device with the adapter's own limits, buffers, pipelines, sync.
+
+Everything that talks to wgpu directly lives here; models and kernels' host side use `Gpu`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import wgpu
+
+from engine.errors import GpuError
+from engine.shaders import build_source
+
+STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
+READBACK = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
+
+# Backends we trust for compute; OpenGL lacks shader-f16 and subgroups.
+GOOD_BACKENDS = ("Vulkan", "Metal", "D3D12")
+_TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
+MAX_GROUPS_PER_DIM = 65535
+
+
+@dataclass
+class AdapterInfo:
+    index: int
+    name: str
+    backend: str
+    adapter_type: str
+    driver: str
+    features: list[str]
+    limits: dict[str, int]
+    adapter: object = field(repr=False, default=None)
+
+    def summary(self) -> str:
+        return f"[{self.index}] {self.name} ({self.backend}, {self.adapter_type}, {self.driver})"
+
+
+def list_adapters() -> list[AdapterInfo]:
+    out = []
+    for i, a in enumerate(wgpu.gpu.enumerate_adapters_sync()):
+        info = a.info
+        out.append(
+            AdapterInfo(
+                index=i,
+                name=info.get("device", "") or info.get("vendor", "unknown"),
+                backend=info.get("backend_type", "?"),
+                adapter_type=info.get("adapter_type", "?"),
+                driver=info.get("description", ""),
+                features=sorted(a.features),
+                limits=dict(a.limits),
+                adapter=a,
+            )
+        )
+    return out
+
+
+def pick_adapter(choice: str | int | None = None) -> AdapterInfo:
+    """Choose an adapter: by index or name substring (argument or ZEROTVM_ADAPTER), else the fastest."""
+    choice = os.environ.get("ZEROTVM_ADAPTER") if choice is None else choice
+    adapters = list_adapters()
+    usable = [a for a in adapters if a.backend in GOOD_BACKENDS]
+    if choice not in (None, ""):
+        text = str(choice)
+        if text.isdigit():
+            hits = [a for a in adapters if a.index == int(text)]
+        else:
+            hits = [a for a in usable if text.lower() in a.name.lower()]
+        if not hits:
+            names = "; ".join(a.summary() for a in adapters) or "none"
+            raise GpuError(f"no GPU adapter matches {text!r}. Adapters found: {names}")
+        return hits[0]
+    if not usable:
+        seen = "; ".join(a.summary() for a in adapters) or "none"
+        raise GpuError(
+            "no Vulkan/Metal/DX12 GPU adapter found (adapters seen: "
+            f"{seen}). Install or update your GPU driver; on Linux install the Vulkan loader and driver."
+        )
+    return min(usable, key=lambda a: (_TYPE_RANK.get(a.adapter_type, 9), a.index))
+
+
+_SUBGROUP_PROBE = """
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) i: u32, @builtin(subgroup_size) sg: u32) {
+    if (i == 0u) { out[0] = sg; }
+}
+"""
+
+
+class Gpu:
+    """One wgpu device plus the helpers the engine needs. Not thread-safe: one owner thread."""
+
+    def __init__(self, adapter: str | int | AdapterInfo | None = None, use_subgroups: bool | None = None):
+        self.info = adapter if isinstance(adapter, AdapterInfo) else pick_adapter(adapter)
+        a = self.info.adapter
+        if "shader-f16" not in a.features:
+            raise GpuError(
+                f"this GPU lacks shader-f16: {self.info.summary()} cannot run the f16 kernels. "
+                "Update the driver, or pick another adapter with ZEROTVM_ADAPTER."
+            )
+        wanted = ["shader-f16"]
+        self.has_subgroups = "subgroup" in a.features
+        if self.has_subgroups:
+            wanted.append("subgroup")
+        if "timestamp-query" in a.features:
+            wanted.append("timestamp-query")
+        limit_names = (
+            "max-storage-buffer-binding-size",
+            "max-buffer-size",
+            "max-storage-buffers-per-shader-stage",
+            "max-compute-workgroup-storage-size",
+            "max-compute-invocations-per-workgroup",
+            "max-compute-workgroup-size-x",
+        )
+        limits = {k: a.limits[k] for k in limit_names if k in a.limits}
+        try:
+            self.device = a.request_device_sync(
+                label="zerotvm-device", required_features=wanted, required_limits=limits
+            )
+        except Exception as e:  # wgpu raises several types; the message is what matters
+            raise GpuError(f"could not open {self.info.summary()}: {e}") from e
+        self.queue = self.device.queue
+        self.limits = dict(self.device.limits)
+        self.features = set(self.device.features)
+        self.max_binding = self.limits["max-storage-buffer-binding-size"]
+        self.subgroup_size = self._probe_subgroup_size() if self.has_subgroups else 0
+        if use_subgroups is None:
+            use_subgroups = os.environ.get("ZEROTVM_SUBGROUPS", "1") != "0"
+        self.use_subgroups = bool(use_subgroups and self.subgroup_size >= 4)
+        self._pipelines: dict = {}
+
+    # ---- buffers -------------------------------------------------------------------------
+    def buffer(self, label: str, size: int, usage=STORAGE):
+        size = max(16, (int(size) + 3) // 4 * 4)  # never a zero-size binding
+        if size > self.limits["max-buffer-size"]:
+            raise GpuError(f"buffer {label!r} needs {size} bytes; this GPU allows {self.limits['max-buffer-size']}")
+        return self.device.create_buffer(label=label, size=size, usage=usage)
+
+    def upload(self, label: str, array: np.ndarray, usage=STORAGE):
+        data = np.ascontiguousarray(array)
+        if data.nbytes % 4:
+            data = np.frombuffer(data.tobytes() + b"\0" * (4 - data.nbytes % 4), np.uint8)
+        if data.nbytes == 0:
+            data = np.zeros(4, np.uint8)
+        if data.nbytes > self.limits["max-buffer-size"]:
+            raise GpuError(f"tensor {label!r} is {data.nbytes} bytes; this GPU allows {self.limits['max-buffer-size']}")
+        return self.device.create_buffer_with_data(label=label, data=data, usage=usage)
+
+    def write(self, buf, array: np.ndarray, offset: int = 0) -> None:
+        self.queue.write_buffer(buf, offset, np.ascontiguousarray(array))
+
+    def read(self, buf, dtype=np.float32, count: int | None = None, offset: int = 0) -> np.ndarray:
+        """Blocking readback (copies through a staging buffer). Doubles as a sync point."""
+        itemsize = np.dtype(dtype).itemsize
+        size = buf.size - offset if count is None else count * itemsize
+        raw = self.queue.read_buffer(buf, offset, size)
+        return np.frombuffer(raw, dtype=dtype).copy()
+
+    def sync(self) -> None:
+        """Wait for all submitted work: read back 4 bytes (on_submitted_work_done_sync is broken in 0.32)."""
+        if not hasattr(self, "_sync_buf"):
+            self._sync_buf = self.buffer("sync-probe", 16)
+        self.queue.read_buffer(self._sync_buf, 0, 4)
+
+    # ---- pipelines -----------------------------------------------------------------------
+    def pipeline(self, shader: str, consts: dict | None = None, label: str | None = None):
+        """Build (once) the compute pipeline for shaders/<shader>.wgsl with `consts` injected."""
+        consts = dict(consts or {})
+        key = (shader, tuple(sorted(consts.items())))
+        if key not in self._pipelines:
+            source = build_source(shader, consts, self)
+            module = self.device.create_shader_module(label=f"{shader}.wgsl", code=source)
+            self._pipelines[key] = self.device.create_compute_pipeline(
+                label=label or shader, layout="auto", compute={"module": module, "entry_point": "main"}
+            )
+        return self._pipelines[key]
+
+    def bind(self, pipeline, buffers: list, label: str):
+        """Bind group 0 with `buffers` at bindings 0..n-1; an entry may be (buffer, offset, size)."""
+        entries = []
+        for i, b in enumerate(buffers):
+            if isinstance(b, tuple):
+                buf, off, size = b
+                entries.append({"binding": i, "resource": {"buffer": buf, "offset": off, "size": size}})
+            else:
+                entries.append({"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}})
+        return self.device.create_bind_group(label=label, layout=pipeline.get_bind_group_layout(0), entries=entries)
+
+    def _probe_subgroup_size(self) -> int:
+        module = self.device.create_shader_module(label="subgroup-probe", code=_SUBGROUP_PROBE)
+        pipe = self.device.create_compute_pipeline(
+            label="subgroup-probe", layout="auto", compute={"module": module, "entry_point": "main"}
+        )
+        out = self.buffer("subgroup-probe-out", 16)
+        bg = self.bind(pipe, [out], "subgroup-probe")
+        enc = self.device.create_command_encoder(label="subgroup-probe")
+        p = enc.begin_compute_pass(label="subgroup-probe")
+        p.set_pipeline(pipe)
+        p.set_bind_group(0, bg)
+        p.dispatch_workgroups(1)
+        p.end()
+        self.queue.submit([enc.finish()])
+        return int(self.read(out, np.uint32, 1)[0])
+
+
+def fold_grid(groups: int) -> tuple[int, int]:
+    """Split a 1-D workgroup count into (x, y) so each is ≤ 65,535; kernels rebuild id = y*nx + x."""
+    if groups <= MAX_GROUPS_PER_DIM:
+        return max(groups, 1), 1
+    y = -(-groups // MAX_GROUPS_PER_DIM)
+    x = -(-groups // y)
+    return x, y
+
+
+class Recorder:
+    """Records dispatches into one compute pass and skips redundant set_pipeline calls."""
+
+    def __init__(self, gpu: Gpu, label: str):
+        self.gpu = gpu
+        self.encoder = gpu.device.create_command_encoder(label=label)
+        self.pass_ = self.encoder.begin_compute_pass(label=label)
+        self._pipe = None
+        self.dispatches = 0
+
+    def dispatch(self, pipeline, bind_group, x: int, y: int = 1, z: int = 1) -> None:
+        if pipeline is not self._pipe:
+            self.pass_.set_pipeline(pipeline)
+            self._pipe = pipeline
+        self.pass_.set_bind_group(0, bind_group)
+        self.pass_.dispatch_workgroups(x, y, z)
+        self.dispatches += 1
+
+    def copy(self, src, src_off: int, dst, dst_off: int, size: int) -> None:
+        """A buffer copy; ends the current compute pass and opens a new one after it."""
+        self.pass_.end()
+        self.encoder.copy_buffer_to_buffer(src, src_off, dst, dst_off, size)
+        self.pass_ = self.encoder.begin_compute_pass(label="after-copy")
+        self._pipe = None
+
+    def submit(self) -> None:
+        self.pass_.end()
+        self.gpu.queue.submit([self.encoder.finish()])

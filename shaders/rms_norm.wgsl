@@ -1,0 +1,21 @@
+// RMSNorm of each row: y = x · rsqrt(mean(x²) + EPS) · w.  One workgroup per row (token).
+// Constants: WG threads, D row length, EPS.
+// Bindings: 0 x f32[T, D] (read), 1 w f16[D], 2 y f32[T, D] (write), 3 step uniform (n_tokens).
+#import step
+#import reduce
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<f16>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<uniform> step: Step;
+
+@compute @workgroup_size(WG)
+fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
+    let row = wid.x;
+    if (row >= step.n_tokens) { return; }
+    let base = row * D;
+    var ss = 0.0;
+    for (var i = lane.lid; i < D; i += WG) { let v = x[base + i]; ss += v * v; }
+    let inv = inverseSqrt(wg_sum(ss, lane) / f32(D) + EPS);
+    for (var i = lane.lid; i < D; i += WG) { y[base + i] = x[base + i] * inv * f32(w[i]); }
+}

@@ -1,0 +1,38 @@
+"""Test session setup: every GPU test runs on a real (software) Vulkan adapter, never OpenGL."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("WGPU_BACKEND_TYPE", "Vulkan")
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def gpu():
+    from engine.gpu import Gpu
+
+    g = Gpu()
+    assert g.info.backend == "Vulkan", f"tests need a Vulkan adapter, got {g.info.summary()}"
+    return g
+
+
+@pytest.fixture(params=["subgroup", "workgroup"])
+def any_gpu(gpu, request):
+    """Runs a kernel test twice: with subgroup reductions and with the workgroup-memory fallback."""
+    if request.param == "subgroup" and not gpu.has_subgroups:
+        pytest.fail("the test adapter has no subgroup support")
+    saved = gpu.use_subgroups
+    gpu.use_subgroups = request.param == "subgroup"
+    yield gpu
+    gpu.use_subgroups = saved
+
+
+@pytest.fixture
+def rng(request):
+    # Fresh random data per test, but reproducible from the test's name.
+    seed = abs(hash(request.node.nodeid)) % (2**32)
+    return __import__("numpy").random.default_rng(seed)
