@@ -1,0 +1,78 @@
+"""Embedding, add+RMSNorm and argmax kernels vs float64 numpy on fresh random data."""
+
+import numpy as np
+import pytest
+
+from tests.kernel_util import poisoned, read, run, step_uniform
+
+
+def quantize(w):
+    """Reference q4f16_1 packing (group 32 along K, symmetric, element i of a word at bits 4i)."""
+    n, k = w.shape
+    g = w.reshape(n, k // 32, 32)
+    scale = (np.abs(g).max(-1) / 7).astype(np.float16)
+    s = scale.astype(np.float32)[..., None]
+    q = np.clip(np.round(np.divide(g, s, out=np.zeros_like(g), where=s > 0)) + 7, 0, 14).astype(np.uint32)
+    q = q.reshape(n, k // 8, 8)
+    words = np.zeros((n, k // 8), np.uint32)
+    for i in range(8):
+        words |= q[..., i] << np.uint32(4 * i)
+    deq = (q.reshape(n, k).astype(np.float64) - 7) * np.repeat(scale.astype(np.float64), 32, axis=1)
+    return words, scale, deq
+
+
+@pytest.mark.parametrize("V,D,T", [(37, 32, 1), (300, 96, 5)])
+def test_embedding(gpu, rng, V, D, T):
+    words, scale, deq = quantize(rng.standard_normal((V, D)).astype(np.float32))
+    tokens = rng.integers(0, V, T).astype(np.uint32)
+    tokens[0] = V - 1
+    x = poisoned(gpu, "x", (T, D))
+    bufs = [gpu.upload("t", tokens), gpu.upload("w", words), gpu.upload("s", scale), x, step_uniform(gpu, T)]
+    run(gpu, "embedding", dict(WG=64, D=D, VOCAB=V), bufs, (-(-D // 8 // 64), T))
+    np.testing.assert_allclose(read(gpu, x, (T, D)), deq[tokens], rtol=0, atol=1e-6)
+
+
+def test_embedding_out_of_vocab_id_gives_zeros(gpu, rng):
+    words, scale, _ = quantize(rng.standard_normal((8, 32)).astype(np.float32))
+    x = poisoned(gpu, "x", (1, 32))
+    bufs = [gpu.upload("t", np.array([99], np.uint32)), gpu.upload("w", words), gpu.upload("s", scale), x,
+            step_uniform(gpu, 1)]
+    run(gpu, "embedding", dict(WG=64, D=32, VOCAB=8), bufs, (1, 1))
+    assert np.all(read(gpu, x, (1, 32)) == 0)
+
+
+@pytest.mark.parametrize("T,D", [(1, 64), (3, 77), (4, 3072)])
+def test_add_rms_norm(any_gpu, rng, T, D):
+    g = any_gpu
+    r_in = rng.standard_normal((T, D)).astype(np.float32)
+    delta = rng.standard_normal((T, D)).astype(np.float32)
+    w = rng.standard_normal(D).astype(np.float16)
+    r_out, y = poisoned(g, "r_out", (T, D)), poisoned(g, "y", (T, D))
+    bufs = [g.upload("r_in", r_in), g.upload("d", delta), g.upload("w", w), r_out, y, step_uniform(g, T)]
+    run(g, "add_rms_norm", dict(WG=128, D=D, EPS=1e-6), bufs, (T,))
+    s = r_in.astype(np.float64) + delta
+    ref = s / np.sqrt((s**2).mean(1, keepdims=True) + 1e-6) * w.astype(np.float64)
+    np.testing.assert_allclose(read(g, r_out, (T, D)), s, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(read(g, y, (T, D)), ref, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("V", [5, 1000, 32064, 151936])
+def test_argmax_writes_token_and_ring(gpu, rng, V):
+    logits = rng.standard_normal(V).astype(np.float32)
+    logits[rng.integers(V)] = 50.0
+    tokens = poisoned(gpu, "tokens", (4,), np.uint32)
+    ring = poisoned(gpu, "ring", (8,), np.uint32)
+    run(gpu, "argmax", dict(WG=256, VOCAB=V), [gpu.upload("l", logits), tokens, ring, step_uniform(gpu, out_index=3)],
+        (1,))
+    want = int(np.argmax(logits))
+    assert read(gpu, tokens, (4,), np.uint32)[0] == want
+    ring_vals = read(gpu, ring, (8,), np.uint32)
+    assert ring_vals[3] == want and ring_vals[2] == np.iinfo(np.uint32).max
+
+
+def test_argmax_ties_pick_lowest_index(gpu):
+    logits = np.zeros(1000, np.float32)
+    logits[[700, 300, 999]] = 2.0
+    tokens, ring = poisoned(gpu, "tokens", (1,), np.uint32), poisoned(gpu, "ring", (1,), np.uint32)
+    run(gpu, "argmax", dict(WG=256, VOCAB=1000), [gpu.upload("l", logits), tokens, ring, step_uniform(gpu)], (1,))
+    assert read(gpu, tokens, (1,), np.uint32)[0] == 300
