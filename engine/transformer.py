@@ -1,0 +1,331 @@
+"""The dense-transformer runtime (Phi-3, Llama, Qwen3): GPU buffers, pipelines, bind groups, forward passes.
+
+Everything that does not change per token is built once here; a token costs one uniform write, one
+recorded compute pass and no CPU round trip (the sampled id feeds the next embedding on the GPU).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+
+import numpy as np
+import wgpu
+
+from engine.errors import ModelFormatError
+from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
+from engine.matmul import gemm_plan, matvec_plan
+from engine.models.base import DenseSpec
+
+PAGE = 16  # tokens per KV page
+SPLIT_KEYS = 256  # decode attention splits its keys into blocks of this size once the context is longer
+MAX_SPLITS = 32
+RING = 4096  # slots in the GPU ring of sampled token ids
+
+
+class DenseTransformer:
+    def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
+                 max_context: int | None = None, prefill_chunk: int = 128):
+        self.gpu, self.spec = gpu, spec
+        self.max_context = min(max_context or spec.context_length, spec.context_length)
+        s = spec
+        self.q_dim, self.kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        self.qkv_dim = self.q_dim + 2 * self.kv_dim
+        # Logits for every row (the logits API) must fit one binding.
+        self.logit_rows = max(1, min(prefill_chunk, gpu.max_binding // (4 * s.vocab)))
+        self.chunk = prefill_chunk
+        self.w = self._upload_weights(weights)
+        self._alloc()
+        self._build()
+        self.n_cached = 0  # tokens whose K/V are in the cache
+        self.dispatches_per_token = self._count_decode_dispatches()
+
+    # ---- weights -------------------------------------------------------------------------
+    def _expected_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        s = self.spec
+        shapes: dict[str, tuple[tuple[int, ...], str]] = {"norm": ((s.dim,), "float16")}
+
+        def q4(name, n, k):
+            shapes[f"{name}.q_weight"] = ((n, k // 8), "uint32")
+            shapes[f"{name}.q_scale"] = ((n, k // 32), "float16")
+
+        q4("embed", s.vocab, s.dim)
+        if not s.tied_embeddings:
+            q4("lm_head", s.vocab, s.dim)
+        for i in range(s.n_layers):
+            c = f"layers.{i}"
+            shapes[f"{c}.attn_norm"] = shapes[f"{c}.mlp_norm"] = ((s.dim,), "float16")
+            q4(f"{c}.qkv", self.qkv_dim, s.dim)
+            q4(f"{c}.o", s.dim, self.q_dim)
+            q4(f"{c}.gate_up", 2 * s.ffn_dim, s.dim)
+            q4(f"{c}.down", s.dim, s.ffn_dim)
+            if s.qk_norm:
+                shapes[f"{c}.q_norm"] = shapes[f"{c}.k_norm"] = ((s.head_dim,), "float16")
+        return shapes
+
+    def source_names(self) -> list[str]:
+        return [self.spec.names[c] for c in self._expected_shapes()]
+
+    def _upload_weights(self, weights) -> dict:
+        expected = self._expected_shapes()
+        canonical = {self.spec.names[c]: c for c in expected}
+        out = {}
+        for src, arr in weights:
+            c = canonical.get(src)
+            if c is None:
+                continue
+            shape, dtype = expected[c]
+            if arr.dtype == np.float32 and dtype == "float16":
+                arr = arr.astype(np.float16)  # norms stored in f32 (or bf16 expanded) become f16
+            if tuple(arr.shape) != shape or arr.dtype != np.dtype(dtype):
+                raise ModelFormatError(
+                    f"tensor {src}: expected {dtype}{list(shape)}, found {arr.dtype}{list(arr.shape)}"
+                )
+            out[c] = self.gpu.upload(src, arr)
+        missing = [self.spec.names[c] for c in expected if c not in out]
+        if missing:
+            raise ModelFormatError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}")
+        return out
+
+    # ---- buffers ---------------------------------------------------------------------------
+    def _alloc(self) -> None:
+        g, s, C = self.gpu, self.spec, self.chunk
+        f32 = 4
+        self.n_pages = -(-self.max_context // PAGE)
+        page_bytes = s.n_kv_heads * PAGE * s.head_dim * 2
+        self.k_cache = [g.buffer(f"k-cache-{i}", self.n_pages * page_bytes) for i in range(s.n_layers)]
+        self.v_cache = [g.buffer(f"v-cache-{i}", self.n_pages * page_bytes) for i in range(s.n_layers)]
+        self.page_table = g.upload("page-table", np.arange(self.n_pages, dtype=np.uint32))
+        self.inv_freq = g.upload("rope-inv-freq", s.inv_freq.astype(np.float32))
+        self.step = g.buffer("step", 16, UNIFORM)
+        self.tokens = g.buffer("tokens", C * 4)
+        self.ring = g.buffer("sampled-ring", RING * 4)
+        self.res = [g.buffer("residual-a", C * s.dim * f32), g.buffer("residual-b", C * s.dim * f32)]
+        self.hidden = g.buffer("normed-hidden", C * s.dim * f32)
+        self.delta = g.buffer("block-out", C * s.dim * f32)
+        self.qkv = g.buffer("qkv", C * self.qkv_dim * f32)
+        self.q = g.buffer("q-roped", C * self.q_dim * f32)
+        self.attn = g.buffer("attn-out", C * self.q_dim * f32)
+        self.ffn = g.buffer("ffn-act", C * s.ffn_dim * f32)
+        self.logits_buf = g.buffer("logits", self.logit_rows * s.vocab * f32)
+        self.part_o = g.buffer("attn-part-o", MAX_SPLITS * self.q_dim * f32)
+        self.part_ml = g.buffer("attn-part-ml", MAX_SPLITS * s.n_heads * 2 * f32)
+        self.readback = [g.buffer(f"readback-{i}", RING * 4, READBACK) for i in range(2)]
+
+    # ---- pipelines and bind groups (built once) ---------------------------------------------
+    def _build(self) -> None:
+        g, s, w = self.gpu, self.spec, self.w
+        self.p: dict[str, object] = {}
+        self.bg: dict[str, object] = {}
+        st = self.step
+        embed_q = "embed" if s.tied_embeddings else "lm_head"
+        self.p["embed"] = g.pipeline("embedding", dict(WG=64, D=s.dim, VOCAB=s.vocab))
+        self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
+        self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
+        self.p["argmax"] = g.pipeline("argmax", dict(WG=256, VOCAB=s.vocab))
+        attn = dict(H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, PAGE=PAGE,
+                    SCALE=1.0 / math.sqrt(s.head_dim))
+        rope = dict(H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE)
+        self.p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
+        self.p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
+        self.p["combine"] = g.pipeline("attention_combine", dict(H=s.n_heads, HD=s.head_dim))
+        self.p["rope_append"] = g.pipeline("rope_append", rope)
+        self.qkv_fused_consts, self.qkv_fused_grid = self._qkv_fused_plan(rope)
+        self.p["qkv_fused"] = g.pipeline("qkv_rope_append", self.qkv_fused_consts)
+
+        self.mats = {  # name -> (K, N, gate_up)
+            "qkv": (s.dim, self.qkv_dim, False), "o": (self.q_dim, s.dim, False),
+            "gate_up": (s.dim, s.ffn_dim, True), "down": (s.ffn_dim, s.dim, False),
+        }
+        for name, (k, n, gu) in self.mats.items():
+            self.p[f"mv_{name}"] = g.pipeline("matvec_int4", matvec_plan(k, n, gate_up=gu)[0])
+            self.p[f"mm_{name}"] = g.pipeline("matmul_int4", gemm_plan(k, n, 1, gate_up=gu)[0])
+        self.p["mv_lm"] = g.pipeline("matvec_int4", matvec_plan(s.dim, s.vocab, last_row=True)[0])
+        self.p["mm_lm"] = g.pipeline("matmul_int4", gemm_plan(s.dim, s.vocab, 1)[0])
+
+        bind = g.bind
+        self.bg["embed"] = bind(self.p["embed"], [self.tokens, w["embed.q_weight"], w["embed.q_scale"],
+                                                  self.res[0], st], "embed")
+        self.bg["norm0"] = bind(self.p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st], "norm0")
+        self.bg["combine"] = bind(self.p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
+        lm_w, lm_s = w[f"{embed_q}.q_weight"], w[f"{embed_q}.q_scale"]
+        self.bg["mv_lm"] = bind(self.p["mv_lm"], [self.hidden, lm_w, lm_s, self.logits_buf, st], "lm-head")
+        self.bg["mm_lm"] = bind(self.p["mm_lm"], [self.hidden, lm_w, lm_s, self.logits_buf, st], "lm-head-all")
+        self.bg["argmax"] = bind(self.p["argmax"], [self.logits_buf, self.tokens, self.ring, st], "argmax")
+        ins = {"qkv": self.hidden, "o": self.attn, "gate_up": self.hidden, "down": self.ffn}
+        outs = {"qkv": self.qkv, "o": self.delta, "gate_up": self.ffn, "down": self.delta}
+        self.layer_bg = []
+        for i in range(s.n_layers):
+            c, b = f"layers.{i}", {}
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            for name in self.mats:
+                wq, ws = w[f"{c}.{name}.q_weight"], w[f"{c}.{name}.q_scale"]
+                for kind in ("mv", "mm"):
+                    b[f"{kind}_{name}"] = bind(self.p[f"{kind}_{name}"], [ins[name], wq, ws, outs[name], st],
+                                               f"{c}.{kind}_{name}")
+            b["qkv_fused"] = bind(self.p["qkv_fused"], [self.hidden, w[f"{c}.qkv.q_weight"], w[f"{c}.qkv.q_scale"],
+                                                         self.q, kc, vc, self.page_table, self.inv_freq, st],
+                                  f"{c}.qkv_fused")
+            b["rope_append"] = bind(self.p["rope_append"], [self.qkv, self.q, kc, vc, self.page_table,
+                                                             self.inv_freq, st], f"{c}.rope_append")
+            b["attn"] = bind(self.p["attn"], [self.q, kc, vc, self.page_table, self.attn, self.part_ml, st],
+                             f"{c}.attn")
+            b["attn_split"] = bind(self.p["attn_split"], [self.q, kc, vc, self.page_table, self.part_o,
+                                                           self.part_ml, st], f"{c}.attn_split")
+            next_norm = w[f"layers.{i + 1}.attn_norm"] if i + 1 < s.n_layers else w["norm"]
+            b["add_norm1"] = bind(self.p["add_norm"], [self.res[0], self.delta, w[f"{c}.mlp_norm"], self.res[1],
+                                                        self.hidden, st], f"{c}.add_norm1")
+            b["add_norm2"] = bind(self.p["add_norm"], [self.res[1], self.delta, next_norm, self.res[0],
+                                                        self.hidden, st], f"{c}.add_norm2")
+            self.layer_bg.append(b)
+
+    def _qkv_fused_plan(self, rope: dict) -> tuple[dict, tuple[int, int]]:
+        from engine.attention import qkv_fused_plan
+
+        return qkv_fused_plan(self.spec.dim, rope)
+
+    # ---- recording -------------------------------------------------------------------------
+    def _splits(self, kv_len: int) -> int:
+        return 1 if kv_len <= SPLIT_KEYS else min(MAX_SPLITS, -(-kv_len // SPLIT_KEYS))
+
+    def _record_body(self, rec: Recorder, T: int, splits: int) -> None:
+        """Embedding through the final norm for T rows; T == 1 takes the decode kernels."""
+        s, p = self.spec, self.p
+        decode = T == 1
+        rec.dispatch(p["embed"], self.bg["embed"], -(-s.dim // 8 // 64), T)
+        rec.dispatch(p["norm0"], self.bg["norm0"], T)
+        for b in self.layer_bg:
+            if decode:
+                rec.dispatch(p["qkv_fused"], b["qkv_fused"], *self.qkv_fused_grid)
+            else:
+                self._mm(rec, b, "qkv", T)
+                rec.dispatch(p["rope_append"], b["rope_append"], T)
+            if splits > 1:
+                rec.dispatch(p["attn_split"], b["attn_split"], s.n_heads, T, splits)
+                rec.dispatch(p["combine"], self.bg["combine"], s.n_heads, T)
+            else:
+                rec.dispatch(p["attn"], b["attn"], s.n_heads, T, 1)
+            self._mm(rec, b, "o", T)
+            rec.dispatch(p["add_norm"], b["add_norm1"], T)
+            self._mm(rec, b, "gate_up", T)
+            self._mm(rec, b, "down", T)
+            rec.dispatch(p["add_norm"], b["add_norm2"], T)
+
+    def _mm(self, rec: Recorder, b: dict, name: str, T: int) -> None:
+        k, n, gu = self.mats[name]
+        if T == 1:
+            rec.dispatch(self.p[f"mv_{name}"], b[f"mv_{name}"], *matvec_plan(k, n, gate_up=gu)[1])
+        else:
+            rec.dispatch(self.p[f"mm_{name}"], b[f"mm_{name}"], *gemm_plan(k, n, T, gate_up=gu)[1])
+
+    def _write_step(self, T: int, pos0: int, out_index: int, splits: int) -> None:
+        self.gpu.write(self.step, np.array([T, pos0, out_index, splits], np.uint32))
+
+    def _check_room(self, n: int) -> None:
+        if self.n_cached + n > self.max_context:
+            raise ValueError(
+                f"context full: {self.n_cached} + {n} tokens exceeds the limit of {self.max_context}"
+            )
+
+    # ---- public API --------------------------------------------------------------------------
+    def reset(self) -> None:
+        self.n_cached = 0
+
+    def truncate(self, n: int) -> None:
+        """Roll the cache back to its first n tokens (later entries are simply overwritten)."""
+        self.n_cached = min(self.n_cached, max(0, n))
+
+    def logits(self, ids, chunk: int | None = None) -> np.ndarray:
+        """Teacher-forced f32 logits [T, vocab] for `ids`, appended after the cached tokens."""
+        ids = np.asarray(ids, np.uint32)
+        chunk = min(chunk or self.logit_rows, self.logit_rows, self.chunk)
+        out = []
+        for start in range(0, len(ids), chunk):
+            part = ids[start:start + chunk]
+            out.append(self._forward(part, want_logits=True))
+        return np.concatenate(out) if out else np.zeros((0, self.spec.vocab), np.float32)
+
+    def _forward(self, ids: np.ndarray, want_logits: bool = False, out_index: int = 0) -> np.ndarray | None:
+        T = len(ids)
+        self._check_room(T)
+        pos0 = self.n_cached
+        splits = self._splits(pos0 + T) if T == 1 else 1
+        self._write_step(T, pos0, out_index, splits)
+        self.gpu.write(self.tokens, ids)
+        rec = Recorder(self.gpu, "forward")
+        self._record_body(rec, T, splits)
+        s = self.spec
+        if want_logits:
+            if T == 1:
+                rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *matvec_plan(s.dim, s.vocab, last_row=True)[1])
+            else:
+                rec.dispatch(self.p["mm_lm"], self.bg["mm_lm"], *gemm_plan(s.dim, s.vocab, T)[1])
+        else:
+            rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *matvec_plan(s.dim, s.vocab, last_row=True)[1])
+            rec.dispatch(self.p["argmax"], self.bg["argmax"], 1)
+        rec.submit()
+        self.n_cached += T
+        if want_logits:
+            return self.gpu.read(self.logits_buf, np.float32, T * s.vocab).reshape(T, s.vocab)
+        return None
+
+    def prefill(self, ids, out_index: int = 0) -> None:
+        """Absorb `ids` into the cache in chunks; the last chunk samples the next token on the GPU."""
+        ids = np.asarray(ids, np.uint32)
+        if len(ids) == 0:
+            raise ValueError("prefill needs at least one token")
+        self._check_room(len(ids))
+        for start in range(0, len(ids), self.chunk):
+            self._forward(ids[start:start + self.chunk], out_index=out_index)
+
+    def read_sampled(self, index: int) -> int:
+        """Blocking read of one sampled token id from the ring (used for the first token)."""
+        return int(self.gpu.read(self.ring, np.uint32, 1, offset=index * 4)[0])
+
+    def decode(self, last_index: int, count: int, batch: int = 8) -> Iterator[list[int]]:
+        """Greedy-decode up to `count` tokens after the one sampled into ring[last_index]; yields batches.
+
+        Tokens stay on the GPU (each step's argmax feeds the next embedding). Each batch is copied to a
+        staging buffer that is mapped only once the next batch is queued, so the GPU never idles on a
+        readback. Closing the generator stops early; the caller then truncates the cache to what it keeps.
+        """
+        g, s = self.gpu, self.spec
+        lm_grid = matvec_plan(s.dim, s.vocab, last_row=True)[1]
+        pending: list[tuple[object, int]] = []  # (staging buffer, n tokens)
+        free = list(self.readback)
+        idx, remaining = last_index, count
+        try:
+            while remaining > 0 or pending:
+                if remaining > 0 and free:
+                    first = (idx + 1) % RING
+                    n = min(batch, remaining, RING - first)  # a batch never wraps around the ring
+                    self._check_room(n)
+                    buf = free.pop()
+                    for j in range(n):
+                        splits = self._splits(self.n_cached + 1)
+                        self._write_step(1, self.n_cached, first + j, splits)
+                        rec = Recorder(g, "decode")
+                        self._record_body(rec, 1, splits)
+                        rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *lm_grid)
+                        rec.dispatch(self.p["argmax"], self.bg["argmax"], 1)
+                        if j == n - 1:
+                            rec.copy(self.ring, first * 4, buf, 0, n * 4)
+                        rec.submit()
+                        self.n_cached += 1
+                    pending.append((buf, n))
+                    idx, remaining = (idx + n) % RING, remaining - n
+                    if len(pending) < 2 and remaining > 0:
+                        continue  # keep one more batch queued before blocking on a readback
+                buf, n = pending.pop(0)
+                buf.map_sync(mode=wgpu.MapMode.READ)
+                got = np.frombuffer(buf.read_mapped(0, n * 4), np.uint32).tolist()
+                buf.unmap()
+                free.append(buf)
+                yield got
+        finally:
+            for buf, _ in pending:  # drain work still in flight so buffers are reusable
+                buf.map_sync(mode=wgpu.MapMode.READ)
+                buf.unmap()
+
+    def _count_decode_dispatches(self) -> int:
+        return 2 + 7 * self.spec.n_layers + 2
