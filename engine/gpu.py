@@ -170,7 +170,7 @@ class Gpu:
     def pipeline(self, shader: str, consts: dict | None = None, label: str | None = None):
         """Build (once) the compute pipeline for shaders/<shader>.wgsl with `consts` injected."""
         consts = dict(consts or {})
-        key = (shader, tuple(sorted(consts.items())))
+        key = (shader, tuple(sorted(consts.items())), self.use_subgroups)  # the reduce lib differs per path
         if key not in self._pipelines:
             source = build_source(shader, consts, self)
             module = self.device.create_shader_module(label=f"{shader}.wgsl", code=source)

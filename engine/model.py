@@ -36,7 +36,8 @@ class Model:
 
 
 def load_model(path: str | Path, gpu: Gpu | None = None, max_context: int | None = None,
-               on_progress: ProgressFn | None = None, prefill_chunk: int = 128) -> Model:
+               on_progress: ProgressFn | None = None, **runtime_options) -> Model:
+    """Load an MLC q4f16_1 folder; runtime_options go to DenseTransformer (prefill_chunk, split_keys)."""
     from engine.formats.mlc import MlcCheckpoint
 
     path = Path(path)
@@ -46,7 +47,8 @@ def load_model(path: str | Path, gpu: Gpu | None = None, max_context: int | None
     spec = module.spec(args)
     gpu = gpu or Gpu()
     needed = _needed_names(spec)
-    runtime = DenseTransformer(gpu, spec, ckpt.load(needed, on_progress), max_context, prefill_chunk)
+    runtime = DenseTransformer(gpu, spec, ckpt.load(needed, on_progress), max_context,
+                               **runtime_options)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     return Model(runtime, tokenizer, path, ckpt.model_type)
 

@@ -6,7 +6,6 @@ recorded compute pass and no CPU round trip (the sampled id feeds the next embed
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -14,6 +13,7 @@ import wgpu
 
 from engine.errors import ModelFormatError
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
+from engine.attention import attention_consts, qkv_fused_plan
 from engine.matmul import gemm_plan, matvec_plan
 from engine.models.base import DenseSpec
 
@@ -23,10 +23,36 @@ MAX_SPLITS = 32
 RING = 4096  # slots in the GPU ring of sampled token ids
 
 
+def tensor_shapes(spec: DenseSpec) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Canonical tensor name -> (shape, dtype) that the runtime expects for `spec`."""
+    s = spec
+    q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    shapes: dict[str, tuple[tuple[int, ...], str]] = {"norm": ((s.dim,), "float16")}
+
+    def q4(name, n, k):
+        shapes[f"{name}.q_weight"] = ((n, k // 8), "uint32")
+        shapes[f"{name}.q_scale"] = ((n, k // 32), "float16")
+
+    q4("embed", s.vocab, s.dim)
+    if not s.tied_embeddings:
+        q4("lm_head", s.vocab, s.dim)
+    for i in range(s.n_layers):
+        c = f"layers.{i}"
+        shapes[f"{c}.attn_norm"] = shapes[f"{c}.mlp_norm"] = ((s.dim,), "float16")
+        q4(f"{c}.qkv", q_dim + 2 * kv_dim, s.dim)
+        q4(f"{c}.o", s.dim, q_dim)
+        q4(f"{c}.gate_up", 2 * s.ffn_dim, s.dim)
+        q4(f"{c}.down", s.dim, s.ffn_dim)
+        if s.qk_norm:
+            shapes[f"{c}.q_norm"] = shapes[f"{c}.k_norm"] = ((s.head_dim,), "float16")
+    return shapes
+
+
 class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
-                 max_context: int | None = None, prefill_chunk: int = 128):
+                 max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS):
         self.gpu, self.spec = gpu, spec
+        self.split_keys = split_keys
         self.max_context = min(max_context or spec.context_length, spec.context_length)
         s = spec
         self.q_dim, self.kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
@@ -41,33 +67,8 @@ class DenseTransformer:
         self.dispatches_per_token = self._count_decode_dispatches()
 
     # ---- weights -------------------------------------------------------------------------
-    def _expected_shapes(self) -> dict[str, tuple[tuple[int, ...], str]]:
-        s = self.spec
-        shapes: dict[str, tuple[tuple[int, ...], str]] = {"norm": ((s.dim,), "float16")}
-
-        def q4(name, n, k):
-            shapes[f"{name}.q_weight"] = ((n, k // 8), "uint32")
-            shapes[f"{name}.q_scale"] = ((n, k // 32), "float16")
-
-        q4("embed", s.vocab, s.dim)
-        if not s.tied_embeddings:
-            q4("lm_head", s.vocab, s.dim)
-        for i in range(s.n_layers):
-            c = f"layers.{i}"
-            shapes[f"{c}.attn_norm"] = shapes[f"{c}.mlp_norm"] = ((s.dim,), "float16")
-            q4(f"{c}.qkv", self.qkv_dim, s.dim)
-            q4(f"{c}.o", s.dim, self.q_dim)
-            q4(f"{c}.gate_up", 2 * s.ffn_dim, s.dim)
-            q4(f"{c}.down", s.dim, s.ffn_dim)
-            if s.qk_norm:
-                shapes[f"{c}.q_norm"] = shapes[f"{c}.k_norm"] = ((s.head_dim,), "float16")
-        return shapes
-
-    def source_names(self) -> list[str]:
-        return [self.spec.names[c] for c in self._expected_shapes()]
-
     def _upload_weights(self, weights) -> dict:
-        expected = self._expected_shapes()
+        expected = tensor_shapes(self.spec)
         canonical = {self.spec.names[c]: c for c in expected}
         out = {}
         for src, arr in weights:
@@ -123,15 +124,14 @@ class DenseTransformer:
         self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
         self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
         self.p["argmax"] = g.pipeline("argmax", dict(WG=256, VOCAB=s.vocab))
-        attn = dict(H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, PAGE=PAGE,
-                    SCALE=1.0 / math.sqrt(s.head_dim))
-        rope = dict(H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE)
+        attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
+        rope = dict(WG=64, H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE)
         self.p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
         self.p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
-        self.p["combine"] = g.pipeline("attention_combine", dict(H=s.n_heads, HD=s.head_dim))
+        self.p["combine"] = g.pipeline("attention_combine", dict(WG=64, H=s.n_heads, HD=s.head_dim))
         self.p["rope_append"] = g.pipeline("rope_append", rope)
-        self.qkv_fused_consts, self.qkv_fused_grid = self._qkv_fused_plan(rope)
-        self.p["qkv_fused"] = g.pipeline("qkv_rope_append", self.qkv_fused_consts)
+        qkv_consts, self.qkv_fused_grid = qkv_fused_plan(s.dim, rope)
+        self.p["qkv_fused"] = g.pipeline("qkv_rope_append", qkv_consts)
 
         self.mats = {  # name -> (K, N, gate_up)
             "qkv": (s.dim, self.qkv_dim, False), "o": (self.q_dim, s.dim, False),
@@ -179,14 +179,9 @@ class DenseTransformer:
                                                         self.hidden, st], f"{c}.add_norm2")
             self.layer_bg.append(b)
 
-    def _qkv_fused_plan(self, rope: dict) -> tuple[dict, tuple[int, int]]:
-        from engine.attention import qkv_fused_plan
-
-        return qkv_fused_plan(self.spec.dim, rope)
-
     # ---- recording -------------------------------------------------------------------------
     def _splits(self, kv_len: int) -> int:
-        return 1 if kv_len <= SPLIT_KEYS else min(MAX_SPLITS, -(-kv_len // SPLIT_KEYS))
+        return 1 if kv_len <= self.split_keys else min(MAX_SPLITS, -(-kv_len // self.split_keys))
 
     def _record_body(self, rec: Recorder, T: int, splits: int) -> None:
         """Embedding through the final norm for T rows; T == 1 takes the decode kernels."""
@@ -199,7 +194,7 @@ class DenseTransformer:
                 rec.dispatch(p["qkv_fused"], b["qkv_fused"], *self.qkv_fused_grid)
             else:
                 self._mm(rec, b, "qkv", T)
-                rec.dispatch(p["rope_append"], b["rope_append"], T)
+                rec.dispatch(p["rope_append"], b["rope_append"], T, min(s.n_heads + 2 * s.n_kv_heads, 8))
             if splits > 1:
                 rec.dispatch(p["attn_split"], b["attn_split"], s.n_heads, T, splits)
                 rec.dispatch(p["combine"], self.bg["combine"], s.n_heads, T)

@@ -1,0 +1,367 @@
+"""Attention-side kernels vs float64 numpy: RoPE + KV append (prefill and fused int4 decode), paged
+causal attention (plain and split-K + combine), and decode-vs-prefill agreement."""
+
+import numpy as np
+import pytest
+
+from tests.kernel_util import poisoned, read, run, step_uniform
+
+PAGE = 16
+NEG_BIG = -3.0e38
+
+
+def _run(g, shader, consts, buffers, grid):
+    # The pipeline cache keys on (shader, consts) only; naming the reduce path keeps the subgroup and
+    # workgroup variants of `any_gpu` from sharing one pipeline.
+    run(g, shader, {**consts, "REDUCE_SUBGROUPS": g.use_subgroups}, buffers, grid)
+
+
+# ---- numpy references ------------------------------------------------------------------------------
+
+
+def inv_freq_for(rot, base=10000.0):
+    return (1.0 / base ** (np.arange(0, rot, 2, dtype=np.float64) / rot)).astype(np.float32)
+
+
+def rope_ref(x, positions, inv_freq, rot, f32_angle=False):
+    """rotate_half RoPE on the last axis of x [T, heads, HD] in float64; dims ≥ rot pass through.
+    f32_angle forms pos · inv_freq in f32 as transformers (and the kernels) do; only cos/sin stay exact."""
+    x = x.astype(np.float64).copy()
+    half = rot // 2
+    if f32_angle:
+        angle = (np.asarray(positions, np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)
+    else:
+        angle = np.asarray(positions, np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]
+    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
+    x1, x2 = x[..., :half].copy(), x[..., half:rot].copy()
+    x[..., :half] = x1 * cos - x2 * sin
+    x[..., half:rot] = x2 * cos + x1 * sin
+    return x
+
+
+def quantize_q4f16_1(w):
+    """MLC q4f16_1 per 32-element group along K: scale = max|w|/7 (f16), q = clamp(round(w/s)+7, 0, 14)."""
+    n, k = w.shape
+    groups = w.reshape(n, k // 32, 32).astype(np.float64)
+    scale = (np.abs(groups).max(axis=2) / 7.0).astype(np.float16)
+    s64 = scale.astype(np.float64)[..., None]
+    q = np.clip(np.round(np.divide(groups, s64, out=np.zeros_like(groups), where=s64 > 0)) + 7, 0, 14)
+    q = q.astype(np.uint32).reshape(n, k // 8, 8)
+    words = np.zeros((n, k // 8), np.uint32)
+    for i in range(8):
+        words |= q[..., i] << np.uint32(4 * i)
+    dequant = (q.reshape(n, k // 32, 32).astype(np.float64) - 7.0) * s64
+    return words, scale, dequant.reshape(n, k)
+
+
+def page_table_for(rng, n_logical, spare=2):
+    """A shuffled logical→physical map over n_logical + spare physical pages (spares stay unused)."""
+    physical = rng.permutation(n_logical + spare)[:n_logical]
+    return physical.astype(np.uint32), n_logical + spare
+
+
+def slot(page_table, p):
+    return int(page_table[p // PAGE]), p % PAGE
+
+
+def split_ranges(n_keys, splits):
+    per = -(-n_keys // splits)
+    return [(min(s * per, n_keys), min(min(s * per, n_keys) + per, n_keys)) for s in range(splits)]
+
+
+def attention_partials_ref(q, k, v, pos0, scale, splits):
+    """Per split: (o unnormalized vs the split max, m, l). q [T, H, HD]; k, v [L, KVH, HD] by position."""
+    t_len, h_len, hd = q.shape
+    group = h_len // k.shape[1]
+    o = np.zeros((splits, t_len, h_len, hd))
+    ml = np.zeros((splits, t_len, h_len, 2))
+    for t in range(t_len):
+        for h in range(h_len):
+            kk, vv = k[:, h // group].astype(np.float64), v[:, h // group].astype(np.float64)
+            scores = kk @ q[t, h].astype(np.float64) * scale
+            for s, (a, b) in enumerate(split_ranges(pos0 + t + 1, splits)):
+                if a == b:
+                    ml[s, t, h] = (NEG_BIG, 0.0)
+                    continue
+                m = scores[a:b].max()
+                p = np.exp(scores[a:b] - m)
+                o[s, t, h] = p @ vv[a:b]
+                ml[s, t, h] = (m, p.sum())
+    return o, ml
+
+
+def attention_ref(q, k, v, pos0, scale):
+    o, ml = attention_partials_ref(q, k, v, pos0, scale, 1)
+    return (o[0] / ml[0, ..., 1:2]).reshape(q.shape[0], -1)
+
+
+# ---- cache helpers ---------------------------------------------------------------------------------
+
+
+def cache_with(positions_kv, page_table, n_pages, kvh, hd):
+    """A NaN-filled f16 cache [n_pages, KVH, PAGE, HD] holding rows[p] = [KVH, HD] at their slots."""
+    cache = np.full((n_pages, kvh, PAGE, hd), np.nan, np.float16)
+    for p, row in enumerate(positions_kv):
+        page, sl = slot(page_table, p)
+        cache[page, :, sl] = row
+    return cache
+
+
+def check_cache(cache, page_table, expected, positions, atol):
+    """Slots of `positions` match expected[i] = [KVH, HD]; every other slot is still NaN."""
+    written = np.zeros(cache.shape[:1] + cache.shape[2:3], bool)
+    for i, p in enumerate(positions):
+        page, sl = slot(page_table, p)
+        np.testing.assert_allclose(cache[page, :, sl].astype(np.float64), expected[i], rtol=0, atol=atol)
+        written[page, sl] = True
+    assert np.isnan(cache.transpose(0, 2, 1, 3)[~written]).all(), "a cache slot outside the step was written"
+
+
+# ---- rope_append (prefill) -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "H,KVH,HD,ROT,T,pos0,Y",  # grid (T, Y): Y = 0 means one head slot per workgroup, H + 2·KVH
+    [(8, 2, 96, 64, 5, 30, 0), (4, 4, 32, 32, 3, 0, 1), (8, 2, 128, 128, 7, 13, 3), (2, 1, 128, 96, 1, 47, 0)],
+)
+def test_rope_append(gpu, rng, H, KVH, HD, ROT, T, pos0, Y):
+    g = gpu
+    n_logical = (pos0 + T - 1) // PAGE + 1
+    page_table, n_pages = page_table_for(rng, n_logical)
+    inv_freq = inv_freq_for(ROT)
+    qkv = rng.standard_normal((T, (H + 2 * KVH) * HD)).astype(np.float32)
+    q_out = poisoned(g, "q_out", (T, H * HD))
+    k_cache = poisoned(g, "k_cache", (n_pages, KVH, PAGE, HD), np.float16)
+    v_cache = poisoned(g, "v_cache", (n_pages, KVH, PAGE, HD), np.float16)
+    consts = dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE)
+    buffers = [
+        g.upload("qkv", qkv),
+        q_out,
+        k_cache,
+        v_cache,
+        g.upload("pt", page_table),
+        g.upload("inv_freq", inv_freq),
+        step_uniform(g, T, pos0),
+    ]
+    _run(g, "rope_append", consts, buffers, (T, Y or H + 2 * KVH))
+
+    positions = np.arange(pos0, pos0 + T)
+    heads = qkv.reshape(T, H + 2 * KVH, HD)
+    q_ref = rope_ref(heads[:, :H], positions, inv_freq, ROT)
+    k_ref = rope_ref(heads[:, H : H + KVH], positions, inv_freq, ROT)
+    v_ref = heads[:, H + KVH :].astype(np.float64)
+    np.testing.assert_allclose(read(g, q_out, (T, H, HD)), q_ref, rtol=1e-5, atol=1e-5)
+    tol = 1e-3 * max(np.abs(k_ref).max(), np.abs(v_ref).max())
+    shape = (n_pages, KVH, PAGE, HD)
+    check_cache(read(g, k_cache, shape, np.float16), page_table, k_ref, positions, tol)
+    check_cache(read(g, v_cache, shape, np.float16), page_table, v_ref, positions, tol)
+
+
+def test_rope_append_far_positions(gpu, rng):
+    """Angles of ~10⁵ rad: the kernel reduces them to [-π, π] itself, as WGSL only bounds cos/sin there."""
+    g = gpu
+    H, KVH, HD, ROT, T, pos0 = 2, 1, 64, 64, 3, 131_070  # crosses a page boundary at 131,072
+    page_table = np.zeros(pos0 // PAGE + 2, np.uint32)
+    page_table[pos0 // PAGE :] = [2, 1]  # the two live logical pages; the rest point at page 0
+    inv_freq = inv_freq_for(ROT)
+    qkv = rng.standard_normal((T, (H + 2 * KVH) * HD)).astype(np.float32)
+    q_out = poisoned(g, "q_out", (T, H * HD))
+    shape = (3, KVH, PAGE, HD)
+    k_cache, v_cache = poisoned(g, "k_cache", shape, np.float16), poisoned(g, "v_cache", shape, np.float16)
+    buffers = [g.upload("qkv", qkv), q_out, k_cache, v_cache, g.upload("pt", page_table)]
+    buffers += [g.upload("inv_freq", inv_freq), step_uniform(g, T, pos0)]
+    _run(g, "rope_append", dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE), buffers, (T, 1))
+
+    positions = np.arange(pos0, pos0 + T)
+    heads = qkv.reshape(T, H + 2 * KVH, HD)
+    q_ref = rope_ref(heads[:, :H], positions, inv_freq, ROT, f32_angle=True)
+    k_ref = rope_ref(heads[:, H : H + KVH], positions, inv_freq, ROT, f32_angle=True)
+    np.testing.assert_allclose(read(g, q_out, (T, H, HD)), q_ref, rtol=0, atol=1e-4)
+    check_cache(read(g, k_cache, shape, np.float16), page_table, k_ref, positions, 1e-3 * np.abs(k_ref).max())
+
+
+# ---- qkv_rope_append (fused int4 decode) -----------------------------------------------------------
+
+
+def dispatch_qkv_rope_append(g, consts, x, words, scales, q_out, k_cache, v_cache, pt, inv_freq, step, grid=None):
+    n = (consts["H"] + 2 * consts["KVH"]) * consts["HD"]
+    groups = -(-n // 4)
+    buffers = [x, words, scales, q_out, k_cache, v_cache, pt, inv_freq, step]
+    _run(g, "qkv_rope_append", consts, buffers, grid or (groups,))
+
+
+@pytest.mark.parametrize(
+    "H,KVH,HD,ROT,D,pos0,WG,fold",
+    [
+        (8, 2, 96, 64, 128, 37, 64, False),
+        (4, 4, 32, 32, 96, 0, 32, False),
+        (8, 2, 128, 128, 256, 21, 64, True),
+        (1, 1, 6, 4, 64, 5, 32, True),  # N/2 odd: the last workgroup holds a single RoPE pair
+    ],
+)
+def test_qkv_rope_append(any_gpu, rng, H, KVH, HD, ROT, D, pos0, WG, fold):
+    g = any_gpu
+    n = (H + 2 * KVH) * HD
+    words, scales, w_deq = quantize_q4f16_1(rng.standard_normal((n, D)).astype(np.float32) * 0.1)
+    x = rng.standard_normal((1, D)).astype(np.float32)
+    page_table, n_pages = page_table_for(rng, pos0 // PAGE + 1)
+    inv_freq = inv_freq_for(ROT)
+    q_out = poisoned(g, "q_out", (H * HD,))
+    shape = (n_pages, KVH, PAGE, HD)
+    k_cache, v_cache = poisoned(g, "k_cache", shape, np.float16), poisoned(g, "v_cache", shape, np.float16)
+    consts = dict(WG=WG, K=D, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE)
+    groups = -(-n // 4)
+    # Folded like fold_grid does past 65,535: more workgroups than needed, the extra ones must leave.
+    grid = (-(-groups // 3), 3) if fold else None
+    dispatch_qkv_rope_append(
+        g,
+        consts,
+        g.upload("x", x),
+        g.upload("w", words),
+        g.upload("s", scales),
+        q_out,
+        k_cache,
+        v_cache,
+        g.upload("pt", page_table),
+        g.upload("inv_freq", inv_freq),
+        step_uniform(g, 1, pos0),
+        grid,
+    )
+
+    y = (w_deq @ x[0].astype(np.float64)).reshape(1, H + 2 * KVH, HD)
+    q_ref = rope_ref(y[:, :H], [pos0], inv_freq, ROT)
+    k_ref = rope_ref(y[:, H : H + KVH], [pos0], inv_freq, ROT)
+    v_ref = y[:, H + KVH :]
+    np.testing.assert_allclose(read(g, q_out, (1, H, HD)), q_ref, rtol=0, atol=1e-4 * np.abs(q_ref).max())
+    tol = 1e-3 * max(np.abs(k_ref).max(), np.abs(v_ref).max())
+    check_cache(read(g, k_cache, shape, np.float16), page_table, k_ref, [pos0], tol)
+    check_cache(read(g, v_cache, shape, np.float16), page_table, v_ref, [pos0], tol)
+
+
+# ---- attention + combine ---------------------------------------------------------------------------
+
+
+class AttentionSetup:
+    """Random q and a paged cache holding positions 0..pos0+T-1 (NaN everywhere else)."""
+
+    def __init__(self, g, rng, H, KVH, HD, T, pos0):
+        self.H, self.KVH, self.HD, self.T, self.pos0 = H, KVH, HD, T, pos0
+        n_keys = pos0 + T
+        self.q = rng.standard_normal((T, H, HD)).astype(np.float32)
+        self.k = rng.standard_normal((n_keys, KVH, HD)).astype(np.float16)
+        self.v = rng.standard_normal((n_keys, KVH, HD)).astype(np.float16)
+        page_table, n_pages = page_table_for(rng, (n_keys - 1) // PAGE + 1)
+        self.scale = 1.0 / np.sqrt(HD)
+        self.bufs = [
+            g.upload("q", self.q),
+            g.upload("k_cache", cache_with(self.k, page_table, n_pages, KVH, HD)),
+            g.upload("v_cache", cache_with(self.v, page_table, n_pages, KVH, HD)),
+            g.upload("pt", page_table),
+        ]
+
+    def consts(self, WG, split):
+        return dict(WG=WG, H=self.H, KVH=self.KVH, HD=self.HD, PAGE=PAGE, SCALE=float(self.scale), SPLIT=split)
+
+
+def attention_unsplit(g, a, WG):
+    out = poisoned(g, "out", (a.T, a.H * a.HD))
+    dummy = g.buffer("part_ml-unused", 16)
+    _run(g, "attention", a.consts(WG, False), a.bufs + [out, dummy, step_uniform(g, a.T, a.pos0)], (a.H, a.T, 1))
+    return read(g, out, (a.T, a.H * a.HD))
+
+
+def attention_split(g, a, WG, splits):
+    part_o = poisoned(g, "part_o", (splits, a.T, a.H, a.HD))
+    part_ml = poisoned(g, "part_ml", (splits, a.T, a.H, 2))
+    step = step_uniform(g, a.T, a.pos0, attn_splits=splits)
+    _run(g, "attention", a.consts(WG, True), a.bufs + [part_o, part_ml, step], (a.H, a.T, splits))
+    out = poisoned(g, "out", (a.T, a.H * a.HD))
+    _run(g, "attention_combine", dict(WG=64, H=a.H, HD=a.HD), [part_o, part_ml, out, step], (a.H, a.T))
+    parts = read(g, part_o, (splits, a.T, a.H, a.HD)), read(g, part_ml, (splits, a.T, a.H, 2))
+    return read(g, out, (a.T, a.H * a.HD)), parts
+
+
+@pytest.mark.parametrize(
+    "H,KVH,HD,T,pos0,WG",
+    [
+        (8, 2, 96, 5, 37, 32),  # GQA, 2 key blocks per query, pages crossed
+        (4, 4, 32, 3, 0, 64),  # MHA, small head: 8 key lanes in the P·V phase
+        (8, 2, 128, 1, 70, 64),  # decode, 71 keys over 5 pages
+        (2, 1, 256, 2, 9, 64),  # widest head: one key lane
+        (4, 2, 64, 2, 0, 32),  # 1–2 keys: with 3 splits some splits have none
+    ],
+)
+def test_attention(any_gpu, rng, H, KVH, HD, T, pos0, WG):
+    g = any_gpu
+    a = AttentionSetup(g, rng, H, KVH, HD, T, pos0)
+    ref = attention_ref(a.q, a.k, a.v, pos0, a.scale)
+    got = attention_unsplit(g, a, WG)
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+
+    for splits in (1, 3):
+        merged, (part_o, part_ml) = attention_split(g, a, WG, splits)
+        np.testing.assert_allclose(merged, got, rtol=1e-5, atol=1e-6)
+        o_ref, ml_ref = attention_partials_ref(a.q, a.k, a.v, pos0, a.scale, splits)
+        np.testing.assert_allclose(part_ml, ml_ref, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(part_o, o_ref, rtol=1e-4, atol=1e-4)
+        empty = ml_ref[..., 1] == 0
+        if splits == 3 and pos0 == 0:
+            assert empty.any(), "this case is meant to hold splits with no keys"
+        assert (part_ml[..., 0][empty] <= -1e38).all() and (part_o[empty] == 0).all()
+
+
+# ---- decode path == prefill path -------------------------------------------------------------------
+
+
+def test_decode_matches_prefill(any_gpu, rng):
+    """Same tokens two ways: fused int4 QKV + RoPE + append then attention, one token at a time; or the
+    numpy GEMM + rope_append + attention over two prefill chunks (the second one at pos0 > 0)."""
+    g = any_gpu
+    H, KVH, HD, ROT, D, T, chunk = 4, 2, 64, 32, 128, 7, 4
+    n = (H + 2 * KVH) * HD
+    words, scales, w_deq = quantize_q4f16_1(rng.standard_normal((n, D)).astype(np.float32) * 0.1)
+    x = rng.standard_normal((T, D)).astype(np.float32)
+    page_table, n_pages = page_table_for(rng, (T - 1) // PAGE + 2)  # one logical page beyond need
+    shape = (n_pages, KVH, PAGE, HD)
+    pt, inv_freq = g.upload("pt", page_table), g.upload("inv_freq", inv_freq_for(ROT))
+    attn_consts = dict(WG=64, H=H, KVH=KVH, HD=HD, PAGE=PAGE, SCALE=float(1 / np.sqrt(HD)), SPLIT=False)
+    dummy = g.buffer("part_ml-unused", 16)
+
+    def attend(q, k_cache, v_cache, t_len, pos0, step):
+        out = poisoned(g, "out", (t_len, H * HD))
+        _run(g, "attention", attn_consts, [q, k_cache, v_cache, pt, out, dummy, step], (H, t_len, 1))
+        return read(g, out, (t_len, H * HD))
+
+    # Decode: one token at a time.
+    k_dec, v_dec = poisoned(g, "k_dec", shape, np.float16), poisoned(g, "v_dec", shape, np.float16)
+    w_buf, s_buf = g.upload("w", words), g.upload("s", scales)
+    qkv_consts = dict(WG=64, K=D, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE)
+    decoded = []
+    for t in range(T):
+        q = poisoned(g, "q", (H * HD,))
+        step = step_uniform(g, 1, t)
+        dispatch_qkv_rope_append(
+            g, qkv_consts, g.upload("x", x[t : t + 1]), w_buf, s_buf, q, k_dec, v_dec, pt, inv_freq, step
+        )
+        decoded.append(attend(q, k_dec, v_dec, 1, t, step)[0])
+
+    # Prefill: the fused GEMM in numpy (f32), then RoPE + append and attention per chunk.
+    k_pre, v_pre = poisoned(g, "k_pre", shape, np.float16), poisoned(g, "v_pre", shape, np.float16)
+    qkv_all = (x @ w_deq.astype(np.float32).T).astype(np.float32)
+    prefilled = []
+    for pos0 in range(0, T, chunk):
+        t_len = min(chunk, T - pos0)
+        q = poisoned(g, "q", (t_len, H * HD))
+        step = step_uniform(g, t_len, pos0)
+        buffers = [g.upload("qkv", qkv_all[pos0 : pos0 + t_len]), q, k_pre, v_pre, pt, inv_freq, step]
+        _run(g, "rope_append", dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE), buffers, (t_len,))
+        prefilled.append(attend(q, k_pre, v_pre, t_len, pos0, step))
+
+    decoded, prefilled = np.array(decoded), np.concatenate(prefilled)
+    assert np.isfinite(decoded).all()
+    np.testing.assert_allclose(decoded, prefilled, rtol=0, atol=2e-3 * np.abs(prefilled).max())
+    for dec, pre in ((k_dec, k_pre), (v_dec, v_pre)):
+        dec_c, pre_c = read(g, dec, shape, np.float16), read(g, pre, shape, np.float16)
+        assert np.array_equal(np.isnan(dec_c), np.isnan(pre_c)), "both paths fill the same slots"
+        ok = ~np.isnan(pre_c)
+        np.testing.assert_allclose(dec_c[ok], pre_c[ok], rtol=0, atol=1e-3 * np.abs(pre_c[ok]).max())
