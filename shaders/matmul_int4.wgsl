@@ -1,0 +1,107 @@
+// Prefill GEMM on q4f16_1 weights: Y[t, n] = Σ_k X[t, k]·W[n, k] for t < T = step.n_tokens, f32 accumulate.
+// A workgroup computes a TM×TN tile of Y. Per 32-wide K step (one scale group) it stages the X rows and the
+// dequantized weight rows in workgroup memory as f32, both k-major so that for each k a thread reads one
+// vec4 of X (its 4 rows) and one vec4 of W (its 4 tile columns) and does 16 FMAs.
+// Threads: WG = (TM/4)·(TN·MATS/4); thread (tx, ty) owns rows 4ty..4ty+3 and tile columns 4tx..4tx+3.
+// With GATE_UP the staged tile holds 2·TN weight rows laid out so a thread's 4 columns are
+// (gate j, gate j+1, up j, up j+1), j = j0 + 2tx: it finishes silu(gate)·up itself.
+// Constants: K (multiple of 32), N outputs, TM, TN (multiples of 4), GATE_UP (W has 2N rows, gate [0, N)
+//   then up [N, 2N); Y[t, j] = silu(gate)·up). Workgroup memory: 128·(TM + TN·MATS) bytes.
+// Bindings: 0 x f32[T, K] (read), 1 w u32[N or 2N, K/8] (read), 2 s f16[N or 2N, K/32] (read),
+//   3 y f32[T, N] (write), 4 step uniform (n_tokens).
+// Grid: (x, ceil(T/TM), z) with (x, z) = fold_grid(ceil(N/TN)); rows t ≥ n_tokens are never written.
+#import step
+
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> s: array<f16>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> step: Step;
+
+const TK: u32 = 32u;                        // K per step: one scale group
+const GROUPS: u32 = K / TK;
+const MATS: u32 = select(1u, 2u, GATE_UP);
+const WN: u32 = TN * MATS;                  // weight rows staged per tile
+const TX: u32 = WN / 4u;
+const TY: u32 = TM / 4u;
+const WG: u32 = TX * TY;
+const N_TILES: u32 = (N + TN - 1u) / TN;
+
+var<workgroup> x_tile: array<vec4<f32>, TK * TY>;  // [k][row / 4]
+var<workgroup> w_tile: array<vec4<f32>, TK * TX>;  // [k][tile column / 4]
+
+// The weight row behind tile column c. Columns past N are clamped: loaded, computed, never written.
+fn weight_row(c: u32, j0: u32) -> u32 {
+    if (GATE_UP) {
+        let j = j0 + 2u * (c / 4u) + c % 2u;
+        return (c % 4u / 2u) * N + min(j, N - 1u);
+    }
+    return min(j0 + c, N - 1u);
+}
+
+fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let col_tile = wid.z * nwg.x + wid.x;
+    let t0 = wid.y * TM;
+    if (col_tile >= N_TILES || t0 >= step.n_tokens) { return; }  // whole workgroup: barriers stay uniform
+    let j0 = col_tile * TN;
+    let last_t = step.n_tokens - 1u;
+    let tx = lid % TX;
+    let ty = lid / TX;
+
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    for (var g = 0u; g < GROUPS; g++) {
+        // X: TM rows × 8 vec4; rows past n_tokens are clamped (their results are never written).
+        for (var i = lid; i < TM * 8u; i += WG) {
+            let m = i / 8u;
+            let kv = i % 8u;
+            let v = x[min(t0 + m, last_t) * (K / 4u) + g * 8u + kv];
+            for (var e = 0u; e < 4u; e++) { x_tile[(kv * 4u + e) * TY + m / 4u][m % 4u] = v[e]; }
+        }
+        // W: WN rows × 4 words; each thread dequantizes the 8 nibbles of one word.
+        for (var i = lid; i < WN * 4u; i += WG) {
+            let c = i / 4u;
+            let word_in_group = i % 4u;
+            let row = weight_row(c, j0);
+            let word = w[row * (K / 8u) + g * 4u + word_in_group];
+            let scale = f32(s[row * GROUPS + g]);
+            for (var e = 0u; e < 8u; e++) {
+                let q = f32((word >> (4u * e)) & 15u);
+                w_tile[(word_in_group * 8u + e) * TX + c / 4u][c % 4u] = (q - 7.0) * scale;
+            }
+        }
+        workgroupBarrier();
+        for (var k = 0u; k < TK; k++) {
+            let a = x_tile[k * TY + ty];
+            let b = w_tile[k * TX + tx];
+            acc0 += a.x * b;
+            acc1 += a.y * b;
+            acc2 += a.z * b;
+            acc3 += a.w * b;
+        }
+        workgroupBarrier();
+    }
+
+    let accs = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
+    for (var r = 0u; r < 4u; r++) {
+        let t = t0 + 4u * ty + r;
+        if (t >= step.n_tokens) { break; }
+        let v = accs[r];
+        if (GATE_UP) {
+            let j = j0 + 2u * tx;
+            if (j < N) { y[t * N + j] = silu(v.x) * v.z; }
+            if (j + 1u < N) { y[t * N + j + 1u] = silu(v.y) * v.w; }
+        } else {
+            for (var c = 0u; c < 4u; c++) {
+                let j = j0 + 4u * tx + c;
+                if (j < N) { y[t * N + j] = v[c]; }
+            }
+        }
+    }
+}

@@ -1,0 +1,215 @@
+"""q4f16_1 format helpers and the int4 matvec / GEMM kernels against float64 numpy references."""
+
+import numpy as np
+import pytest
+
+from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
+from engine.gpu import MAX_GROUPS_PER_DIM
+from engine.matmul import gemm_plan, matvec_plan
+from tests.kernel_util import poisoned, read, run, step_uniform
+
+
+@pytest.fixture
+def kernel_gpu(any_gpu):
+    # Gpu.pipeline caches by (shader, consts) only, not by reduction path: without this the second
+    # any_gpu variant would silently reuse the first one's pipeline.
+    any_gpu._pipelines.clear()
+    return any_gpu
+
+
+# ---- an independent reference of the format, written from the spec ---------------------------------
+def reference_quantize(w):
+    """Per group of 32 along K: scale = max|w|/7 (f16), q = clamp(round(w/scale)+7, 0, 14); packed 8 per u32."""
+    n, k = w.shape
+    q_weight = np.zeros((n, k // 8), np.uint32)
+    q_scale = np.zeros((n, k // 32), np.float16)
+    for r in range(n):
+        for g in range(k // 32):
+            group = w[r, 32 * g : 32 * g + 32].astype(np.float64)
+            scale = np.float16(np.abs(group).max() / 7)
+            q_scale[r, g] = scale
+            q = np.full(32, 7) if scale == 0 else np.clip(np.round(group / np.float64(scale)) + 7, 0, 14)
+            for i, qi in enumerate(q.astype(np.uint32)):
+                q_weight[r, (32 * g + i) // 8] |= np.uint32(qi) << np.uint32(4 * (i % 8))
+    return q_weight, q_scale
+
+
+def reference_dequantize(q_weight, q_scale):
+    """float64 [N, K]: element k of a row is nibble (word[k/8] >> 4*(k%8)) & 15, w = (q - 7)·scale[k/32]."""
+    n, words = q_weight.shape
+    k = np.arange(words * 8)
+    q = (q_weight[:, k // 8] >> (4 * (k % 8)).astype(np.uint32)) & 15
+    return (q.astype(np.float64) - 7) * q_scale[:, k // 32].astype(np.float64)
+
+
+def random_q4(rng, rows, K):
+    """Random packed weights using all 16 nibble values (15 included) and positive f16 scales."""
+    q_weight = rng.integers(0, 2**32, size=(rows, K // 8), dtype=np.uint32)
+    q_scale = rng.uniform(0.002, 0.02, size=(rows, K // 32)).astype(np.float16)
+    return q_weight, q_scale
+
+
+def silu(v):
+    return v / (1 + np.exp(-v))
+
+
+def assert_close(out, ref):
+    assert np.isfinite(out).all(), "unwritten (NaN) or non-finite outputs"
+    err = np.abs(out - ref).max() / np.abs(ref).max()
+    assert err < 1e-4, f"max error {err:.2e} of max|ref|"
+
+
+# ---- the format ------------------------------------------------------------------------------------
+def test_q4f16_1_bit_layout_by_hand():
+    # Element i of the group has q = i % 15; max|w| = 7·scale, so the scale is exact (1 and 0.5).
+    q = np.arange(32) % 15
+    w = np.stack([q - 7.0, (q - 7.0) * 0.5]).astype(np.float32)
+    q_weight, q_scale = quantize_q4f16_1(w)
+    assert q_weight.dtype == np.uint32 and q_weight.shape == (2, 4)
+    assert q_scale.dtype == np.float16 and q_scale.tolist() == [[1.0], [0.5]]
+    # Element 0 sits in the lowest nibble of word 0, element 8 in the lowest nibble of word 1.
+    words = [0x76543210, 0x0EDCBA98, 0x87654321, 0x10EDCBA9]
+    assert q_weight.tolist() == [words, words]
+    np.testing.assert_array_equal(dequantize_q4f16_1(q_weight, q_scale), w)
+    # Rounding with scale 1: 0.49 → 0, 0.51 → 1, 1.5 and 2.5 → 2 (numpy rounds half to even).
+    w2 = np.zeros((1, 32), np.float32)
+    w2[0, :6] = [7, 0.49, 0.51, 1.5, 2.5, -7]
+    assert quantize_q4f16_1(w2)[0][0, 0] == 0x7709987E
+
+
+def test_q4f16_1_matches_spec_reference(rng):
+    w = rng.standard_normal((5, 96)).astype(np.float32) * 0.1
+    w[2, 32:64] = 0  # a zero group: scale 0, all q = 7
+    w[3, 5] = 3.0  # an outlier dominating its group
+    q_weight, q_scale = quantize_q4f16_1(w)
+    ref_weight, ref_scale = reference_quantize(w)
+    np.testing.assert_array_equal(q_weight, ref_weight)
+    np.testing.assert_array_equal(q_scale, ref_scale)
+    assert q_scale[2, 1] == 0 and (q_weight[2, 4:8] == 0x77777777).all()
+
+
+def test_q4f16_1_round_trip(rng):
+    w = rng.standard_normal((7, 128)).astype(np.float32)
+    q_weight, q_scale = quantize_q4f16_1(w)
+    back = dequantize_q4f16_1(q_weight, q_scale)
+    assert back.dtype == np.float32 and back.shape == w.shape
+    # Error within half a step (plus f16 rounding of the scale), and re-quantizing is lossless.
+    step = np.repeat(q_scale.astype(np.float32), 32, axis=1)
+    assert (np.abs(back - w) <= 0.5 * step * 1.01 + 1e-6).all()
+    again = quantize_q4f16_1(back)
+    np.testing.assert_array_equal(again[0], q_weight)
+    np.testing.assert_array_equal(again[1], q_scale)
+
+
+def test_dequantize_matches_reference_on_all_nibbles(rng):
+    q_weight, q_scale = random_q4(rng, 6, 64)
+    np.testing.assert_array_equal(dequantize_q4f16_1(q_weight, q_scale), reference_dequantize(q_weight, q_scale))
+
+
+def test_plans_validate_k():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        matvec_plan(48, 10)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gemm_plan(100, 10, 4)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_q4f16_1(np.zeros((2, 48), np.float32))
+
+
+# ---- kernels ---------------------------------------------------------------------------------------
+def run_int4(gpu, shader, consts, grid, x, q_weight, q_scale, y_shape, n_tokens):
+    y = poisoned(gpu, "y", y_shape)
+    buffers = [gpu.upload("x", x), gpu.upload("w", q_weight), gpu.upload("s", q_scale), y]
+    run(gpu, shader, consts, buffers + [step_uniform(gpu, n_tokens)], grid)
+    return read(gpu, y, y_shape)
+
+
+def reference(x, q_weight, q_scale, N, gate_up):
+    out = x.astype(np.float64) @ reference_dequantize(q_weight, q_scale).T
+    return silu(out[..., :N]) * out[..., N:] if gate_up else out
+
+
+@pytest.mark.parametrize(
+    "K,N,T,gate_up,last_row",
+    [
+        (32, 1, 1, False, False),
+        (64, 37, 1, False, False),  # N not a multiple of ROWS
+        (1024, 1003, 2, False, False),  # x row 0 of 2
+        (2080, 6, 1, False, False),  # 65 K groups: some threads take two
+        (256, 37, 3, False, True),  # LM head after a prefill: x row n_tokens-1
+        (96, 45, 1, True, False),  # fused gate_up + SiLU·mul, odd N
+        (512, 19, 4, True, True),
+    ],
+)
+def test_matvec_int4(kernel_gpu, rng, K, N, T, gate_up, last_row):
+    g = kernel_gpu
+    q_weight, q_scale = random_q4(rng, 2 * N if gate_up else N, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    consts, grid = matvec_plan(K, N, gate_up=gate_up, last_row=last_row)
+    out = run_int4(g, "matvec_int4", consts, grid, x, q_weight, q_scale, (N,), T)
+    assert_close(out, reference(x[T - 1 if last_row else 0], q_weight, q_scale, N, gate_up))
+
+
+@pytest.mark.parametrize("rows,wg", [(1, 8), (3, 4)])
+def test_matvec_int4_odd_rows_per_workgroup(kernel_gpu, rng, rows, wg):
+    g = kernel_gpu
+    K, N = 288, 23  # 9 K groups over 4 or 8 threads
+    q_weight, q_scale = random_q4(rng, 2 * N, K)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    consts, grid = matvec_plan(K, N, gate_up=True, rows=rows, wg=wg)
+    out = run_int4(g, "matvec_int4", consts, grid, x, q_weight, q_scale, (N,), 1)
+    assert_close(out, reference(x[0], q_weight, q_scale, N, True))
+
+
+def test_matvec_int4_folded_grid(kernel_gpu, rng):
+    # More than 65,535 workgroups: the grid folds into (x, y) and the kernel rebuilds the group id.
+    g = kernel_gpu
+    K, N = 32, MAX_GROUPS_PER_DIM + 1000
+    q_weight, q_scale = random_q4(rng, N, K)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    consts, grid = matvec_plan(K, N, rows=1, wg=4)
+    assert grid[1] > 1
+    out = run_int4(g, "matvec_int4", consts, grid, x, q_weight, q_scale, (N,), 1)
+    assert_close(out, reference(x[0], q_weight, q_scale, N, False))
+
+
+@pytest.mark.parametrize(
+    "T,K,N,gate_up",
+    [
+        (1, 32, 5, False),
+        (3, 64, 37, False),
+        (64, 64, 64, False),  # exact tiles
+        (70, 96, 130, False),  # T and N both past a tile edge
+        (5, 64, 38, True),  # even N ending mid-tile: the last thread writes one gate/up pair
+        (67, 128, 33, True),
+    ],
+)
+def test_gemm_int4(gpu, rng, T, K, N, gate_up):
+    # No reduction in this kernel, so one reduction path is enough.
+    g = gpu
+    q_weight, q_scale = random_q4(rng, 2 * N if gate_up else N, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    consts, grid = gemm_plan(K, N, T, gate_up=gate_up)
+    out = run_int4(g, "matmul_int4", consts, grid, x, q_weight, q_scale, (T, N), T)
+    assert_close(out, reference(x, q_weight, q_scale, N, gate_up))
+
+
+def test_gemm_int4_folded_grid(gpu, rng):
+    # More than 65,535 column tiles (4-wide here): they fold into (x, z) while y keeps the token tiles.
+    K, N, T = 32, 4 * MAX_GROUPS_PER_DIM + 40, 5
+    q_weight, q_scale = random_q4(rng, N, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    consts, grid = gemm_plan(K, N, T, tm=4, tn=4)
+    assert grid[1] == 2 and grid[2] > 1
+    out = run_int4(gpu, "matmul_int4", consts, grid, x, q_weight, q_scale, (T, N), T)
+    assert_close(out, reference(x, q_weight, q_scale, N, False))
+
+
+def test_gemm_int4_leaves_rows_past_n_tokens(gpu, rng):
+    # x and y are sized for 8 rows and the grid for 8, but this forward has 5 tokens.
+    K, N, T, n_tokens = 64, 12, 8, 5
+    q_weight, q_scale = random_q4(rng, N, K)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    consts, grid = gemm_plan(K, N, T, tm=4, tn=4)
+    out = run_int4(gpu, "matmul_int4", consts, grid, x, q_weight, q_scale, (T, N), n_tokens)
+    assert np.isnan(out[n_tokens:]).all()
+    assert_close(out[:n_tokens], reference(x[:n_tokens], q_weight, q_scale, N, False))
