@@ -19,7 +19,8 @@ class GenerationResponse:
     finish_reason: str | None = None  # "stop", "length" or None while running
 
 
-def stream_generate(model, prompt_ids: list[int], max_tokens: int = 256, batch: int = 8) -> Iterator[GenerationResponse]:
+def stream_generate(model, prompt_ids: list[int], max_tokens: int = 256,
+                    batch: int = 8) -> Iterator[GenerationResponse]:
     """Greedy generation from `prompt_ids`; the cache is rebuilt from scratch (reuse arrives with chat)."""
     rt, tok = model.runtime, model.tokenizer
     stops = set(tok.eos_ids) if tok else set()

@@ -11,9 +11,9 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import wgpu
 
+from engine.attention import attention_consts, qkv_fused_plan
 from engine.errors import ModelFormatError
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
-from engine.attention import attention_consts, qkv_fused_plan
 from engine.matmul import gemm_plan, matvec_plan
 from engine.models.base import DenseSpec
 

@@ -1,0 +1,457 @@
+"""Hugging Face safetensors checkpoint -> MLC q4f16_1 model folder, the layout `mlc_llm convert_weight`
+and `gen_config` write (params_shard_*.bin, ndarray-cache.json, mlc-chat-config.json, tokenizer files).
+
+Every linear weight (embedding and LM head included) becomes `<name>.q_weight` u32 [N, K/8] and
+`<name>.q_scale` f16 [N, K/32]; norm weights become f16. Tensors are read, converted and written one
+at a time, so host memory peaks near the largest tensor. Usage:
+
+    python -m engine.convert HF_DIR OUT_DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import ModelFormatError, UnsupportedModelError, ZeroTVMError
+from engine.formats.q4f16_1 import GROUP, quantize_q4f16_1
+
+QUANTIZATIONS = ("q4f16_1",)
+SHARD_CAP = 32 << 20  # TVM's dump_tensor_cache default (shard_cap_mb=32)
+ALIGN = 256  # record offsets stay bindable at WebGPU's minStorageBufferOffsetAlignment
+MANIFEST = "ndarray-cache.json"
+CHAT_CONFIG = "mlc-chat-config.json"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "merges.txt",
+                   "added_tokens.json", "special_tokens_map.json")
+# Copied beside the tokenizer but not listed in tokenizer_files (transformers 5 keeps the template apart).
+EXTRA_FILES = ("generation_config.json", "chat_template.jinja", "chat_template.json")
+IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # buffers some old checkpoints saved; recomputed at load
+LM_HEAD = "lm_head"
+
+# Per model_type: MLC target -> HF sources, row-concatenated in order. A target ending in ".weight" is a
+# norm stored f16; any other target is a linear weight stored as <target>.q_weight / <target>.q_scale.
+# "{i}" is the layer index. Names follow mlc-llm's python/mlc_llm/model/<type>/<type>_loader.py.
+_LLAMA_LAYER = {
+    "model.layers.{i}.input_layernorm.weight": ["model.layers.{i}.input_layernorm.weight"],
+    "model.layers.{i}.self_attn.qkv_proj": [f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkv"],
+    "model.layers.{i}.self_attn.o_proj": ["model.layers.{i}.self_attn.o_proj.weight"],
+    "model.layers.{i}.post_attention_layernorm.weight": ["model.layers.{i}.post_attention_layernorm.weight"],
+    "model.layers.{i}.mlp.gate_up_proj": [f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up")],
+    "model.layers.{i}.mlp.down_proj": ["model.layers.{i}.mlp.down_proj.weight"],
+}
+_LLAMA_ENDS = {
+    "embed": {"model.embed_tokens": ["model.embed_tokens.weight"]},
+    "final": {"model.norm.weight": ["model.norm.weight"], LM_HEAD: ["lm_head.weight"]},
+}
+NAME_MAPS: dict[str, dict[str, dict[str, list[str]]]] = {
+    "phi3": {
+        "embed": {"transformer.embd": ["model.embed_tokens.weight"]},
+        "layer": {
+            "transformer.h.{i}.ln.weight": ["model.layers.{i}.input_layernorm.weight"],
+            "transformer.h.{i}.mixer.qkv_proj": ["model.layers.{i}.self_attn.qkv_proj.weight"],
+            "transformer.h.{i}.mixer.out_proj": ["model.layers.{i}.self_attn.o_proj.weight"],
+            "transformer.h.{i}.post_attention_layernorm.weight": ["model.layers.{i}.post_attention_layernorm.weight"],
+            "transformer.h.{i}.mlp.gate_up_proj": ["model.layers.{i}.mlp.gate_up_proj.weight"],
+            "transformer.h.{i}.mlp.down_proj": ["model.layers.{i}.mlp.down_proj.weight"],
+        },
+        "final": {"transformer.norm.weight": ["model.norm.weight"], LM_HEAD: ["lm_head.weight"]},
+    },
+    "llama": {**_LLAMA_ENDS, "layer": _LLAMA_LAYER},
+    # mlc-llm's Qwen3 calls the fused q|k|v weight c_attn (qwen3_loader.py), unlike Llama's qkv_proj.
+    "qwen3": {
+        **_LLAMA_ENDS,
+        "layer": {
+            **{k.replace("qkv_proj", "c_attn"): v for k, v in _LLAMA_LAYER.items()},
+            "model.layers.{i}.self_attn.q_norm.weight": ["model.layers.{i}.self_attn.q_norm.weight"],
+            "model.layers.{i}.self_attn.k_norm.weight": ["model.layers.{i}.self_attn.k_norm.weight"],
+        },
+    },
+}
+CONV_TEMPLATES = {"phi3": "phi-3", "llama": "llama-3", "qwen3": "qwen2"}  # informational, mlc's names
+# mlc-chat-config fields taken from generation_config.json, then config.json, then mlc's system default.
+_GENERATION_DEFAULTS = {
+    "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "temperature": 1.0, "presence_penalty": 0.0,
+    "frequency_penalty": 0.0, "repetition_penalty": 1.0, "top_p": 1.0,
+}
+
+ConvertProgress = Callable[[int, int, str], None]  # (tensors done, tensors total, MLC name)
+
+
+@dataclass
+class _Param:
+    target: str
+    sources: list[str]
+
+    @property
+    def quantized(self) -> bool:
+        return not self.target.endswith(".weight")
+
+
+def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, quantization: str = "q4f16_1",
+                      context_window_size: int | None = None, shard_cap_bytes: int = SHARD_CAP,
+                      on_progress: ConvertProgress | None = None) -> Path:
+    """Convert the Hugging Face folder `hf_dir` into an MLC folder at `out_dir`; returns `out_dir`.
+
+    Previous MLC files in out_dir (manifests, params_shard_*.bin) are replaced; the manifest is written
+    last, so an interrupted conversion leaves a folder MlcCheckpoint refuses instead of a mixed one.
+    """
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    if quantization not in QUANTIZATIONS:
+        raise ZeroTVMError(f"quantization {quantization!r} is not supported (supported: {', '.join(QUANTIZATIONS)})")
+    if not hf_dir.is_dir():
+        raise ModelFormatError(f"{hf_dir}: Hugging Face model folder not found")
+    config_path = hf_dir / "config.json"
+    config = _read_json(config_path, "the model config")
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise ModelFormatError(f"{config_path}: no 'model_type' field")
+    if model_type not in NAME_MAPS:
+        raise UnsupportedModelError(
+            f"{config_path}: model_type {model_type!r} cannot be converted (supported: {', '.join(NAME_MAPS)})"
+        )
+    weights = _HfWeights(hf_dir)
+    params = _plan(model_type, config, config_path)
+    _check_sources(params, weights, model_type, config)
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.resolve() == hf_dir.resolve():
+        raise ModelFormatError(f"{out_dir}: the output folder must differ from the Hugging Face folder")
+    for name in ("ndarray-cache.json", "tensor-cache.json", "tensor-cache-b16.json"):
+        (out_dir / name).unlink(missing_ok=True)
+
+    writer = _ShardWriter(out_dir, shard_cap_bytes)
+    n_params = 0
+    for done, param in enumerate(params, 1):
+        w = _gather(param, weights)
+        n_params += w.size
+        if param.quantized:
+            q_weight, q_scale = quantize_q4f16_1(w)
+            if not np.isfinite(q_scale).all():
+                raise ModelFormatError(f"{_where(param, weights)}: a weight is too large for an f16 scale")
+            writer.add(f"{param.target}.q_weight", q_weight)
+            writer.add(f"{param.target}.q_scale", q_scale)
+        else:
+            norm = w.astype(np.float16)
+            if not np.isfinite(norm).all():
+                raise ModelFormatError(f"{_where(param, weights)}: value outside the f16 range")
+            writer.add(param.target, norm)
+        del w
+        if on_progress is not None:
+            on_progress(done, len(params), param.target)
+    shards = writer.finish()
+
+    metadata = {"ParamSize": writer.count, "ParamBytes": writer.payload_bytes,
+                "BitsPerParam": writer.payload_bytes * 8.0 / max(n_params, 1)}
+    tokenizer_files = _copy_tokenizer(hf_dir, out_dir)
+    _write_json(out_dir / CHAT_CONFIG,
+                _chat_config(hf_dir, config, model_type, quantization, context_window_size, tokenizer_files))
+    _write_json(out_dir / MANIFEST, {"metadata": metadata, "records": shards})
+    return out_dir
+
+
+# -- plan ---------------------------------------------------------------------------------------------
+
+
+def _plan(model_type: str, config: dict, config_path: Path) -> list[_Param]:
+    spec = NAME_MAPS[model_type]
+    layers = config.get("num_hidden_layers")
+    if not isinstance(layers, int) or layers < 0:
+        raise ModelFormatError(f"{config_path}: no valid 'num_hidden_layers' field")
+    tied = bool(config.get("tie_word_embeddings", False))
+    params = [_Param(t, list(s)) for t, s in spec["embed"].items()]
+    for i in range(layers):
+        params += [_Param(t.format(i=i), [n.format(i=i) for n in s]) for t, s in spec["layer"].items()]
+    params += [_Param(t, list(s)) for t, s in spec["final"].items() if not (tied and t == LM_HEAD)]
+    return params
+
+
+def _check_sources(params: list[_Param], weights: _HfWeights, model_type: str, config: dict) -> None:
+    """Every planned source exists, and every checkpoint tensor is used (a dropped weight is a wrong model)."""
+    used: set[str] = set()
+    for p in params:
+        for name in p.sources:
+            if name not in weights.index:
+                raise ModelFormatError(f"{weights.describe()}: tensor '{name}' (needed for {p.target}) not found")
+            used.add(name)
+        _check_shapes(p, weights)
+    tied_head = "lm_head.weight" if config.get("tie_word_embeddings") else None
+    extra = [n for n in weights.index if n not in used and n != tied_head and not n.endswith(IGNORED_SUFFIXES)]
+    if extra:
+        file = weights.index[extra[0]][0].name
+        raise UnsupportedModelError(
+            f"{file}: tensor '{extra[0]}' has no MLC mapping for model_type {model_type!r}"
+            + (f" ({len(extra) - 1} more)" if len(extra) > 1 else "")
+        )
+
+
+def _check_shapes(param: _Param, weights: _HfWeights) -> None:
+    """Checked from the headers before anything is written, so a bad checkpoint fails fast."""
+    shapes = [weights.index[n][2] for n in param.sources]
+    for name in param.sources:
+        path, dtype, shape = weights.index[name][:3]
+        if dtype not in _HfWeights.DTYPES:
+            raise ModelFormatError(f"{path}: tensor '{name}' has dtype {dtype}; expected F32, F16 or BF16")
+        if param.quantized and (len(shape) != 2 or shape[1] % GROUP):
+            raise ModelFormatError(
+                f"{path}: tensor '{name}' has shape {list(shape)}; q4f16_1 needs a 2-D weight whose K "
+                f"(input dim) is a multiple of {GROUP}"
+            )
+        if not param.quantized and len(shape) != 1:
+            raise ModelFormatError(f"{path}: tensor '{name}' has shape {list(shape)}; a norm weight is 1-D")
+    if param.quantized and len({s[1] for s in shapes}) > 1:
+        raise ModelFormatError(f"{_where(param, weights)}: fused weights differ in K ({shapes})")
+
+
+def _gather(param: _Param, weights: _HfWeights) -> np.ndarray:
+    parts = [weights.read(n) for n in param.sources]
+    # Row concatenation (q, k, v rows; gate then up rows) is what the fused kernels index into.
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def _where(param: _Param, weights: _HfWeights) -> str:
+    return f"{weights.index[param.sources[0]][0]}: tensor '{', '.join(param.sources)}'"
+
+
+# -- reading Hugging Face safetensors -------------------------------------------------------------------
+
+
+class _HfWeights:
+    """Tensor index over single or sharded safetensors; reads one tensor at a time by byte range.
+
+    The header is parsed directly (8-byte length + JSON) because safetensors' numpy backend cannot
+    return bfloat16, the dtype most checkpoints ship in.
+    """
+
+    DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2")}
+
+    def __init__(self, hf_dir: Path):
+        self.hf_dir = hf_dir
+        index_path = hf_dir / "model.safetensors.index.json"
+        if index_path.is_file():
+            weight_map = _read_json(index_path, "the safetensors index").get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ModelFormatError(f"{index_path}: no 'weight_map' object")
+            self.files = [hf_dir / f for f in dict.fromkeys(weight_map.values())]
+            for f in self.files:
+                if not f.is_file():
+                    raise ModelFormatError(f"{f}: listed in {index_path.name} but missing")
+        else:
+            self.files = sorted(hf_dir.glob("*.safetensors"))
+        if not self.files:
+            raise ModelFormatError(f"{hf_dir}: no *.safetensors weights (only safetensors checkpoints convert)")
+        # name -> (file, dtype tag, shape, absolute byte offset, nbytes)
+        self.index: dict[str, tuple[Path, str, tuple[int, ...], int, int]] = {}
+        for f in self.files:
+            self._scan(f)
+
+    def describe(self) -> str:
+        return ", ".join(f.name for f in self.files) if len(self.files) <= 3 else f"{self.hf_dir}/*.safetensors"
+
+    def _scan(self, path: Path) -> None:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            if n <= 0 or 8 + n > size:
+                raise ModelFormatError(f"{path}: not a safetensors file (bad header length)")
+            try:
+                header = json.loads(f.read(n))
+            except ValueError as e:
+                raise ModelFormatError(f"{path}: corrupt safetensors header ({e})") from None
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            try:
+                begin, end = (int(x) for x in info["data_offsets"])
+                shape = tuple(int(d) for d in info["shape"])
+                dtype = str(info["dtype"])
+            except (KeyError, TypeError, ValueError):
+                raise ModelFormatError(f"{path}: tensor '{name}' has a malformed header entry") from None
+            if 8 + n + end > size or begin > end:
+                raise ModelFormatError(f"{path}: tensor '{name}' lies past the end of the file (truncated?)")
+            self.index[name] = (path, dtype, shape, 8 + n + begin, end - begin)
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor as float32 (exact for f32/f16/bf16 sources)."""
+        path, dtype, shape, offset, nbytes = self.index[name]
+        np_dtype = self.DTYPES[dtype]
+        if nbytes != int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize:
+            raise ModelFormatError(f"{path}: tensor '{name}' byte size does not match its shape {list(shape)}")
+        raw = np.empty(nbytes, np.uint8)
+        with open(path, "rb") as f:
+            f.seek(offset)
+            if f.readinto(memoryview(raw)) != nbytes:
+                raise ModelFormatError(f"{path}: tensor '{name}' is cut short (truncated file?)")
+        arr = raw.view(np_dtype).reshape(shape)
+        if dtype == "BF16":
+            return (arr.astype(np.uint32) << 16).view(np.float32)
+        return arr.astype(np.float32, copy=False)
+
+
+# -- writing the MLC folder ------------------------------------------------------------------------------
+
+
+class _ShardWriter:
+    """Appends records to params_shard_{i}.bin, starting a new shard when the next record would pass the cap."""
+
+    def __init__(self, out_dir: Path, cap: int):
+        self.out_dir, self.cap = out_dir, cap
+        self.groups: list[dict] = []
+        self.count = 0
+        self.payload_bytes = 0
+        self._file = None
+        self._md5 = None
+        self._pos = 0
+
+    def add(self, name: str, arr: np.ndarray) -> None:
+        data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        offset = -(-self._pos // ALIGN) * ALIGN
+        if self._file is not None and self._pos > 0 and offset + data.nbytes > self.cap:
+            self._close()
+            offset = 0
+        if self._file is None:
+            self._open()
+        self._write(b"\0" * (offset - self._pos))
+        self._write(memoryview(data).cast("B"))
+        # mlc-llm tags every record with the cache-wide encode format; only float32 data would be bf16.
+        self.groups[-1]["records"].append({
+            "name": name, "shape": list(arr.shape), "dtype": arr.dtype.name, "format": "f32-to-bf16",
+            "nbytes": data.nbytes, "byteOffset": offset,
+        })
+        self.count += 1
+        self.payload_bytes += data.nbytes
+
+    def finish(self) -> list[dict]:
+        self._close()
+        # Drop shards left over from an earlier, larger conversion into the same folder.
+        stale = len(self.groups)
+        while (self.out_dir / f"params_shard_{stale}.bin").exists():
+            (self.out_dir / f"params_shard_{stale}.bin").unlink()
+            stale += 1
+        return self.groups
+
+    def _open(self) -> None:
+        path = f"params_shard_{len(self.groups)}.bin"
+        self._file = open(self.out_dir / path, "wb")
+        self._md5, self._pos = hashlib.md5(), 0
+        self.groups.append({"dataPath": path, "format": "raw-shard", "nbytes": 0, "records": []})
+
+    def _write(self, data) -> None:
+        self._file.write(data)
+        self._md5.update(data)
+        self._pos += len(data)
+
+    def _close(self) -> None:
+        if self._file is None:
+            return
+        self._file.close()
+        self.groups[-1]["nbytes"] = self._pos
+        self.groups[-1]["md5sum"] = self._md5.hexdigest()
+        self._file = None
+
+
+def _chat_config(hf_dir: Path, config: dict, model_type: str, quantization: str, context: int | None,
+                 tokenizer_files: list[str]) -> dict:
+    ctx = int(context or config.get("max_position_embeddings") or 4096)
+    prefill = min(ctx, 2048)
+    model_config = dict(config)
+    # MLC's own field names next to the HF ones, so either kind of reader finds them.
+    heads = config.get("num_attention_heads")
+    if config.get("head_dim") is None and heads:
+        model_config["head_dim"] = config["hidden_size"] // heads
+    theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta")
+    if theta is not None:
+        model_config.setdefault("position_embedding_base", theta)
+    model_config.update(context_window_size=ctx, prefill_chunk_size=prefill, tensor_parallel_shards=1)
+    generation = {}
+    if (hf_dir / "generation_config.json").is_file():
+        generation = _read_json(hf_dir / "generation_config.json", "the generation config")
+    sampling = {k: generation.get(k, config.get(k)) for k in _GENERATION_DEFAULTS}
+    sampling = {k: default if sampling[k] is None else sampling[k] for k, default in _GENERATION_DEFAULTS.items()}
+    vocab = config.get("vocab_size")
+    return {
+        "version": "0.1.0",
+        "model_type": model_type,
+        "quantization": quantization,
+        "model_config": model_config,
+        "vocab_size": vocab,
+        "context_window_size": ctx,
+        "sliding_window_size": -1,
+        "prefill_chunk_size": prefill,
+        "attention_sink_size": -1,
+        "tensor_parallel_shards": 1,
+        "pipeline_parallel_stages": 1,
+        "active_vocab_size": vocab,
+        **sampling,
+        "tokenizer_files": tokenizer_files,
+        "conv_template": CONV_TEMPLATES.get(model_type, "LM"),
+    }
+
+
+def _copy_tokenizer(hf_dir: Path, out_dir: Path) -> list[str]:
+    copied = []
+    for name in TOKENIZER_FILES + EXTRA_FILES:
+        if (hf_dir / name).is_file():
+            shutil.copyfile(hf_dir / name, out_dir / name)
+            if name in TOKENIZER_FILES:
+                copied.append(name)
+    return copied
+
+
+def _read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise ModelFormatError(f"{path}: missing ({what})")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except ValueError as e:
+        raise ModelFormatError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise ModelFormatError(f"{path}: expected a JSON object at the top level")
+    return data
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)  # readers never see a half-written manifest
+
+
+# -- command line ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine.convert",
+                                     description="Convert a Hugging Face safetensors model to MLC q4f16_1.")
+    parser.add_argument("hf_dir", help="folder with config.json and *.safetensors")
+    parser.add_argument("out_dir", help="output MLC folder (created if missing)")
+    parser.add_argument("--quantization", default="q4f16_1", choices=QUANTIZATIONS)
+    parser.add_argument("--context-window", type=int, default=None, help="default: max_position_embeddings")
+    parser.add_argument("--shard-mb", type=int, default=SHARD_CAP >> 20, help="shard size cap in MiB")
+    args = parser.parse_args(argv)
+
+    def show(done: int, total: int, name: str) -> None:
+        print(f"\r[{done}/{total}] {name}".ljust(80), end="" if done < total else "\n", flush=True)
+
+    try:
+        out = convert_hf_to_mlc(args.hf_dir, args.out_dir, args.quantization, args.context_window,
+                                args.shard_mb << 20, show)
+    except ZeroTVMError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
