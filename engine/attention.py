@@ -16,9 +16,11 @@ def attention_consts(n_heads: int, n_kv_heads: int, head_dim: int, page: int) ->
                 SCALE=1.0 / math.sqrt(head_dim))
 
 
-def qkv_fused_plan(dim: int, rope: dict) -> tuple[dict, tuple[int, int]]:
-    """qkv_rope_append.wgsl: each workgroup computes 4 rows (two RoPE pairs) of the fused QKV matrix."""
+def qkv_fused_plan(dim: int, rope: dict, pairs: int = 4) -> tuple[dict, tuple[int, int]]:
+    """qkv_rope_append.wgsl: each workgroup computes `pairs` RoPE pairs (2·pairs rows) of the fused QKV matrix."""
     if dim % 32:
         raise ValueError(f"model dim {dim} must be a multiple of 32 for q4f16_1")
+    if pairs % 2 or pairs > rope["WG"]:
+        raise ValueError(f"pairs={pairs} must be even and at most WG={rope['WG']}")
     rows = (rope["H"] + 2 * rope["KVH"]) * rope["HD"]
-    return dict(rope, K=dim), fold_grid(-(-rows // 4))
+    return dict(rope, K=dim, PAIRS=pairs), fold_grid(-(-rows // (2 * pairs)))

@@ -18,7 +18,7 @@ from engine.matmul import gemm_plan, matvec_plan
 from engine.models.base import DenseSpec
 
 PAGE = 16  # tokens per KV page
-SPLIT_KEYS = 256  # decode attention splits its keys into blocks of this size once the context is longer
+SPLIT_KEYS = 64  # decode attention splits its keys into blocks of this size (more workgroups in flight)
 MAX_SPLITS = 32
 RING = 4096  # slots in the GPU ring of sampled token ids
 

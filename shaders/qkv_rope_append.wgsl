@@ -2,10 +2,11 @@
 // y[n] = Σ_k x[k] · (q[n,k] − 7) · scale[n, k/32] over the fused QKV weight (q4f16_1), N = (H+2·KVH)·HD
 // rows: [0, H·HD) q, then k, then v. Rows are taken in RoPE pairs — (i, i + ROT/2) for i < ROT/2 inside
 // a head, the pass-through dims ≥ ROT as neighbours (i, i+1) — so a workgroup holds both halves of a
-// rotation. Each workgroup computes 2 pairs = 4 rows, reduced together with one wg_sum4.
+// rotation. Each workgroup computes PAIRS pairs (2·PAIRS rows), reduced four rows per wg_sum4.
 // q rows → q_out (roped), k rows → k_cache (roped, f16), v rows → v_cache (f16), at position pos0.
-// Grid: fold_grid(ceil(N / 4)) workgroups; the id is rebuilt as wid.y · nwg.x + wid.x.
-// Constants: WG threads, K model dim (multiple of 32), H, KVH, HD (even), ROT (even, ≤ HD), PAGE.
+// Grid: fold_grid(ceil(N / (2·PAIRS))) workgroups; the id is rebuilt as wid.y · nwg.x + wid.x.
+// Constants: WG threads, PAIRS (even, ≤ WG), K model dim (multiple of 32), H, KVH, HD (even), ROT (even, ≤ HD),
+// PAGE.
 // Bindings: 0 x f32[T, K] (read, row 0 used), 1 w u32[N, K/8] (read), 2 s f16[N, K/32] (read),
 //   3 q_out f32[H·HD] (write), 4 k_cache f16[n_pages, KVH, PAGE, HD] (read_write), 5 v_cache (same),
 //   6 page_table u32[max_pages] (read), 7 inv_freq f32[ROT/2] (read), 8 step uniform (pos0).
@@ -78,31 +79,41 @@ fn store_row(row: u32, val: f32, dst_page_row: u32) {
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let id = wid.y * nwg.x + wid.x;
     // Whole-workgroup exit (id is uniform), so wg_sum4 below stays in uniform control flow.
-    if (id * 2u >= N_PAIRS) { return; }
-    let pair0 = id * 2u;
-    let has_pair1 = pair0 + 1u < N_PAIRS;  // only false for the last group when N/2 is odd
-    let r0 = pair_rows(pair0);
-    let r1 = pair_rows(min(pair0 + 1u, N_PAIRS - 1u));
-    let rows = vec4<u32>(r0.x, r0.y, r1.x, r1.y);
+    if (id * PAIRS >= N_PAIRS) { return; }
+    let pair0 = id * PAIRS;
+    // Rows 2j and 2j+1 of the workgroup are RoPE pair j; pairs past the end repeat the last one, unstored.
+    var rows: array<u32, 2u * PAIRS>;
+    for (var j = 0u; j < PAIRS; j++) {
+        let r = pair_rows(min(pair0 + j, N_PAIRS - 1u));
+        rows[2u * j] = r.x;
+        rows[2u * j + 1u] = r.y;
+    }
 
-    var acc = vec4<f32>(0.0);
+    var acc: array<vec4<f32>, PAIRS / 2u>;
     for (var g = lane.lid; g < GROUPS; g += WG) {
         var xg: array<vec4<f32>, 8>;
         var xsum = vec4<f32>(0.0);
         for (var c = 0u; c < 8u; c++) { xg[c] = x[g * 8u + c]; xsum += xg[c]; }
         // Σ (q − 7)·x = Σ q·x − 7·Σ x: the offset costs one multiply per group, not per element.
         let x7 = 7.0 * (xsum.x + xsum.y + xsum.z + xsum.w);
-        for (var r = 0u; r < 4u; r++) {
-            let row = rows[r];
-            acc[r] += f32(s[row * GROUPS + g]) * (dot_group(w[row * GROUPS + g], xg) - x7);
+        // Load every row's weights first so 2·PAIRS independent 16-byte loads are in flight.
+        var qw: array<vec4<u32>, 2u * PAIRS>;
+        var sc: array<f32, 2u * PAIRS>;
+        for (var r = 0u; r < 2u * PAIRS; r++) {
+            qw[r] = w[rows[r] * GROUPS + g];
+            sc[r] = f32(s[rows[r] * GROUPS + g]);
+        }
+        for (var r = 0u; r < 2u * PAIRS; r++) {
+            acc[r / 4u][r % 4u] += sc[r] * (dot_group(qw[r], xg) - x7);
         }
     }
-    let y = wg_sum4(acc, lane);
+    var y: array<vec4<f32>, PAIRS / 2u>;
+    for (var v = 0u; v < PAIRS / 2u; v++) { y[v] = wg_sum4(acc[v], lane); }
 
-    if (lane.lid < 2u) {
-        if (lane.lid == 1u && !has_pair1) { return; }
-        let ab = select(y.xy, y.zw, lane.lid == 1u);
-        let rr = select(rows.xy, rows.zw, lane.lid == 1u);
+    let j = lane.lid;
+    if (j < PAIRS && pair0 + j < N_PAIRS) {
+        let ab = vec2<f32>(y[j / 2u][(j % 2u) * 2u], y[j / 2u][(j % 2u) * 2u + 1u]);
+        let rr = vec2<u32>(rows[2u * j], rows[2u * j + 1u]);
         let p = step.pos0;
         var out = ab;
         let head = rr.x / HD;

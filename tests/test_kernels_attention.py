@@ -185,21 +185,22 @@ def test_rope_append_far_positions(gpu, rng):
 
 def dispatch_qkv_rope_append(g, consts, x, words, scales, q_out, k_cache, v_cache, pt, inv_freq, step, grid=None):
     n = (consts["H"] + 2 * consts["KVH"]) * consts["HD"]
-    groups = -(-n // 4)
+    groups = -(-n // (2 * consts["PAIRS"]))
     buffers = [x, words, scales, q_out, k_cache, v_cache, pt, inv_freq, step]
     _run(g, "qkv_rope_append", consts, buffers, grid or (groups,))
 
 
 @pytest.mark.parametrize(
-    "H,KVH,HD,ROT,D,pos0,WG,fold",
+    "H,KVH,HD,ROT,D,pos0,WG,PAIRS,fold",
     [
-        (8, 2, 96, 64, 128, 37, 64, False),
-        (4, 4, 32, 32, 96, 0, 32, False),
-        (8, 2, 128, 128, 256, 21, 64, True),
-        (1, 1, 6, 4, 64, 5, 32, True),  # N/2 odd: the last workgroup holds a single RoPE pair
+        (8, 2, 96, 64, 128, 37, 64, 4, False),
+        (4, 4, 32, 32, 96, 0, 32, 2, False),
+        (8, 2, 128, 128, 256, 21, 64, 8, True),
+        (1, 1, 6, 4, 64, 5, 32, 2, True),  # N/2 odd: the last workgroup holds a single RoPE pair
+        (1, 1, 10, 4, 64, 5, 32, 4, False),  # 5 pairs: the last workgroup holds one real pair of four
     ],
 )
-def test_qkv_rope_append(any_gpu, rng, H, KVH, HD, ROT, D, pos0, WG, fold):
+def test_qkv_rope_append(any_gpu, rng, H, KVH, HD, ROT, D, pos0, WG, PAIRS, fold):
     g = any_gpu
     n = (H + 2 * KVH) * HD
     words, scales, w_deq = quantize_q4f16_1(rng.standard_normal((n, D)).astype(np.float32) * 0.1)
@@ -209,8 +210,8 @@ def test_qkv_rope_append(any_gpu, rng, H, KVH, HD, ROT, D, pos0, WG, fold):
     q_out = poisoned(g, "q_out", (H * HD,))
     shape = (n_pages, KVH, PAGE, HD)
     k_cache, v_cache = poisoned(g, "k_cache", shape, np.float16), poisoned(g, "v_cache", shape, np.float16)
-    consts = dict(WG=WG, K=D, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE)
-    groups = -(-n // 4)
+    consts = dict(WG=WG, K=D, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, PAIRS=PAIRS)
+    groups = -(-n // (2 * PAIRS))
     # Folded like fold_grid does past 65,535: more workgroups than needed, the extra ones must leave.
     grid = (-(-groups // 3), 3) if fold else None
     dispatch_qkv_rope_append(
@@ -335,7 +336,7 @@ def test_decode_matches_prefill(any_gpu, rng):
     # Decode: one token at a time.
     k_dec, v_dec = poisoned(g, "k_dec", shape, np.float16), poisoned(g, "v_dec", shape, np.float16)
     w_buf, s_buf = g.upload("w", words), g.upload("s", scales)
-    qkv_consts = dict(WG=64, K=D, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE)
+    qkv_consts = dict(WG=64, K=D, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, PAIRS=4)
     decoded = []
     for t in range(T):
         q = poisoned(g, "q", (H * HD,))
