@@ -38,3 +38,11 @@ ts=[]
 for _ in range(50):
     t=time.perf_counter(); rec = Recorder(g,"e"); rt._record_body(rec,1,1); rec.submit(); g.sync(); ts.append(time.perf_counter()-t)
 print("one full decode body submit+sync ms", np.median(ts)*1e3)
+# host cost of recording + submitting one token (no wait), and GPU time of 20 queued tokens
+ts = []
+g.sync()
+t0 = time.perf_counter()
+for _ in range(20):
+    t = time.perf_counter(); rec = Recorder(g, "e"); rt._record_body(rec, 1, 1); rec.submit(); ts.append(time.perf_counter() - t)
+t1 = time.perf_counter(); g.sync(); t2 = time.perf_counter()
+print(f"host record+submit per token ms {np.median(ts)*1e3:.2f}; 20 tokens wall {(t2-t0)*1e3:.1f} ms, wait after last submit {(t2-t1)*1e3:.1f} ms")
