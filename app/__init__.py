@@ -1,0 +1,1 @@
+"""Zero-TVM Desktop's PySide6 GUI: the only package that imports Qt (it arrives with the app issue)."""
