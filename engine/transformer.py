@@ -125,7 +125,8 @@ class DenseTransformer:
         self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
         self.p["argmax"] = g.pipeline("argmax", dict(WG=256, VOCAB=s.vocab))
         attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
-        rope = dict(WG=64, H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE)
+        rope = dict(WG=64, H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE,
+                    QK_NORM=s.qk_norm, EPS=float(s.eps))
         self.p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
         self.p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
         self.p["combine"] = g.pipeline("attention_combine", dict(WG=64, H=s.n_heads, HD=s.head_dim))
@@ -166,8 +167,10 @@ class DenseTransformer:
             b["qkv_fused"] = bind(self.p["qkv_fused"], [self.hidden, w[f"{c}.qkv.q_weight"], w[f"{c}.qkv.q_scale"],
                                                          self.q, kc, vc, self.page_table, self.inv_freq, st],
                                   f"{c}.qkv_fused")
+            # Without q/k norms the kernel ignores bindings 7-8; any f16 buffer fills them.
+            qn, kn = (w[f"{c}.q_norm"], w[f"{c}.k_norm"]) if s.qk_norm else (w["norm"], w["norm"])
             b["rope_append"] = bind(self.p["rope_append"], [self.qkv, self.q, kc, vc, self.page_table,
-                                                             self.inv_freq, st], f"{c}.rope_append")
+                                                             self.inv_freq, st, qn, kn], f"{c}.rope_append")
             b["attn"] = bind(self.p["attn"], [self.q, kc, vc, self.page_table, self.attn, self.part_ml, st],
                              f"{c}.attn")
             b["attn_split"] = bind(self.p["attn_split"], [self.q, kc, vc, self.page_table, self.part_o,
@@ -190,11 +193,11 @@ class DenseTransformer:
         rec.dispatch(p["embed"], self.bg["embed"], -(-s.dim // 8 // 64), T)
         rec.dispatch(p["norm0"], self.bg["norm0"], T)
         for b in self.layer_bg:
-            if decode:
+            if decode and not s.qk_norm:  # q/k norms need whole heads before RoPE: not in the pair-wise kernel
                 rec.dispatch(p["qkv_fused"], b["qkv_fused"], *self.qkv_fused_grid)
             else:
                 self._mm(rec, b, "qkv", T)
-                rec.dispatch(p["rope_append"], b["rope_append"], T, min(s.n_heads + 2 * s.n_kv_heads, 8))
+                rec.dispatch(p["rope_append"], b["rope_append"], T, s.n_heads + 2 * s.n_kv_heads)
             if splits > 1:
                 rec.dispatch(p["attn_split"], b["attn_split"], s.n_heads, T, splits)
                 rec.dispatch(p["combine"], self.bg["combine"], s.n_heads, T)
@@ -323,4 +326,5 @@ class DenseTransformer:
                 buf.unmap()
 
     def _count_decode_dispatches(self) -> int:
-        return 2 + 7 * self.spec.n_layers + 2
+        per_layer = 8 if self.spec.qk_norm else 7  # q/k-norm models run QKV matvec + rope_append unfused
+        return 2 + per_layer * self.spec.n_layers + 2

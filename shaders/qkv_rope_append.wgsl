@@ -11,6 +11,7 @@
 //   3 q_out f32[H·HD] (write), 4 k_cache f16[n_pages, KVH, PAGE, HD] (read_write), 5 v_cache (same),
 //   6 page_table u32[max_pages] (read), 7 inv_freq f32[ROT/2] (read), 8 step uniform (pos0).
 #import step
+#import rope
 #import reduce
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
@@ -27,17 +28,6 @@ const N: u32 = (H + 2u * KVH) * HD;
 const GROUPS: u32 = K / 32u;     // scale groups (and vec4<u32> words) per row
 const N_PAIRS: u32 = N / 2u;
 const HALF: u32 = ROT / 2u;
-const TWO_PI_HI: f32 = 6.28125;  // 2π split for exact k·HI when k < 2^15 (Cody–Waite)
-const TWO_PI_LO: f32 = 0.0019353071795864769;
-
-// (cos, sin) of p · inv_freq[i]: angle formed in f32 like transformers, reduced to [-π, π] first
-// because WGSL only bounds cos/sin error inside that range.
-fn rope_cos_sin(p: u32, i: u32) -> vec2<f32> {
-    let angle = f32(p) * inv_freq[i];
-    let k = round(angle * 0.15915494309189535);
-    let r = (angle - k * TWO_PI_HI) - k * TWO_PI_LO;
-    return vec2<f32>(cos(r), sin(r));
-}
 
 // The two rows of RoPE pair `pair` (global index); row_a is the first-half one.
 fn pair_rows(pair: u32) -> vec2<u32> {

@@ -4,11 +4,15 @@
 // dims ≥ ROT pass through. Grid (T, Y) for any Y ≥ 1: workgroup (t, y) handles head slots y, y + Y, …
 // of token t, so (T, 1) loops over all heads and (T, H + 2·KVH) gives one head per workgroup.
 // Constants: WG threads, H query heads, KVH kv heads, HD head dim (even), ROT rotary dims (even, ≤ HD),
-//   PAGE tokens per cache page.
+//   PAGE tokens per cache page, QK_NORM (bool), EPS.
 // Bindings: 0 qkv f32[T, (H+2·KVH)·HD] (read), 1 q_out f32[T, H·HD] (write),
 //   2 k_cache f16[n_pages, KVH, PAGE, HD] (read_write), 3 v_cache f16 (same layout, read_write),
-//   4 page_table u32[max_pages] (read), 5 inv_freq f32[ROT/2] (read), 6 step uniform (n_tokens, pos0).
+//   4 page_table u32[max_pages] (read), 5 inv_freq f32[ROT/2] (read), 6 step uniform (n_tokens, pos0),
+//   7 q_norm f16[HD], 8 k_norm f16[HD] (read; Qwen3's per-head RMSNorm before RoPE when QK_NORM, with EPS;
+//   bind any f16 buffer when QK_NORM is false).
 #import step
+#import rope
+#import reduce
 
 @group(0) @binding(0) var<storage, read> qkv: array<f32>;
 @group(0) @binding(1) var<storage, read_write> q_out: array<f32>;
@@ -17,29 +21,23 @@
 @group(0) @binding(4) var<storage, read> page_table: array<u32>;
 @group(0) @binding(5) var<storage, read> inv_freq: array<f32>;
 @group(0) @binding(6) var<uniform> step: Step;
+@group(0) @binding(7) var<storage, read> q_norm: array<f16>;
+@group(0) @binding(8) var<storage, read> k_norm: array<f16>;
 
 const HALF: u32 = ROT / 2u;
-// 2π split so that k · TWO_PI_HI is exact in f32 for k < 2^15 (Cody–Waite range reduction).
-const TWO_PI_HI: f32 = 6.28125;
-const TWO_PI_LO: f32 = 0.0019353071795864769;
 
-// (cos, sin) of p · inv_freq[i]. The angle is formed in f32 like transformers does, then reduced to
-// [-π, π] before cos/sin: WGSL only bounds their error inside that range.
-fn rope_cos_sin(p: u32, i: u32) -> vec2<f32> {
-    let angle = f32(p) * inv_freq[i];
-    let k = round(angle * 0.15915494309189535);
-    let r = (angle - k * TWO_PI_HI) - k * TWO_PI_LO;
-    return vec2<f32>(cos(r), sin(r));
+// Element i of head slot j after the optional per-head RMSNorm (inv = that head's 1/rms).
+fn head_value(src: u32, i: u32, j: u32, inv: f32) -> f32 {
+    let v = qkv[src + i];
+    if (!QK_NORM || j >= H + KVH) { return v; }
+    return v * inv * f32(select(k_norm[i], q_norm[i], j < H));
 }
 
 @compute @workgroup_size(WG)
-fn main(
-    @builtin(local_invocation_index) lid: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
-    @builtin(num_workgroups) nwg: vec3<u32>,
-) {
+fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let t = wid.x;
-    if (t >= step.n_tokens) { return; }
+    if (t >= step.n_tokens) { return; }  // uniform: t is the workgroup's
+    let lid = lane.lid;
     let p = step.pos0 + t;
     let page_row = (page_table[p / PAGE] * KVH * PAGE + p % PAGE) * HD;  // kv head 0 of position p
     // Head slot j: [0, H) q, [H, H+KVH) k, [H+KVH, H+2·KVH) v.
@@ -48,15 +46,21 @@ fn main(
         let is_v = j >= H + KVH;
         let kvh = select(j - H, j - H - KVH, is_v);
         let dst = page_row + kvh * PAGE * HD;
+        var inv = 1.0;
+        if (QK_NORM) {  // a constant, so the reduction stays in uniform control flow
+            var ss = 0.0;
+            for (var i = lid; i < HD; i += WG) { let v = qkv[src + i]; ss += v * v; }
+            inv = inverseSqrt(wg_sum(ss, lane) / f32(HD) + EPS);
+        }
         for (var i = lid; i < HD; i += WG) {
-            var val = qkv[src + i];
+            var val = head_value(src, i, j, inv);
             if (!is_v && i < ROT) {
                 let cs = rope_cos_sin(p, i % HALF);
                 // rotate_half: the first half pairs with −x2, the second half with +x1.
                 if (i < HALF) {
-                    val = val * cs.x - qkv[src + i + HALF] * cs.y;
+                    val = val * cs.x - head_value(src, i + HALF, j, inv) * cs.y;
                 } else {
-                    val = val * cs.x + qkv[src + i - HALF] * cs.y;
+                    val = val * cs.x + head_value(src, i - HALF, j, inv) * cs.y;
                 }
             }
             if (j < H) {

@@ -39,6 +39,18 @@ def rope_ref(x, positions, inv_freq, rot, f32_angle=False):
     return x
 
 
+EPS = 1e-6
+
+
+def rope_consts(H, KVH, HD, ROT, qk_norm=False):
+    return dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, QK_NORM=qk_norm, EPS=EPS)
+
+
+def dummy_norms(g, hd):
+    """q/k norm weights the kernel binds but ignores when QK_NORM is false."""
+    return [g.upload("q_norm", np.full(hd, np.nan, np.float16)), g.upload("k_norm", np.full(hd, np.nan, np.float16))]
+
+
 def quantize_q4f16_1(w):
     """MLC q4f16_1 per 32-element group along K: scale = max|w|/7 (f16), q = clamp(round(w/s)+7, 0, 14)."""
     n, k = w.shape
@@ -121,11 +133,12 @@ def check_cache(cache, page_table, expected, positions, atol):
 
 
 @pytest.mark.parametrize(
-    "H,KVH,HD,ROT,T,pos0,Y",  # grid (T, Y): Y = 0 means one head slot per workgroup, H + 2·KVH
-    [(8, 2, 96, 64, 5, 30, 0), (4, 4, 32, 32, 3, 0, 1), (8, 2, 128, 128, 7, 13, 3), (2, 1, 128, 96, 1, 47, 0)],
+    "H,KVH,HD,ROT,T,pos0,Y,qk_norm",  # grid (T, Y): Y = 0 means one head slot per workgroup, H + 2·KVH
+    [(8, 2, 96, 64, 5, 30, 0, False), (4, 4, 32, 32, 3, 0, 1, False), (8, 2, 128, 128, 7, 13, 3, False),
+     (2, 1, 128, 96, 1, 47, 0, False), (8, 2, 128, 128, 5, 13, 3, True), (4, 2, 96, 48, 3, 17, 0, True)],
 )
-def test_rope_append(gpu, rng, H, KVH, HD, ROT, T, pos0, Y):
-    g = gpu
+def test_rope_append(any_gpu, rng, H, KVH, HD, ROT, T, pos0, Y, qk_norm):
+    g = any_gpu
     n_logical = (pos0 + T - 1) // PAGE + 1
     page_table, n_pages = page_table_for(rng, n_logical)
     inv_freq = inv_freq_for(ROT)
@@ -133,7 +146,8 @@ def test_rope_append(gpu, rng, H, KVH, HD, ROT, T, pos0, Y):
     q_out = poisoned(g, "q_out", (T, H * HD))
     k_cache = poisoned(g, "k_cache", (n_pages, KVH, PAGE, HD), np.float16)
     v_cache = poisoned(g, "v_cache", (n_pages, KVH, PAGE, HD), np.float16)
-    consts = dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE)
+    q_w, k_w = (0.5 + rng.random((2, HD))).astype(np.float16)
+    consts = rope_consts(H, KVH, HD, ROT, qk_norm=qk_norm)
     buffers = [
         g.upload("qkv", qkv),
         q_out,
@@ -142,11 +156,18 @@ def test_rope_append(gpu, rng, H, KVH, HD, ROT, T, pos0, Y):
         g.upload("pt", page_table),
         g.upload("inv_freq", inv_freq),
         step_uniform(g, T, pos0),
+        g.upload("q_norm", q_w),
+        g.upload("k_norm", k_w),
     ]
     _run(g, "rope_append", consts, buffers, (T, Y or H + 2 * KVH))
 
     positions = np.arange(pos0, pos0 + T)
-    heads = qkv.reshape(T, H + 2 * KVH, HD)
+    heads = qkv.reshape(T, H + 2 * KVH, HD).astype(np.float64)
+    if qk_norm:  # Qwen3: RMSNorm over each q and k head before RoPE
+        def rms(x, w):
+            return x / np.sqrt((x**2).mean(-1, keepdims=True) + EPS) * w.astype(np.float64)
+
+        heads = np.concatenate([rms(heads[:, :H], q_w), rms(heads[:, H:H + KVH], k_w), heads[:, H + KVH:]], axis=1)
     q_ref = rope_ref(heads[:, :H], positions, inv_freq, ROT)
     k_ref = rope_ref(heads[:, H : H + KVH], positions, inv_freq, ROT)
     v_ref = heads[:, H + KVH :].astype(np.float64)
@@ -170,7 +191,7 @@ def test_rope_append_far_positions(gpu, rng):
     k_cache, v_cache = poisoned(g, "k_cache", shape, np.float16), poisoned(g, "v_cache", shape, np.float16)
     buffers = [g.upload("qkv", qkv), q_out, k_cache, v_cache, g.upload("pt", page_table)]
     buffers += [g.upload("inv_freq", inv_freq), step_uniform(g, T, pos0)]
-    _run(g, "rope_append", dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE), buffers, (T, 1))
+    _run(g, "rope_append", rope_consts(H, KVH, HD, ROT), buffers + dummy_norms(g, HD), (T, 1))
 
     positions = np.arange(pos0, pos0 + T)
     heads = qkv.reshape(T, H + 2 * KVH, HD)
@@ -355,7 +376,7 @@ def test_decode_matches_prefill(any_gpu, rng):
         q = poisoned(g, "q", (t_len, H * HD))
         step = step_uniform(g, t_len, pos0)
         buffers = [g.upload("qkv", qkv_all[pos0 : pos0 + t_len]), q, k_pre, v_pre, pt, inv_freq, step]
-        _run(g, "rope_append", dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE), buffers, (t_len,))
+        _run(g, "rope_append", rope_consts(H, KVH, HD, ROT), buffers + dummy_norms(g, HD), (t_len,))
         prefilled.append(attend(q, k_pre, v_pre, t_len, pos0, step))
 
     decoded, prefilled = np.array(decoded), np.concatenate(prefilled)

@@ -6,7 +6,7 @@ import importlib
 
 from engine.errors import UnsupportedModelError
 
-SUPPORTED = ("phi3",)
+SUPPORTED = ("phi3", "llama", "qwen3")
 
 
 def model_module(model_type: str | None, where: str = "config"):

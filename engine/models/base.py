@@ -45,6 +45,48 @@ class DenseSpec:
     names: dict[str, str] = field(default_factory=dict)
 
 
+@dataclass
+class DenseArgs(BaseModelArgs):
+    """config.json fields shared by the dense decoder families (phi3, llama, qwen3)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    vocab_size: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-5
+    rope_theta: float | None = None
+    position_embedding_base: float | None = None  # MLC's name for rope_theta
+    rope_scaling: dict | None = None
+    rope_parameters: dict | None = None  # transformers >= 5 folds theta/scaling in here
+    partial_rotary_factor: float = 1.0
+    max_position_embeddings: int = 4096
+    context_window_size: int | None = None
+    tie_word_embeddings: bool = False
+
+    def rope(self) -> tuple[float, float, dict | None]:
+        params = self.rope_parameters or {}
+        theta = self.rope_theta or self.position_embedding_base or params.get("rope_theta") or 10000.0
+        partial = params.get("partial_rotary_factor", self.partial_rotary_factor)
+        scaling = self.rope_scaling or (params if params.get("rope_type", "default") != "default" else None)
+        return float(theta), float(partial), scaling
+
+    def dense_spec(self, names: dict[str, str], qk_norm: bool = False) -> DenseSpec:
+        heads = self.num_attention_heads
+        head_dim = self.head_dim or self.hidden_size // heads
+        theta, partial, scaling = self.rope()
+        inv_freq, rot = rope_inv_freq(head_dim, theta, partial, scaling)
+        return DenseSpec(
+            dim=self.hidden_size, n_layers=self.num_hidden_layers, n_heads=heads,
+            n_kv_heads=self.num_key_value_heads or heads, head_dim=head_dim, ffn_dim=self.intermediate_size,
+            vocab=self.vocab_size, eps=self.rms_norm_eps, inv_freq=inv_freq, rot_dim=rot,
+            context_length=self.context_window_size or self.max_position_embeddings,
+            tied_embeddings=self.tie_word_embeddings, qk_norm=qk_norm, names=names,
+        )
+
+
 def rope_inv_freq(head_dim: int, theta: float, partial_rotary_factor: float = 1.0,
                   rope_scaling: dict | None = None) -> tuple[np.ndarray, int]:
     """Inverse frequencies computed like transformers' default RoPE (float32), and the rotary dim."""

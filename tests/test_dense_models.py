@@ -1,4 +1,4 @@
-"""Whole-model checks: tiny random Phi3ForCausalLM → `zerotvm convert` → our logits vs transformers.
+"""Whole-model checks: tiny random Phi3/Llama/Qwen3ForCausalLM → `zerotvm convert` → our logits vs transformers.
 
 The reference runs transformers in float32 with the dequantized q4f16_1 weights, so the only
 differences left are ours: kernel arithmetic, f16 KV cache, RoPE, paging, chunking.
@@ -14,9 +14,11 @@ from engine.model import load_model
 from tests.tiny_models import make_tiny_hf
 
 CONFIGS = {
-    "base": dict(vocab_size=250),  # vocab not a multiple of 32
-    "gqa": dict(vocab_size=320, num_key_value_heads=2, hidden_size=128, num_attention_heads=4,
-                intermediate_size=160),
+    "phi3": ("phi3", dict(vocab_size=250)),  # vocab not a multiple of 32
+    "phi3-gqa": ("phi3", dict(vocab_size=320, num_key_value_heads=2, hidden_size=128, num_attention_heads=4,
+                              intermediate_size=160)),
+    "llama": ("llama", dict(vocab_size=300, rope_theta=500000.0)),
+    "qwen3": ("qwen3", dict(vocab_size=290)),  # tied embeddings, q/k norms, head_dim 16 ≠ hidden/heads
 }
 
 
@@ -39,7 +41,8 @@ def reference_model(hf_dir, mlc):
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def tiny(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(request.param)
-    hf_dir = make_tiny_hf("phi3", root / "hf", **CONFIGS[request.param])
+    model_type, overrides = CONFIGS[request.param]
+    hf_dir = make_tiny_hf(model_type, root / "hf", **overrides)
     out = root / "mlc"
     assert cli_main(["convert", str(hf_dir), str(out), "--format", "q4f16_1"]) == 0
     return hf_dir, out
