@@ -15,3 +15,14 @@ class ModelFormatError(ZeroTVMError):
 
 class UnsupportedModelError(ModelFormatError):
     """The checkpoint is readable but its architecture is not one we run."""
+
+
+class ContextLimitError(ZeroTVMError):
+    """A prompt that does not fit the context window; carries the numbers for the UI."""
+
+    def __init__(self, used: int, limit: int):
+        self.used, self.limit = used, limit
+        super().__init__(
+            f"the conversation needs {used} tokens but the context holds {limit}; start a new chat, "
+            "shorten it, or allow dropping the oldest turns"
+        )

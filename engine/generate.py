@@ -1,10 +1,16 @@
-"""Generation as a generator of responses (text delta, stats, finish reason), mlx-lm style."""
+"""Generation as a generator of responses (text delta, stats, finish reason), mlx-lm style.
+
+The KV cache lives across calls: a new prompt prefills only the tokens after its longest common prefix
+with what the cache holds, so follow-up turns, regenerate and edit never re-read the shared history.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from engine.errors import ContextLimitError
 
 
 @dataclass
@@ -14,53 +20,78 @@ class GenerationResponse:
     prompt_tokens: int
     generation_tokens: int
     ttft_s: float  # time to first token
-    prompt_tps: float
+    prompt_tps: float  # prefilled (not reused) prompt tokens per second
     generation_tps: float  # decode tokens per second after the first token
+    context_used: int  # tokens in the cache after this response
+    context_limit: int
+    prompt_reused: int  # prompt tokens served from the cache instead of prefilled
     finish_reason: str | None = None  # "stop", "length" or None while running
 
 
-def stream_generate(model, prompt_ids: list[int], max_tokens: int = 256,
-                    batch: int = 8) -> Iterator[GenerationResponse]:
-    """Greedy generation from `prompt_ids`; the cache is rebuilt from scratch (reuse arrives with chat)."""
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def stream_generate(model, prompt_ids: list[int], max_tokens: int = 256, batch: int = 8,
+                    reuse: bool = True) -> Iterator[GenerationResponse]:
+    """Greedy generation from `prompt_ids`, reusing the cached prefix; stops at a stop id or the limits."""
     rt, tok = model.runtime, model.tokenizer
+    prompt_ids = [int(t) for t in prompt_ids]
+    limit = rt.max_context
+    if len(prompt_ids) + 1 > limit:
+        raise ContextLimitError(len(prompt_ids) + 1, limit)
+    if not prompt_ids:
+        raise ValueError("the prompt is empty")
+    max_tokens = min(max_tokens, limit - len(prompt_ids))  # never run past the cache: finish "length"
     stops = set(tok.eos_ids) if tok else set()
     decoder = tok.stream() if tok else None
-    rt.reset()
+
+    # Keep at least the last prompt token to prefill: its logits give the first new token.
+    reused = min(common_prefix(rt.cached_ids, prompt_ids), len(prompt_ids) - 1) if reuse else 0
+    rt.truncate(reused)
     start = time.perf_counter()
-    rt.prefill(prompt_ids, out_index=0)
+    rt.prefill(prompt_ids[reused:], out_index=0)
     first = rt.read_sampled(0)
     ttft = time.perf_counter() - start
-    n_prompt = len(prompt_ids)
-    count = 0
+    n_prompt, count, emitted = len(prompt_ids), 0, []
 
-    def response(token: int | None, finish: str | None) -> GenerationResponse:
+    def response(token: int, finish: str | None) -> GenerationResponse:
         elapsed = time.perf_counter() - start - ttft
-        text = "" if token is None or decoder is None or token in stops else (decoder.step(tok.tok, token) or "")
-        return GenerationResponse(text, token, n_prompt, count, ttft, n_prompt / max(ttft, 1e-9),
-                                  (count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0, finish)
+        text = "" if decoder is None or token in stops else (decoder.step(tok.tok, token) or "")
+        return GenerationResponse(
+            text, token, n_prompt, count, ttft, (n_prompt - reused) / max(ttft, 1e-9),
+            (count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0, n_prompt + len(emitted), limit, reused,
+            finish)
 
-    count = 1
-    if first in stops or max_tokens <= 1:
-        rt.truncate(n_prompt)
-        yield response(first, "stop" if first in stops else "length")
-        return
-    yield response(first, None)
-    fed = n_prompt + 1  # prompt plus every emitted token that the decoder has fed back
-    gen = rt.decode(0, max_tokens - 1, batch=batch)
+    def settle() -> None:
+        # The cache holds the prompt and every emitted token except the last one (never fed back).
+        fed = emitted[:-1] if emitted else []
+        rt.truncate(n_prompt + len(fed))
+        rt.cached_ids = prompt_ids + fed
+
+    gen = None
     try:
+        count = 1
+        emitted.append(first)
+        if first in stops or max_tokens <= 1:
+            yield response(first, "stop" if first in stops else "length")
+            return
+        yield response(first, None)
+        gen = rt.decode(0, max_tokens - 1, batch=batch)
         for got in gen:
             for token in got:
                 count += 1
-                if token in stops:
-                    rt.truncate(fed)
-                    yield response(token, "stop")
+                emitted.append(token)
+                finish = "stop" if token in stops else "length" if count >= max_tokens else None
+                yield response(token, finish)
+                if finish:
                     return
-                final = count >= max_tokens
-                yield response(token, "length" if final else None)
-                if final:
-                    rt.truncate(fed)
-                    return
-                fed += 1
     finally:
-        gen.close()
-        rt.truncate(fed)
+        if gen is not None:
+            gen.close()
+        settle()

@@ -12,7 +12,7 @@ import numpy as np
 import wgpu
 
 from engine.attention import attention_consts, qkv_fused_plan
-from engine.errors import ModelFormatError
+from engine.errors import ContextLimitError, ModelFormatError
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
 from engine.matmul import gemm_plan, matvec_plan
 from engine.models.base import DenseSpec
@@ -64,6 +64,7 @@ class DenseTransformer:
         self._alloc()
         self._build()
         self.n_cached = 0  # tokens whose K/V are in the cache
+        self.cached_ids: list[int] = []  # those tokens' ids when known (kept by generation for prefix reuse)
         self.dispatches_per_token = self._count_decode_dispatches()
 
     # ---- weights -------------------------------------------------------------------------
@@ -221,17 +222,17 @@ class DenseTransformer:
 
     def _check_room(self, n: int) -> None:
         if self.n_cached + n > self.max_context:
-            raise ValueError(
-                f"context full: {self.n_cached} + {n} tokens exceeds the limit of {self.max_context}"
-            )
+            raise ContextLimitError(self.n_cached + n, self.max_context)
 
     # ---- public API --------------------------------------------------------------------------
     def reset(self) -> None:
         self.n_cached = 0
+        self.cached_ids = []
 
     def truncate(self, n: int) -> None:
         """Roll the cache back to its first n tokens (later entries are simply overwritten)."""
         self.n_cached = min(self.n_cached, max(0, n))
+        self.cached_ids = self.cached_ids[: self.n_cached]
 
     def logits(self, ids, chunk: int | None = None) -> np.ndarray:
         """Teacher-forced f32 logits [T, vocab] for `ids`, appended after the cached tokens."""
@@ -262,6 +263,8 @@ class DenseTransformer:
             rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *matvec_plan(s.dim, s.vocab, last_row=True)[1])
             rec.dispatch(self.p["argmax"], self.bg["argmax"], 1)
         rec.submit()
+        if len(self.cached_ids) == self.n_cached:
+            self.cached_ids += ids.tolist()
         self.n_cached += T
         if want_logits:
             return self.gpu.read(self.logits_buf, np.float32, T * s.vocab).reshape(T, s.vocab)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from engine.cli import main as cli_main
-from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.errors import ContextLimitError, ModelFormatError, UnsupportedModelError
 from engine.model import load_model
 from tests.tiny_models import cached_tiny_hf
 
@@ -108,7 +108,7 @@ def test_load_progress_reports_every_shard(gpu, good_mlc):
 
 def test_context_limit_is_a_clear_error(gpu, good_mlc):
     model = load_model(good_mlc, gpu=gpu, max_context=32)
-    with pytest.raises(ValueError, match="exceeds the limit of 32"):
+    with pytest.raises(ContextLimitError, match="needs 40 tokens but the context holds 32"):
         model.logits(np.arange(40) % 200)
 
 
