@@ -1,4 +1,4 @@
-"""`zerotvm` / `python -m engine`: gpus, convert, logits, generate, bench."""
+"""`zerotvm` / `python -m engine`: gpus, convert, logits, prompt, generate, bench."""
 
 from __future__ import annotations
 
@@ -78,6 +78,16 @@ def cmd_generate(args) -> None:
               f"finish: {last.finish_reason}]", file=sys.stderr)
 
 
+def cmd_prompt(args) -> None:
+    from engine.chat import load_messages
+    from engine.tokenizer import load_tokenizer
+
+    thinking = None if args.thinking is None else args.thinking == "on"
+    prompt = load_tokenizer(args.model).chat_prompt(load_messages(args.messages), system=args.system,
+                                                    thinking=thinking)
+    print(json.dumps(prompt.ids))
+
+
 def cmd_bench(args) -> None:
     from engine.bench import run_bench
 
@@ -112,6 +122,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompt", required=True)
     s.add_argument("--max-tokens", type=int, default=128)
     s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("prompt", help="render a chat with the model's own template; print its token ids as JSON")
+    s.add_argument("model", help="model folder (tokenizer files and configs are enough) or .gguf file")
+    s.add_argument("--messages", required=True, help='JSON file: [{"role": ..., "content": ...}, ...]')
+    s.add_argument("--thinking", choices=["on", "off"], help="set enable_thinking (Qwen3 and alike)")
+    s.add_argument("--system", help="system prompt (replaces a leading system message)")
+    s.set_defaults(func=cmd_prompt)
 
     s = sub.add_parser("bench", help="benchmark a random-weight model of a real model's shapes")
     s.add_argument("--shape", default="phi3-mini")

@@ -49,7 +49,7 @@ def stream_generate(model, prompt_ids: list[int], max_tokens: int = 256, batch: 
         raise ValueError("the prompt is empty")
     max_tokens = min(max_tokens, limit - len(prompt_ids))  # never run past the cache: finish "length"
     stops = set(tok.eos_ids) if tok else set()
-    decoder = tok.stream() if tok else None
+    decoder = tok.decoder() if tok else None
 
     # Keep at least the last prompt token to prefill: its logits give the first new token.
     reused = min(common_prefix(rt.cached_ids, prompt_ids), len(prompt_ids) - 1) if reuse else 0
@@ -62,7 +62,9 @@ def stream_generate(model, prompt_ids: list[int], max_tokens: int = 256, batch: 
 
     def response(token: int, finish: str | None) -> GenerationResponse:
         elapsed = time.perf_counter() - start - ttft
-        text = "" if decoder is None or token in stops else (decoder.step(tok.tok, token) or "")
+        text = "" if decoder is None or token in stops else decoder.step(token)
+        if finish and decoder is not None:
+            text += decoder.flush()  # a character left incomplete at the end comes out as U+FFFD
         return GenerationResponse(
             text, token, n_prompt, count, ttft, (n_prompt - reused) / max(ttft, 1e-9),
             (count - 1) / elapsed if count > 1 and elapsed > 0 else 0.0, n_prompt + len(emitted), limit, reused,
