@@ -1,50 +1,133 @@
-"""Host side of the q4f16_1 matmul kernels: pipeline constants and dispatch grid for a shape.
+"""Host side of the packed-weight matmul and embedding kernels: pipeline constants and dispatch grids.
 
 matvec_int4 (decode, one activation row) and matmul_int4 (prefill GEMM, T rows) share bindings:
-0 x f32[T, K], 1 q_weight u32[N or 2N, K/8], 2 q_scale f16[N or 2N, K/32], 3 y f32, 4 step uniform.
-With gate_up the weight holds gate rows then up rows and y gets silu(gate)·up ([N] or [T, N]).
-The defaults are untuned starting points.
+0 x f32[T, K], 1 weight u32[N or 2N, K·BITS/32], 2 scale f16[N or 2N, K/GROUP (, 2 with AFFINE)],
+3 y f32, 4 step uniform. With gate_up the weight holds gate rows then up rows and y gets
+silu(gate)·up ([N] or [T, N]). The defaults are untuned starting points.
+
+Weight formats are kernel constants (see FORMATS): integer codes q of BITS bits, w = (q − ZERO)·scale,
+plus a per-group minimum with AFFINE (w = scale·q + min, GGUF Q4_1), one scale per GROUP elements
+along K; or plain f16 weights (BITS=16, binding 2 is then bound but never read). The defaults are
+MLC's q4f16_1, so callers that pass no format keep the original kernels.
+
+Why the Q4_1 minimum shares binding 2 (as (scale, min) f16 pairs) instead of a binding 5 of its own:
+pipelines use layout="auto", and a binding referenced anywhere in the entry point (even in a branch
+that a constant turns off) becomes part of the layout, so every q4f16_1 bind group would have needed
+a sixth buffer. Two variables cannot share a binding index either (naga rejects it).
 """
 
 from __future__ import annotations
 
+import weakref
+
 from engine.gpu import fold_grid
+from engine.shaders import build_source
 
 MATVEC_WG = 64
 MATVEC_ROWS = 8  # outputs per workgroup: each thread keeps this many weight loads in flight
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
 WORKGROUP_BYTES = 16384
+EMBED_WG = 64
+CHUNK = 32  # elements every kernel walks K by; GROUP must be a multiple of it
+
+# Kernel constants per weight format tag (the tags engine/formats/gguf.py attaches to each weight).
+FORMATS: dict[str, dict] = {
+    "q4f16_1": dict(bits=4, zero=7, affine=False, group=32),  # MLC
+    "q4_0": dict(bits=4, zero=8, affine=False, group=32),  # GGUF: w = (q − 8)·d
+    "q4_1": dict(bits=4, zero=0, affine=True, group=32),  # GGUF: w = d·q + m
+    "q8_0": dict(bits=8, zero=128, affine=False, group=32),  # GGUF int8 stored as q + 128: w = (u − 128)·d
+    "f16": dict(bits=16, zero=0, affine=False, group=32),  # unquantized
+}
 
 
-def _check_shape(K: int, N: int) -> None:
-    if K <= 0 or K % 32:
-        raise ValueError(f"K must be a positive multiple of 32 (the q4f16_1 group size), got {K}")
+def format_knobs(tag: str) -> dict:
+    """Keyword arguments for matvec_plan / gemm_plan / embedding_plan for a weight format tag."""
+    if tag not in FORMATS:
+        raise ValueError(f"no kernel variant for weight format {tag!r}; have {', '.join(FORMATS)}")
+    return dict(FORMATS[tag])
+
+
+def _format_consts(K: int, bits: int, zero: int, affine: bool, group: int, what: str = "K") -> dict:
+    if bits not in (4, 8, 16):
+        raise ValueError(f"BITS must be 4, 8 (integer codes) or 16 (f16 weights), got {bits}")
+    if group <= 0 or group % CHUNK:
+        raise ValueError(f"GROUP must be a positive multiple of {CHUNK}, got {group}")
+    if bits < 16 and not 0 <= zero < 2**bits:
+        raise ValueError(f"ZERO={zero} is not a {bits}-bit code")
+    if K <= 0 or K % CHUNK or (bits < 16 and K % group):
+        unit = CHUNK if bits == 16 else group
+        raise ValueError(f"{what} must be a positive multiple of {unit} (the group size), got {K}")
+    return dict(BITS=bits, ZERO=zero, AFFINE=bool(affine), GROUP=group)
+
+
+def _check_n(N: int) -> None:
     if N <= 0:
         raise ValueError(f"N must be positive, got {N}")
 
 
 def matvec_plan(
-    K: int, N: int, gate_up: bool = False, last_row: bool = False, rows: int = MATVEC_ROWS, wg: int = MATVEC_WG
+    K: int, N: int, gate_up: bool = False, last_row: bool = False, rows: int = MATVEC_ROWS, wg: int = MATVEC_WG,
+    *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
 ) -> tuple[dict, tuple[int, int]]:
     """Constants and grid for shaders/matvec_int4.wgsl: y[N] from x row 0 (or row n_tokens-1 if last_row)."""
-    _check_shape(K, N)
+    fmt = _format_consts(K, bits, zero, affine, group)
+    _check_n(N)
     if wg & (wg - 1) or wg < rows:
         raise ValueError(f"WG must be a power of two (workgroup reduction) and ≥ ROWS; got WG={wg}, ROWS={rows}")
-    consts = dict(K=K, N=N, WG=wg, ROWS=rows, LAST_ROW=last_row, GATE_UP=gate_up)
+    consts = dict(K=K, N=N, WG=wg, ROWS=rows, LAST_ROW=last_row, GATE_UP=gate_up, **fmt)
     return consts, fold_grid(-(-N // rows))
 
 
 def gemm_plan(
-    K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_TM, tn: int | None = None
+    K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_TM, tn: int | None = None,
+    *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
 ) -> tuple[dict, tuple[int, int, int]]:
     """Constants and grid for shaders/matmul_int4.wgsl: Y[T, N]. The constants do not depend on T."""
-    _check_shape(K, N)
+    fmt = _format_consts(K, bits, zero, affine, group)
+    _check_n(N)
     tn = tn or (GEMM_TN // 2 if gate_up else GEMM_TN)
     staged_rows = tm + tn * (2 if gate_up else 1)
     if tm % 4 or tn % 4 or 128 * staged_rows > WORKGROUP_BYTES:
         raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4 and 128·(TM + staged W rows) ≤ {WORKGROUP_BYTES}")
-    consts = dict(K=K, N=N, TM=tm, TN=tn, GATE_UP=gate_up)
+    consts = dict(K=K, N=N, TM=tm, TN=tn, GATE_UP=gate_up, **fmt)
     # Output-column tiles fold into (x, z); y walks the token tiles.
     x, z = fold_grid(-(-N // tn))
     return consts, (x, max(-(-T // tm), 1), z)
+
+
+def embedding_plan(
+    D: int, vocab: int, T: int = 1, wg: int = EMBED_WG,
+    *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
+) -> tuple[dict, dict, tuple[int, int]]:
+    """(consts, overrides, grid) for shaders/embedding.wgsl; build it with embedding_pipeline.
+
+    The format knobs there are WGSL `override`s with the q4f16_1 defaults: the runtime's plain
+    `gpu.pipeline("embedding", dict(WG, D, VOCAB))` keeps compiling, and Gpu.pipeline (which only
+    injects `const`s) cannot set them, so `overrides` go in at pipeline creation instead.
+    """
+    fmt = _format_consts(D, bits, zero, affine, group, what="D")
+    if vocab <= 0:
+        raise ValueError(f"vocab must be positive, got {vocab}")
+    words = D * bits // 32  # one thread per u32 word
+    return dict(WG=wg, D=D, VOCAB=vocab), fmt, (-(-words // wg), max(T, 1))
+
+
+_EMBED_DEFAULTS = _format_consts(32, **{k: v for k, v in FORMATS["q4f16_1"].items()})
+_override_pipelines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def embedding_pipeline(gpu, consts: dict, overrides: dict):
+    """The embedding pipeline for embedding_plan's (consts, overrides), built once per Gpu."""
+    if {k: overrides.get(k, v) for k, v in _EMBED_DEFAULTS.items()} == _EMBED_DEFAULTS:
+        return gpu.pipeline("embedding", consts)  # the q4f16_1 build the runtime already shares
+    cache = _override_pipelines.setdefault(gpu, {})
+    key = (tuple(sorted(consts.items())), tuple(sorted(overrides.items())))
+    if key not in cache:
+        module = gpu.device.create_shader_module(label="embedding.wgsl", code=build_source("embedding", consts, gpu))
+        constants = {k: float(v) for k, v in overrides.items()}  # WebGPU passes override values as doubles
+        cache[key] = gpu.device.create_compute_pipeline(
+            label="embedding", layout="auto",
+            compute={"module": module, "entry_point": "main", "constants": constants},
+        )
+    return cache[key]

@@ -1,8 +1,13 @@
-// Embedding lookup with q4f16_1 dequantization: x[t, :] = (q − 7) · scale of row tokens[t].
-// One thread per packed u32 word (8 values). Grid: (ceil(D/8 / WG), n_tokens).
-// Constants: WG, D (model dim, multiple of 32), VOCAB.
-// Bindings: 0 tokens u32[T], 1 q_weight u32[VOCAB, D/8], 2 q_scale f16[VOCAB, D/32],
-//           3 x f32[T, D] (write), 4 step uniform.
+// Embedding lookup with dequantization: x[t, :] = row tokens[t] of the packed table, as f32.
+// One thread per u32 word (32/BITS values). Grid: (ceil(D·BITS/32 / WG), n_tokens).
+// Constants: WG, D (model dim, multiple of GROUP), VOCAB.
+// Format overrides (pipeline-overridable, set by engine/matmul.py embedding_pipeline; the defaults are
+//   q4f16_1, so a plain Gpu.pipeline("embedding", {WG, D, VOCAB}) build is the original kernel):
+//   BITS 4 or 8: element i of a row is the code q at bits BITS·(i % (32/BITS)) of word i·BITS/32,
+//     x = (q − ZERO)·scale[i / GROUP], or (q − ZERO)·scale + min with AFFINE; BITS 16: f16 values.
+// Bindings: 0 tokens u32[T], 1 q_weight u32[VOCAB, D·BITS/32],
+//           2 q_scale f16[VOCAB, D/GROUP] (with AFFINE (scale, min) pairs [VOCAB, D/GROUP, 2]; bound but
+//           not read with BITS 16), 3 x f32[T, D] (write), 4 step uniform.
 #import step
 
 @group(0) @binding(0) var<storage, read> tokens: array<u32>;
@@ -11,22 +16,38 @@
 @group(0) @binding(3) var<storage, read_write> x: array<f32>;
 @group(0) @binding(4) var<uniform> step: Step;
 
-const WORDS: u32 = D / 8u;
+override BITS: u32 = 4u;
+override ZERO: u32 = 7u;
+override AFFINE: bool = false;
+override GROUP: u32 = 32u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let per_word = 32u / BITS;
+    let words = D / per_word;
     let word = gid.x;
     let t = gid.y;
-    if (word >= WORDS || t >= step.n_tokens) { return; }
+    if (word >= words || t >= step.n_tokens) { return; }
     let token = tokens[t];
-    let out = t * D + word * 8u;
+    let out = t * D + word * per_word;
     if (token >= VOCAB) {  // an id outside the vocabulary embeds as zeros instead of reading garbage
-        for (var i = 0u; i < 8u; i++) { x[out + i] = 0.0; }
+        for (var i = 0u; i < per_word; i++) { x[out + i] = 0.0; }
         return;
     }
-    let packed = q_weight[token * WORDS + word];
-    let scale = f32(q_scale[token * (D / 32u) + word / 4u]);
-    for (var i = 0u; i < 8u; i++) {
-        x[out + i] = (f32((packed >> (4u * i)) & 15u) - 7.0) * scale;
+    let packed = q_weight[token * words + word];
+    if (BITS == 16u) {
+        let h = unpack2x16float(packed);
+        x[out] = h.x;
+        x[out + 1u] = h.y;
+        return;
+    }
+    // A word never straddles two groups (GROUP is a multiple of 32).
+    let si = (token * (D / GROUP) + word * per_word / GROUP) * select(1u, 2u, AFFINE);
+    let scale = f32(q_scale[si]);
+    var mn = 0.0;
+    if (AFFINE) { mn = f32(q_scale[si + 1u]); }
+    let mask = (1u << BITS) - 1u;
+    for (var i = 0u; i < per_word; i++) {
+        x[out + i] = (f32((packed >> (BITS * i)) & mask) - f32(ZERO)) * scale + mn;
     }
 }

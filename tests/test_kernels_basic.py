@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from engine.gpu import Recorder
+from engine.matmul import embedding_pipeline, embedding_plan, format_knobs
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 
@@ -39,6 +41,77 @@ def test_embedding_out_of_vocab_id_gives_zeros(gpu, rng):
             step_uniform(gpu, 1)]
     run(gpu, "embedding", dict(WG=64, D=32, VOCAB=8), bufs, (1, 1))
     assert np.all(read(gpu, x, (1, 32)) == 0)
+
+
+EMBED_VARIANTS = {
+    "q4f16_1": format_knobs("q4f16_1"),
+    "q4_0": format_knobs("q4_0"),
+    "q4_1": format_knobs("q4_1"),
+    "q8_0": format_knobs("q8_0"),
+    "f16": format_knobs("f16"),
+    "q4_1_g64": dict(bits=4, zero=0, affine=True, group=64),
+    "q8_g64": dict(bits=8, zero=128, affine=False, group=64),
+}
+
+
+def random_table(rng, V, D, bits, zero, affine, group):
+    """A random packed table in a format, its float64 dequantization, and the scale buffer to bind
+    (a NaN stub for f16: the kernel must not read it)."""
+    if bits == 16:
+        table = rng.uniform(-1, 1, (V, D)).astype(np.float16)
+        return table.view(np.uint32), np.full(4, np.nan, np.float16), table.astype(np.float64)
+    words = rng.integers(0, 2**32, (V, D * bits // 32), dtype=np.uint32)
+    scale = rng.uniform(0.01, 0.1, (V, D // group)).astype(np.float16)
+    minimum = rng.uniform(-0.5, 0.5, (V, D // group)).astype(np.float16)
+    per_word = 32 // bits
+    k = np.arange(D)
+    q = (words[:, k // per_word] >> (bits * (k % per_word)).astype(np.uint32)) & np.uint32(2**bits - 1)
+    deq = (q.astype(np.float64) - zero) * scale[:, k // group].astype(np.float64)
+    if affine:
+        deq += minimum[:, k // group].astype(np.float64)
+        scale = np.stack([scale, minimum], axis=-1)  # (scale, min) pairs share binding 2
+    return words, scale, deq
+
+
+def run_embedding(gpu, tokens, words, scale, V, D, fmt):
+    T = len(tokens)
+    consts, overrides, grid = embedding_plan(D, V, T, **fmt)
+    pipe = embedding_pipeline(gpu, consts, overrides)
+    x = poisoned(gpu, "x", (T, D))
+    bufs = [gpu.upload("t", tokens), gpu.upload("w", words), gpu.upload("s", scale), x, step_uniform(gpu, T)]
+    rec = Recorder(gpu, "test-embedding")
+    rec.dispatch(pipe, gpu.bind(pipe, bufs, "test-embedding"), *grid)
+    rec.submit()
+    return read(gpu, x, (T, D))
+
+
+@pytest.mark.parametrize("variant", list(EMBED_VARIANTS))
+@pytest.mark.parametrize("V,D,T", [(37, 64, 1), (300, 192, 5)])
+def test_embedding_formats(gpu, rng, variant, V, D, T):
+    fmt = EMBED_VARIANTS[variant]
+    words, scale, deq = random_table(rng, V, D, **fmt)
+    tokens = rng.integers(0, V, T).astype(np.uint32)
+    tokens[0] = V - 1
+    out = run_embedding(gpu, tokens, words, scale, V, D, fmt)
+    np.testing.assert_allclose(out, deq[tokens], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("variant", ["q8_0", "f16"])
+def test_embedding_formats_out_of_vocab_id_gives_zeros(gpu, rng, variant):
+    fmt = EMBED_VARIANTS[variant]
+    words, scale, _ = random_table(rng, 8, 32, **fmt)
+    out = run_embedding(gpu, np.array([99], np.uint32), words, scale, 8, 32, fmt)
+    assert np.all(out == 0)
+
+
+def test_embedding_default_plan_is_the_runtime_pipeline(gpu):
+    # q4f16_1 through the plan reuses the pipeline the runtime builds with plain constants.
+    consts, overrides, grid = embedding_plan(96, 300, 5)
+    assert embedding_pipeline(gpu, consts, overrides) is gpu.pipeline("embedding", dict(WG=64, D=96, VOCAB=300))
+    assert grid == (-(-96 // 8 // 64), 5)
+    assert embedding_plan(96, 300, 5, **format_knobs("q8_0"))[2] == (1, 5)  # 24 words of 4 bytes
+    with pytest.raises(ValueError, match="D must be a positive multiple of 64"):
+        embedding_plan(96, 300, group=64)
 
 
 @pytest.mark.parametrize("T,D", [(1, 64), (3, 77), (4, 3072)])

@@ -1,11 +1,11 @@
-"""q4f16_1 format helpers and the int4 matvec / GEMM kernels against float64 numpy references."""
+"""q4f16_1 format helpers and the packed matvec / GEMM kernels (every weight format) vs float64 numpy."""
 
 import numpy as np
 import pytest
 
 from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
 from engine.gpu import MAX_GROUPS_PER_DIM
-from engine.matmul import gemm_plan, matvec_plan
+from engine.matmul import FORMATS, format_knobs, gemm_plan, matvec_plan
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 
@@ -213,3 +213,111 @@ def test_gemm_int4_leaves_rows_past_n_tokens(gpu, rng):
     out = run_int4(gpu, "matmul_int4", consts, grid, x, q_weight, q_scale, (T, N), n_tokens)
     assert np.isnan(out[n_tokens:]).all()
     assert_close(out[:n_tokens], reference(x[:n_tokens], q_weight, q_scale, N, False))
+
+
+# ---- other weight formats (GGUF Q4_0 / Q4_1 / Q8_0, f16, larger groups) ------------------------------
+VARIANTS = {
+    "q4_0": format_knobs("q4_0"),
+    "q4_1": format_knobs("q4_1"),
+    "q8_0": format_knobs("q8_0"),
+    "f16": format_knobs("f16"),
+    "q4_g64": dict(bits=4, zero=7, affine=False, group=64),
+    "q4_1_g64": dict(bits=4, zero=0, affine=True, group=64),
+    "q8_g64": dict(bits=8, zero=128, affine=False, group=64),
+}
+
+
+def random_packed(rng, rows, K, bits, affine, group, **_):
+    """Random weights in a format: every code value occurs; scales > 0, minima of both signs.
+
+    Returns (weight u32 [rows, K·bits/32], scale f16 [rows, K/group] or [rows, K/group, 2] with affine).
+    f16 weights come with a 4-element NaN scale buffer: the kernels must not read binding 2 then.
+    """
+    if bits == 16:
+        w = rng.uniform(-1, 1, size=(rows, K)).astype(np.float16)
+        return w.view(np.uint32), np.full(4, np.nan, np.float16)
+    w = rng.integers(0, 2**32, size=(rows, K * bits // 32), dtype=np.uint32)
+    scale = rng.uniform(0.002, 0.02, size=(rows, K // group)).astype(np.float16)
+    if affine:
+        minimum = rng.uniform(-0.1, 0.1, size=(rows, K // group)).astype(np.float16)
+        scale = np.stack([scale, minimum], axis=-1)
+    return w, scale
+
+
+def reference_dequantize_fmt(w, s, bits, zero, affine, group):
+    """float64 [N, K] from the spec: code k of a row at bits bits·(k % (32/bits)) of word k·bits/32,
+    w = (q − zero)·scale[k/group] (+ min[k/group] with affine); bits 16: f16 pairs, element 2j low."""
+    n = w.shape[0]
+    if bits == 16:
+        return w.view(np.float16).reshape(n, -1).astype(np.float64)
+    per_word = 32 // bits
+    k = np.arange(w.shape[1] * per_word)
+    q = (w[:, k // per_word] >> (bits * (k % per_word)).astype(np.uint32)) & np.uint32(2**bits - 1)
+    pairs = s.astype(np.float64).reshape(n, -1, 2 if affine else 1)
+    out = (q.astype(np.float64) - zero) * pairs[:, k // group, 0]
+    return out + pairs[:, k // group, 1] if affine else out
+
+
+def reference_fmt(x, w, s, N, gate_up, fmt):
+    out = x.astype(np.float64) @ reference_dequantize_fmt(w, s, **fmt).T
+    return silu(out[..., :N]) * out[..., N:] if gate_up else out
+
+
+def test_format_table_matches_the_kernel_defaults():
+    # The runtime's q4f16_1 pipelines pass no format; the plan defaults must be exactly q4f16_1.
+    assert matvec_plan(64, 8)[0] == matvec_plan(64, 8, **FORMATS["q4f16_1"])[0]
+    assert gemm_plan(64, 8, 3)[0] == gemm_plan(64, 8, 3, **FORMATS["q4f16_1"])[0]
+    with pytest.raises(ValueError, match="no kernel variant"):
+        format_knobs("q6_k")
+
+
+def test_plans_validate_format():
+    with pytest.raises(ValueError, match="BITS"):
+        matvec_plan(64, 8, bits=5)
+    with pytest.raises(ValueError, match="GROUP must be a positive multiple of 32"):
+        gemm_plan(96, 8, 2, group=48)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        matvec_plan(96, 8, group=64)  # K must hold whole groups
+    with pytest.raises(ValueError, match="ZERO=16"):
+        matvec_plan(64, 8, zero=16)
+    matvec_plan(96, 8, bits=16, group=64)  # f16 has no groups: K only needs whole 32-element chunks
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize(
+    "K,N,T,gate_up,last_row",
+    [
+        (192, 37, 1, False, False),  # N not a multiple of ROWS; 6 chunks over the workgroup
+        (128, 21, 3, True, True),  # fused gate_up, LM-head row
+    ],
+)
+def test_matvec_formats(kernel_gpu, rng, variant, K, N, T, gate_up, last_row):
+    g, fmt = kernel_gpu, VARIANTS[variant]
+    w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    consts, grid = matvec_plan(K, N, gate_up=gate_up, last_row=last_row, **fmt)
+    out = run_int4(g, "matvec_int4", consts, grid, x, w, s, (N,), T)
+    assert_close(out, reference_fmt(x[T - 1 if last_row else 0], w, s, N, gate_up, fmt))
+
+
+@pytest.mark.parametrize("variant", ["q4_1", "q8_0", "f16"])
+def test_matvec_formats_with_two_chunks_per_thread(kernel_gpu, rng, variant):
+    # 9 chunks over 4 threads, 3 outputs per workgroup (a partial wg_sum4 call).
+    g, fmt = kernel_gpu, VARIANTS[variant]
+    K, N = 288, 10
+    w, s = random_packed(rng, N, K, **fmt)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    consts, grid = matvec_plan(K, N, rows=3, wg=4, **fmt)
+    out = run_int4(g, "matvec_int4", consts, grid, x, w, s, (N,), 1)
+    assert_close(out, reference_fmt(x[0], w, s, N, False, fmt))
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("T,K,N,gate_up", [(5, 128, 37, False), (67, 64, 38, True)])
+def test_gemm_formats(gpu, rng, variant, T, K, N, gate_up):
+    fmt = VARIANTS[variant]
+    w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    consts, grid = gemm_plan(K, N, T, gate_up=gate_up, **fmt)
+    out = run_int4(gpu, "matmul_int4", consts, grid, x, w, s, (T, N), T)
+    assert_close(out, reference_fmt(x, w, s, N, gate_up, fmt))

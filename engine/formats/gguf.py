@@ -1,0 +1,509 @@
+"""Reader for GGUF files (llama.cpp's format): metadata, a Hugging Face-style config, and the weights
+repacked, exactly, into the layouts our kernels read.
+
+The file is memory-mapped through the `gguf` package's GGUFReader; tensors are read a few thousand rows
+at a time while being repacked, never the whole file at once. Weights come out under the runtime's
+canonical names (engine/transformer.py `tensor_shapes`): embed, norm, lm_head (absent when tied) and
+layers.N.{attn_norm, mlp_norm, qkv, o, gate_up, down, q_norm, k_norm}; q/k/v rows are fused into qkv
+and gate/up rows into gate_up. Each comes as a PackedWeight: a dict of arrays plus its format tag,
+which engine.matmul.format_knobs turns into kernel constants:
+
+| GGUF type | tag | arrays (N rows, K columns, G = K/32 groups) | value |
+|---|---|---|---|
+| Q4_0 | q4_0 | q_weight u32 [N, K/8], q_scale f16 [N, G] | (q − 8)·d |
+| Q4_1 | q4_1 | q_weight u32 [N, K/8], q_scale f16 [N, G, 2] = (d, m) | d·q + m |
+| Q8_0 | q8_0 | q_weight u32 [N, K/4], q_scale f16 [N, G] | (u − 128)·d, u = q + 128 |
+| F16 | f16 | weight f16 [N, K] or [D] | as stored |
+| F32, BF16 | f32 | weight f32 [N, K] or [D] (bf16 widened exactly) | as stored |
+
+Nibble order: a GGUF Q4 block is d (and m) then 16 bytes, byte j holding element j in its low nibble
+and element j+16 in its high nibble; ours puts element i of a group at bits 4·(i % 8) of word i / 8
+(MLC's q4f16_1 order). Q8_0's int8 codes are stored offset by 128 so every integer format is
+w = (code − ZERO)·scale for the kernels. Q4_1 keeps (d, m) pairs in one array because the kernels read
+the minimum from the scale binding (see engine/matmul.py for why).
+
+RoPE order: llama.cpp's converter permutes the q/k rows of arch "llama" for its interleaved RoPE
+(LlamaModel.permute in convert_hf_to_gguf.py); we undo that here, back to transformers' rotate_half
+order. Qwen2/Qwen3 and Phi-3 are converted without a permutation (llama.cpp runs them with NeoX-style
+RoPE), so their rows are used as stored.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+
+from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.formats.mlc import ProgressFn
+
+Q = GGMLQuantizationType
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+# GGUF tensor types we repack without loss, and the format tag each becomes.
+TAGS = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.F16: "f16", Q.F32: "f32", Q.BF16: "f32"}
+SUPPORTED_TYPES = "Q4_0, Q4_1, Q8_0, F16, F32, BF16"
+CHUNK = 32  # the kernels walk K in 32-element chunks
+ROWS_PER_READ = 4096  # rows repacked at a time: bounds the temporaries for a large embedding table
+
+
+class PackedWeight(dict):
+    """One canonical weight: {array name: array} in our layout, plus what the runtime needs to run it."""
+
+    def __init__(self, arrays: dict, format: str, shape: tuple[int, ...], sources: tuple[str, ...]):
+        super().__init__(arrays)
+        self.format = format  # "q4_0" / "q4_1" / "q8_0" / "f16" / "f32"
+        self.shape = shape  # logical shape: (N, K) for matrices, (D,) for norms
+        self.sources = sources  # the GGUF tensors it was built from, in row order
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One GGUF tensor feeding a canonical weight; `heads` set = undo llama.cpp's q/k row permutation."""
+
+    name: str
+    rows: int | None  # expected rows (None for 1-D)
+    cols: int
+    heads: int | None = None
+
+
+class _Truncated(Exception):
+    def __init__(self, tensor: str, end: int, size: int):
+        super().__init__(tensor, end, size)
+        self.tensor, self.end, self.size = tensor, end, size
+
+
+class _Reader(GGUFReader):
+    """GGUFReader that names the tensor whose data runs past the end of a truncated file
+    (the stock reader fails in a reshape without saying which)."""
+
+    def _build_tensors(self, start_offs, fields):
+        size = len(self.data)
+        for field in fields:
+            _, name, _, dims, raw_type, offset = field.parts
+            tensor = bytes(name).decode("utf-8", "replace")
+            qtype = GGMLQuantizationType(int(raw_type[0]))
+            block, type_size = GGML_QUANT_SIZES[qtype]
+            end = int(start_offs) + int(offset[0]) + int(np.prod(dims, dtype=np.int64)) * type_size // block
+            if end > size:
+                raise _Truncated(tensor, end, size)
+        super()._build_tensors(start_offs, fields)
+
+
+class GgufCheckpoint:
+    """A single-file GGUF model. Opening reads the header only; tensors stay memory-mapped."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ModelFormatError(f"{self.path}: GGUF file not found")
+        try:
+            self._reader = _Reader(self.path)
+        except _Truncated as e:
+            raise ModelFormatError(
+                f"{self.path}: tensor '{e.tensor}' needs bytes up to {e.end} but the file is {e.size} bytes "
+                "(truncated download?)"
+            ) from None
+        except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
+            what = "not a GGUF file (bad magic)" if "magic" in str(e) else f"unreadable GGUF header ({e})"
+            raise ModelFormatError(f"{self.path}: {what}; the file may be truncated or not a GGUF model") from None
+        if self._reader.byte_order != "I":
+            raise ModelFormatError(f"{self.path}: big-endian GGUF files are not supported")
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        if self._field("split.count", 1) != 1:
+            raise UnsupportedModelError(
+                f"{self.path}: one shard of a split GGUF model; merge the shards first "
+                "(llama-gguf-split --merge)"
+            )
+
+    # -- metadata -----------------------------------------------------------------------------------
+
+    @cached_property
+    def metadata(self) -> dict:
+        """Every key/value field as plain Python values (str, int, float, bool, nested lists)."""
+        return {k: _decode(f) for k, f in self._reader.fields.items() if not k.startswith("GGUF.")}
+
+    def _field(self, key: str, default=None):
+        field = self._reader.fields.get(key)
+        return default if field is None else _decode(field)
+
+    def _number(self, key: str, kind: type, default=None):
+        """A numeric field, checked: an int field must hold a positive integer."""
+        value = self._field(key, default)
+        if value is None:
+            raise ModelFormatError(f"{self.path}: metadata field '{key}' is missing")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if kind is int:
+            ok = ok and float(value).is_integer() and value > 0
+        if not ok:
+            want = "a positive integer" if kind is int else "a number"
+            raise ModelFormatError(f"{self.path}: metadata field '{key}' is {value!r}, expected {want}")
+        return kind(value)
+
+    @property
+    def architecture(self) -> str:
+        arch = self._field("general.architecture")
+        if not isinstance(arch, str) or not arch:
+            raise ModelFormatError(f"{self.path}: metadata field 'general.architecture' is missing or not a string")
+        return arch
+
+    def _supported_arch(self) -> str:
+        arch = self.architecture
+        if arch not in ARCHITECTURES:
+            raise UnsupportedModelError(
+                f"{self.path}: architecture '{arch}' (general.architecture) is not supported; "
+                f"supported: {', '.join(ARCHITECTURES)}"
+            )
+        return arch
+
+    @cached_property
+    def config(self) -> dict:
+        """The model's hyperparameters under Hugging Face config.json names."""
+        arch = self._supported_arch()
+        a = f"{arch}."
+        dim = self._number(a + "embedding_length", int)
+        heads = self._number(a + "attention.head_count", int)
+        head_dim = self._number(a + "attention.key_length", int, dim // heads)
+        if self._number(a + "attention.value_length", int, head_dim) != head_dim:
+            raise UnsupportedModelError(f"{self.path}: value_length differs from key_length; not supported")
+        embed = self._tensors.get("token_embd.weight")
+        if embed is None:
+            raise ModelFormatError(f"{self.path}: no tensor 'token_embd.weight'; {self._suggest('token_embd.weight')}")
+        vocab = int(embed.shape[1])  # GGUF lists dims fastest first: (dim, vocab)
+        if self._field(a + "vocab_size") not in (None, vocab):
+            raise ModelFormatError(
+                f"{self.path}: metadata field '{a}vocab_size' says {self._field(a + 'vocab_size')} but "
+                f"'token_embd.weight' has {vocab} rows"
+            )
+        cfg = {
+            "model_type": arch,
+            "architectures": [ARCHITECTURES[arch]],
+            "hidden_size": dim,
+            "num_hidden_layers": self._number(a + "block_count", int),
+            "num_attention_heads": heads,
+            "num_key_value_heads": self._number(a + "attention.head_count_kv", int, heads),
+            "head_dim": head_dim,
+            "intermediate_size": self._number(a + "feed_forward_length", int),
+            "vocab_size": vocab,
+            "rms_norm_eps": self._number(a + "attention.layer_norm_rms_epsilon", float),
+            "rope_theta": self._number(a + "rope.freq_base", float, 10000.0),
+            "max_position_embeddings": self._number(a + "context_length", int),
+            "tie_word_embeddings": "output.weight" not in self._tensors,
+            "rope_scaling": self._rope_scaling(a),
+        }
+        rope_dim = self._number(a + "rope.dimension_count", int, head_dim)
+        if rope_dim != head_dim:
+            cfg["partial_rotary_factor"] = rope_dim / head_dim
+        original = self._field(a + "rope.scaling.original_context_length")
+        if original is not None:
+            cfg["original_max_position_embeddings"] = self._number(a + "rope.scaling.original_context_length", int)
+        if self._field(a + "attention.sliding_window"):
+            cfg["sliding_window"] = self._number(a + "attention.sliding_window", int)
+        for token in ("bos", "eos"):
+            value = self._field(f"tokenizer.ggml.{token}_token_id")
+            if isinstance(value, int):
+                cfg[f"{token}_token_id"] = value
+        return cfg
+
+    def _rope_scaling(self, a: str) -> dict | None:
+        """rope_scaling as transformers spells it, from metadata or the factor tensors llama.cpp writes.
+
+        Llama 3's scaling survives only as a `rope_freqs.weight` tensor of per-frequency divisors
+        (the llama3 parameters cannot be recovered from it), so it comes back as
+        {"rope_type": "gguf_freq_factors", "factors": [...]}: inv_freq = default inv_freq / factors.
+        """
+        if "rope_freqs.weight" in self._tensors:
+            return {"rope_type": "gguf_freq_factors", "factors": self._small_vector("rope_freqs.weight")}
+        if "rope_factors_long.weight" in self._tensors:  # Phi-3 long-context (longrope)
+            return {"rope_type": "longrope", "long_factor": self._small_vector("rope_factors_long.weight"),
+                    "short_factor": self._small_vector("rope_factors_short.weight")}
+        kind = self._field(a + "rope.scaling.type")
+        if kind in (None, "none"):
+            return None
+        if not isinstance(kind, str):
+            raise ModelFormatError(f"{self.path}: metadata field '{a}rope.scaling.type' is {kind!r}, expected a string")
+        scaling = {"rope_type": kind, "factor": self._number(a + "rope.scaling.factor", float)}
+        if self._field(a + "rope.scaling.original_context_length") is not None:
+            scaling["original_max_position_embeddings"] = self._number(a + "rope.scaling.original_context_length", int)
+        return scaling
+
+    def _small_vector(self, name: str) -> list[float]:
+        t = self._tensor(name)
+        if t.tensor_type != Q.F32 or len(t.shape) != 1:
+            raise ModelFormatError(f"{self.path}: tensor '{name}' should be a 1-D F32 vector, is {t.tensor_type.name}")
+        return np.asarray(t.data, np.float32).tolist()
+
+    # -- tensors ------------------------------------------------------------------------------------
+
+    def tensor_names(self) -> list[str]:
+        """GGUF tensor names in file order."""
+        return list(self._tensors)
+
+    def _tensor(self, name: str):
+        t = self._tensors.get(name)
+        if t is None:
+            raise ModelFormatError(f"{self.path}: no tensor '{name}'; {self._suggest(name)}")
+        return t
+
+    def _suggest(self, name: str) -> str:
+        if not self._tensors:
+            return "the file holds no tensors"
+        close = difflib.get_close_matches(name, self._tensors, n=3, cutoff=0.6)
+        some = close or list(self._tensors)[:5]
+        return f"it has {len(self._tensors)} tensors, {'similar' if close else 'e.g.'}: {', '.join(some)}"
+
+    @cached_property
+    def _sources(self) -> dict[str, list[_Part]]:
+        """Canonical name -> the GGUF tensors (with expected shapes) it is made of, in row order."""
+        cfg, arch = self.config, self._supported_arch()
+        dim, hd, ffn = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
+        h, kvh = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+        permuted = arch == "llama"  # the only one convert_hf_to_gguf permutes for interleaved RoPE
+
+        def norm(name, size):
+            return [_Part(name, None, size)]
+
+        out = {"embed": [_Part("token_embd.weight", cfg["vocab_size"], dim)], "norm": norm("output_norm.weight", dim)}
+        if not cfg["tie_word_embeddings"]:
+            out["lm_head"] = [_Part("output.weight", cfg["vocab_size"], dim)]
+        for i in range(cfg["num_hidden_layers"]):
+            b, c = f"blk.{i}.", f"layers.{i}."
+            out[c + "attn_norm"] = norm(b + "attn_norm.weight", dim)
+            out[c + "mlp_norm"] = norm(b + "ffn_norm.weight", dim)
+            if arch == "phi3" and b + "attn_qkv.weight" in self._tensors:
+                out[c + "qkv"] = [_Part(b + "attn_qkv.weight", (h + 2 * kvh) * hd, dim)]
+            else:
+                out[c + "qkv"] = [_Part(b + "attn_q.weight", h * hd, dim, h if permuted else None),
+                                  _Part(b + "attn_k.weight", kvh * hd, dim, kvh if permuted else None),
+                                  _Part(b + "attn_v.weight", kvh * hd, dim)]
+            out[c + "o"] = [_Part(b + "attn_output.weight", dim, h * hd)]
+            if arch == "phi3" and b + "ffn_gate.weight" not in self._tensors:
+                # Phi-3's gate_up_proj is one matrix ([gate; up] rows); llama.cpp stores it as ffn_up.
+                out[c + "gate_up"] = [_Part(b + "ffn_up.weight", 2 * ffn, dim)]
+            else:
+                out[c + "gate_up"] = [_Part(b + "ffn_gate.weight", ffn, dim), _Part(b + "ffn_up.weight", ffn, dim)]
+            out[c + "down"] = [_Part(b + "ffn_down.weight", dim, ffn)]
+            if arch == "qwen3":
+                out[c + "q_norm"] = norm(b + "attn_q_norm.weight", hd)
+                out[c + "k_norm"] = norm(b + "attn_k_norm.weight", hd)
+        for name in self._tensors:  # biases would be silently dropped: refuse instead
+            if name.startswith("blk.") and name.endswith(".bias"):
+                raise UnsupportedModelError(f"{self.path}: tensor '{name}': bias terms are not supported")
+        return out
+
+    def canonical_names(self) -> list[str]:
+        """The names `load` yields, in order."""
+        return list(self._sources)
+
+    def formats(self) -> dict[str, str]:
+        """Canonical name -> format tag, from the tensor headers alone (for building pipelines up front)."""
+        return {name: self._check(name) for name in self._sources}
+
+    def _check(self, name: str) -> str:
+        """Check one canonical weight's tensors (present, supported type, expected shape, one format); its tag."""
+        parts = self._sources.get(name)
+        if parts is None:
+            close = difflib.get_close_matches(name, self._sources, n=3)
+            raise ModelFormatError(
+                f"{self.path}: no weight '{name}'; canonical names are embed, norm, lm_head (untied only) and "
+                f"layers.N.<attn_norm|mlp_norm|qkv|o|gate_up|down|q_norm|k_norm>"
+                + (f"; similar: {', '.join(close)}" if close else "")
+            )
+        tags = {}
+        for part in parts:
+            t = self._tensor(part.name)
+            tag = TAGS.get(t.tensor_type)
+            if tag is None:
+                raise ModelFormatError(
+                    f"{self.path}: tensor '{part.name}' is {t.tensor_type.name}, which we cannot run; supported "
+                    f"types: {SUPPORTED_TYPES} (K-quants and i-quants are not). Re-quantize with one of them, "
+                    "e.g. `llama-quantize --pure model-f16.gguf out.gguf Q4_0` (without --pure llama-quantize "
+                    "keeps some tensors in Q6_K)"
+                )
+            want = (part.cols,) if part.rows is None else (part.rows, part.cols)
+            found = tuple(int(d) for d in reversed(t.shape))
+            if found != want:
+                raise ModelFormatError(
+                    f"{self.path}: tensor '{part.name}' has shape {list(found)}, metadata implies {list(want)}"
+                )
+            if part.rows is None and tag not in ("f16", "f32"):
+                raise ModelFormatError(f"{self.path}: tensor '{part.name}' is a vector stored as {t.tensor_type.name}; "
+                                       "norm weights must be F32, F16 or BF16")
+            if part.rows is not None and part.cols % CHUNK:
+                raise ModelFormatError(f"{self.path}: tensor '{part.name}' rows have {part.cols} elements, "
+                                       f"not a multiple of {CHUNK}")
+            tags[part.name] = (tag, t.tensor_type.name)
+        if len({tag for tag, _ in tags.values()}) > 1:
+            listed = ", ".join(f"'{n}' ({ty})" for n, (_, ty) in tags.items())
+            raise ModelFormatError(
+                f"{self.path}: {name} fuses {listed}; fused tensors must share one quantization type"
+            )
+        return next(iter(tags.values()))[0]
+
+    def load(self, names: Iterable[str] | None = None, on_progress: ProgressFn | None = None
+             ) -> Iterator[tuple[str, PackedWeight]]:
+        """Yield (canonical name, PackedWeight), one weight in memory at a time.
+
+        Every requested weight is checked (tensors present, types supported, shapes as the config says)
+        before the first is yielded. on_progress(index, count, path, bytes_done, bytes_total) runs after
+        each weight, counting GGUF tensor bytes.
+        """
+        wanted = self.canonical_names() if names is None else list(dict.fromkeys(names))
+        tags = {name: self._check(name) for name in wanted}
+        return self._load(wanted, tags, on_progress)
+
+    def _load(self, wanted, tags, on_progress):
+        nbytes = {n: sum(int(self._tensors[p.name].n_bytes) for p in self._sources[n]) for n in wanted}
+        total, done = sum(nbytes.values()), 0
+        for i, name in enumerate(wanted):
+            weight = self._read(name, tags[name])
+            done += nbytes[name]
+            yield name, weight
+            del weight  # keep at most one weight alive here while the caller uploads it
+            if on_progress is not None:
+                on_progress(i, len(wanted), str(self.path), done, total)
+
+    def _read(self, name: str, tag: str) -> PackedWeight:
+        parts = self._sources[name]
+        if parts[0].rows is None:  # a norm vector
+            return PackedWeight({"weight": _float_rows(self._tensors[parts[0].name])}, tag, (parts[0].cols,),
+                                (parts[0].name,))
+        rows, cols = sum(p.rows for p in parts), parts[0].cols
+        out = _empty(tag, rows, cols)
+        first = 0
+        for part in parts:
+            t = self._tensors[part.name]
+            dest = np.arange(first, first + part.rows)
+            if part.heads:
+                dest = first + unpermute_index(part.rows, part.heads)
+            for r0 in range(0, part.rows, ROWS_PER_READ):
+                r1 = min(r0 + ROWS_PER_READ, part.rows)
+                for key, arr in pack_rows(t.tensor_type, t.data[r0:r1]).items():
+                    out[key][dest[r0:r1]] = arr
+            first += part.rows
+        return PackedWeight(out, tag, (rows, cols), tuple(p.name for p in parts))
+
+
+# ---- layouts ---------------------------------------------------------------------------------------
+
+def _empty(tag: str, rows: int, cols: int) -> dict[str, np.ndarray]:
+    groups = cols // 32
+    if tag == "q4_0":
+        return {"q_weight": np.empty((rows, cols // 8), np.uint32), "q_scale": np.empty((rows, groups), np.float16)}
+    if tag == "q4_1":
+        return {"q_weight": np.empty((rows, cols // 8), np.uint32),
+                "q_scale": np.empty((rows, groups, 2), np.float16)}
+    if tag == "q8_0":
+        return {"q_weight": np.empty((rows, cols // 4), np.uint32), "q_scale": np.empty((rows, groups), np.float16)}
+    return {"weight": np.empty((rows, cols), np.float16 if tag == "f16" else np.float32)}
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    """[..., 2k] bytes -> [..., k] little-endian f16."""
+    return np.ascontiguousarray(raw).view("<f2")
+
+
+def _nibbles_to_ours(qs: np.ndarray) -> np.ndarray:
+    """GGUF Q4 nibbles [rows, G, 16] (byte j = element j | element j+16 << 4) -> u32 [rows, G·4] in our
+    order (element i at bits 4·(i % 8) of word i / 8, i.e. our byte t = element 2t | element 2t+1 << 4)."""
+    even, odd = qs[..., 0::2], qs[..., 1::2]  # GGUF bytes 2u and 2u+1
+    ours = np.empty_like(qs)
+    ours[..., :8] = (even & 0x0F) | (odd << 4)  # elements 2u, 2u+1 from the low nibbles
+    ours[..., 8:] = (even >> 4) | (odd & 0xF0)  # elements 16+2u, 17+2u from the high nibbles
+    return ours.reshape(qs.shape[0], -1).view("<u4")
+
+
+def pack_rows(qtype: GGMLQuantizationType, raw: np.ndarray) -> dict[str, np.ndarray]:
+    """Rows of one GGUF tensor as the reader maps them (bytes for quantized types) -> our arrays."""
+    rows = raw.shape[0]
+    if qtype == Q.Q4_0:  # block: d f16, 16 bytes of nibbles
+        b = np.asarray(raw).reshape(rows, -1, 18)
+        return {"q_weight": _nibbles_to_ours(b[..., 2:]), "q_scale": _f16(b[..., :2]).reshape(rows, -1)}
+    if qtype == Q.Q4_1:  # block: d f16, m f16, 16 bytes of nibbles
+        b = np.asarray(raw).reshape(rows, -1, 20)
+        return {"q_weight": _nibbles_to_ours(b[..., 4:]), "q_scale": _f16(b[..., :4])}
+    if qtype == Q.Q8_0:  # block: d f16, 32 int8; flipping the sign bit stores q + 128 as a byte
+        b = np.asarray(raw).reshape(rows, -1, 34)
+        codes = np.ascontiguousarray(b[..., 2:] ^ np.uint8(0x80)).reshape(rows, -1)
+        return {"q_weight": codes.view("<u4"), "q_scale": _f16(b[..., :2]).reshape(rows, -1)}
+    return {"weight": _float_rows_of(qtype, raw)}
+
+
+def _float_rows_of(qtype: GGMLQuantizationType, raw: np.ndarray) -> np.ndarray:
+    if qtype == Q.BF16:  # the reader maps bf16 as bytes; bf16 is the top half of an f32
+        return (np.ascontiguousarray(raw).view("<u2").astype(np.uint32) << 16).view(np.float32)
+    return np.array(raw, np.float16 if qtype == Q.F16 else np.float32)
+
+
+def _float_rows(t) -> np.ndarray:
+    return _float_rows_of(t.tensor_type, t.data)
+
+
+def unpermute_index(rows: int, heads: int) -> np.ndarray:
+    """dest[r]: the transformers (rotate_half) row of GGUF row r of a llama q or k matrix.
+
+    llama.cpp's permute(w, n) = w.reshape(n, 2, hd/2, ...).swapaxes(1, 2): within a head, HF row
+    j·hd/2 + i lands at GGUF row 2i + j. Rows are independent, so this works on packed data as is.
+    """
+    hd = rows // heads
+    r = np.arange(rows)
+    head, within = r // hd, r % hd
+    return head * hd + (within % 2) * (hd // 2) + within // 2
+
+
+def dequantize(weight: PackedWeight) -> np.ndarray:
+    """float32 values of a PackedWeight, computed the way ggml does (so Q4_1's d·q + m rounds alike)."""
+    if "weight" in weight:
+        return weight["weight"].astype(np.float32)
+    bits = 8 if weight.format == "q8_0" else 4
+    q_weight = weight["q_weight"]
+    rows, per_word = q_weight.shape[0], 32 // bits
+    shifts = (np.arange(per_word, dtype=np.uint32) * bits)
+    q = ((q_weight[..., None] >> shifts) & np.uint32(2**bits - 1)).reshape(rows, -1, 32).astype(np.float32)
+    scale = weight["q_scale"].astype(np.float32).reshape(rows, -1, 2 if weight.format == "q4_1" else 1)
+    if weight.format == "q4_1":
+        out = scale[..., :1] * q + scale[..., 1:]
+    else:
+        out = (q - (8 if weight.format == "q4_0" else 128)) * scale
+    return out.reshape(rows, -1)
+
+
+# ---- metadata values -------------------------------------------------------------------------------
+
+def _decode(field):
+    """A ReaderField's value as Python data. Walks the raw parts so nested arrays keep their nesting
+    (ReaderField.contents flattens them); strings keep undecodable bytes via surrogateescape."""
+    # Key/value fields are [key length, key, value type, value parts...]; the GGUF.* header ones are bare.
+    start = 0 if field.name.startswith("GGUF.") else 3
+    return _walk(field.parts, start, field.types[0])[0]
+
+
+def _walk(parts, i, vtype):
+    if vtype == GGUFValueType.STRING:
+        return bytes(parts[i + 1]).decode("utf-8", "surrogateescape"), i + 2
+    if vtype == GGUFValueType.ARRAY:
+        itype, n = GGUFValueType(int(parts[i][0])), int(parts[i + 1][0])
+        i += 2
+        if itype not in (GGUFValueType.STRING, GGUFValueType.ARRAY):  # one part per element
+            items = parts[i:i + n]
+            return (np.concatenate(items).tolist() if n else []), i + n
+        out = []
+        for _ in range(n):
+            item, i = _walk(parts, i, itype)
+            out.append(item)
+        return out, i
+    value = parts[i][0].item()
+    if vtype == GGUFValueType.FLOAT32:
+        value = _short_float(value)
+    return value, i + 1
+
+
+def _short_float(value: float) -> float:
+    # An f32 field read as a double shows 1e-5 as 9.99999974738e-06; keep the shortest decimal that
+    # rounds to the same f32, as config.json had it.
+    return float(str(np.float32(value)))

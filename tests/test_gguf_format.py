@@ -1,0 +1,393 @@
+"""GGUF reader: tiny files written with gguf.GGUFWriter from random weights, read back with GgufCheckpoint.
+
+Quantized blocks come from the gguf package's own quantizers, and llama's q/k rows are permuted the way
+llama.cpp's convert_hf_to_gguf.py does, so the files look like the converter's output. Nothing is
+downloaded.
+"""
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.quants import dequantize as gguf_dequantize
+from gguf.quants import quantize as gguf_quantize
+
+from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.formats.gguf import GgufCheckpoint, PackedWeight, dequantize, pack_rows, unpermute_index
+from engine.matmul import format_knobs, matvec_plan
+from tests.kernel_util import poisoned, read, run, step_uniform
+
+Q = GGMLQuantizationType
+DIMS = dict(dim=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=80, layers=2)
+
+
+def llama_cpp_permute(w, n_head, n_head_kv=None):
+    """LlamaModel.permute from llama.cpp's convert_hf_to_gguf.py (q: n_head twice; k: n_head, n_head_kv)."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def hf_weights(rng, arch, dim, heads, kv_heads, head_dim, ffn, vocab, layers):
+    """Random weights under HF-like keys, rows in transformers' order."""
+    w = {"embed": rng.standard_normal((vocab, dim)), "norm": rng.uniform(0.5, 1.5, dim)}
+    if arch != "qwen3":  # qwen3 ties the LM head to the embedding, like Qwen3-0.6B
+        w["lm_head"] = rng.standard_normal((vocab, dim))
+    for i in range(layers):
+        c = f"layers.{i}."
+        w[c + "attn_norm"], w[c + "mlp_norm"] = rng.uniform(0.5, 1.5, (2, dim))
+        w[c + "q"] = rng.standard_normal((heads * head_dim, dim))
+        w[c + "k"], w[c + "v"] = rng.standard_normal((2, kv_heads * head_dim, dim))
+        w[c + "o"] = rng.standard_normal((dim, heads * head_dim))
+        w[c + "gate"], w[c + "up"] = rng.standard_normal((2, ffn, dim))
+        w[c + "down"] = rng.standard_normal((dim, ffn))
+        if arch == "qwen3":
+            w[c + "q_norm"], w[c + "k_norm"] = rng.uniform(0.5, 1.5, (2, head_dim))
+    return {k: v.astype(np.float32) for k, v in w.items()}
+
+
+def gguf_tensors(arch, w, heads, kv_heads, layers, **_):
+    """HF weights -> {GGUF name: float32 array} as llama.cpp's converter lays them out for `arch`."""
+    t = {"token_embd.weight": w["embed"], "output_norm.weight": w["norm"]}
+    if "lm_head" in w:
+        t["output.weight"] = w["lm_head"]
+    for i in range(layers):
+        c, b = f"layers.{i}.", f"blk.{i}."
+        t[b + "attn_norm.weight"], t[b + "ffn_norm.weight"] = w[c + "attn_norm"], w[c + "mlp_norm"]
+        q, k, v = w[c + "q"], w[c + "k"], w[c + "v"]
+        if arch == "phi3":  # qkv_proj and gate_up_proj are single HF matrices
+            t[b + "attn_qkv.weight"] = np.concatenate([q, k, v])
+            t[b + "ffn_up.weight"] = np.concatenate([w[c + "gate"], w[c + "up"]])
+        else:
+            if arch == "llama":
+                q, k = llama_cpp_permute(q, heads, heads), llama_cpp_permute(k, heads, kv_heads)
+            t[b + "attn_q.weight"], t[b + "attn_k.weight"], t[b + "attn_v.weight"] = q, k, v
+            t[b + "ffn_gate.weight"], t[b + "ffn_up.weight"] = w[c + "gate"], w[c + "up"]
+        t[b + "attn_output.weight"], t[b + "ffn_down.weight"] = w[c + "o"], w[c + "down"]
+        if arch == "qwen3":
+            t[b + "attn_q_norm.weight"], t[b + "attn_k_norm.weight"] = w[c + "q_norm"], w[c + "k_norm"]
+    return t
+
+
+def write_gguf(path, arch, tensors, qtype=Q.Q4_0, types=None, dims=DIMS, meta=True, extra=None, skip=()):
+    """Write `tensors` ({name: float32, or (raw block bytes, type)}); float matrices in `qtype` (or
+    types[name]), vectors in F32. Returns {name: the stored array} (blocks as bytes when quantized)."""
+    writer = GGUFWriter(str(path), arch)
+    if meta:
+        writer.add_context_length(512)
+        writer.add_embedding_length(dims["dim"])
+        writer.add_block_count(dims["layers"])
+        writer.add_feed_forward_length(dims["ffn"])
+        writer.add_head_count(dims["heads"])
+        writer.add_head_count_kv(dims["kv_heads"])
+        writer.add_layer_norm_rms_eps(1e-5)
+        writer.add_rope_freq_base(500000.0)
+        writer.add_key_length(dims["head_dim"])
+        writer.add_value_length(dims["head_dim"])
+        writer.add_rope_dimension_count(dims["head_dim"])
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+    for key, value in (extra or {}).items():
+        if isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, list):
+            writer.add_array(key, value)
+        else:
+            writer.add_uint32(key, value)
+    stored = {}
+    for name, arr in tensors.items():
+        if name in skip:
+            continue
+        if isinstance(arr, tuple):  # blocks the gguf package cannot produce (K-quants)
+            data, t = arr
+        else:
+            t = (types or {}).get(name, qtype if arr.ndim == 2 else Q.F32)
+            data = gguf_quantize(arr, t)
+        stored[name] = data
+        writer.add_tensor(name, data, raw_dtype=t if data.dtype == np.uint8 else None)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return stored
+
+
+def make_model(tmp_path, rng, arch, qtype=Q.Q4_0, **kw):
+    w = hf_weights(rng, arch, **DIMS)
+    path = tmp_path / f"{arch}.gguf"
+    stored = write_gguf(path, arch, gguf_tensors(arch, w, **DIMS), qtype=qtype, **kw)
+    return path, w, stored
+
+
+def roundtrip(w, qtype):
+    """What ggml itself gives back for HF weights quantized in `qtype` (vectors stay F32)."""
+    return gguf_dequantize(gguf_quantize(w, qtype), qtype) if w.ndim == 2 else w
+
+
+def hf_canonical(w, name, layers):
+    """The HF matrix/vector behind a canonical name (qkv and gate_up fused by rows)."""
+    c = name.rsplit(".", 1)
+    if c[-1] == "qkv":
+        return np.concatenate([w[f"{c[0]}.{p}"] for p in "qkv"])
+    if c[-1] == "gate_up":
+        return np.concatenate([w[f"{c[0]}.gate"], w[f"{c[0]}.up"]])
+    return w[name]
+
+
+# ---- layout by hand ----------------------------------------------------------------------------------
+def test_q4_0_block_repacks_to_our_nibble_order():
+    # One block: d = 1.0, byte j holds element j (low nibble) and element j+16 (high nibble).
+    elements = np.arange(32) % 16  # element i has code i % 16
+    qs = (elements[:16] | (elements[16:] << 4)).astype(np.uint8)
+    block = np.concatenate([np.array([1.0], np.float16).view(np.uint8), qs])[None]
+    packed = pack_rows(Q.Q4_0, block)
+    # Ours: element i at bits 4·(i % 8) of word i / 8 -> words 0x76543210, 0xFEDCBA98, then again.
+    assert packed["q_weight"].tolist() == [[0x76543210, 0xFEDCBA98, 0x76543210, 0xFEDCBA98]]
+    assert packed["q_scale"].tolist() == [[1.0]]
+    weight = PackedWeight(packed, "q4_0", (1, 32), ())
+    np.testing.assert_array_equal(dequantize(weight), gguf_dequantize(block, Q.Q4_0))
+
+
+def test_q4_1_and_q8_0_blocks_by_hand():
+    dm = np.array([0.5, -2.0], np.float16).view(np.uint8)
+    q41 = np.concatenate([dm, np.full(16, 0x3A, np.uint8)])[None]  # elements 0..15 = 10, 16..31 = 3
+    packed = pack_rows(Q.Q4_1, q41)
+    assert packed["q_weight"][0, 0] == 0xAAAAAAAA and packed["q_weight"][0, 2] == 0x33333333
+    assert packed["q_scale"].shape == (1, 1, 2) and packed["q_scale"].tolist() == [[[0.5, -2.0]]]
+    codes = np.arange(-128, 128, 8, dtype=np.int8)  # 32 int8 values
+    q80 = np.concatenate([np.array([0.25], np.float16).view(np.uint8), codes.view(np.uint8)])[None]
+    packed8 = pack_rows(Q.Q8_0, q80)
+    # Byte k % 4 of word k / 4 holds code + 128: element 0 = -128 -> 0, element 1 = -120 -> 8, ...
+    assert packed8["q_weight"].shape == (1, 8) and packed8["q_weight"][0, 0] == 0x18100800
+    for fmt, blocks, qtype in (("q4_1", q41, Q.Q4_1), ("q8_0", q80, Q.Q8_0)):
+        weight = PackedWeight(pack_rows(qtype, blocks), fmt, (1, 32), ())
+        np.testing.assert_array_equal(dequantize(weight), gguf_dequantize(blocks, qtype))
+
+
+def test_unpermute_inverts_llama_cpp_permute(rng):
+    w = rng.standard_normal((6 * 16, 8))
+    for heads in (6, 2):  # q (n_head) and k (n_head_kv)
+        stored = llama_cpp_permute(w, heads)
+        back = np.empty_like(stored)
+        back[unpermute_index(len(w), heads)] = stored
+        np.testing.assert_array_equal(back, w)
+
+
+# ---- whole files -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["llama", "phi3", "qwen3"])
+def test_config_mapping(tmp_path, rng, arch):
+    path, w, _ = make_model(tmp_path, rng, arch)
+    ckpt = GgufCheckpoint(path)
+    assert ckpt.architecture == arch
+    cfg = ckpt.config
+    assert cfg == {
+        "model_type": arch, "architectures": [{"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM",
+                                               "qwen3": "Qwen3ForCausalLM"}[arch]],
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 16, "intermediate_size": 96, "vocab_size": 80, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "max_position_embeddings": 512, "tie_word_embeddings": arch == "qwen3",
+        "rope_scaling": None, "bos_token_id": 1, "eos_token_id": 2,
+    }
+    names = ckpt.canonical_names()
+    assert names[:2] == ["embed", "norm"] and ("lm_head" in names) == (arch != "qwen3")
+    assert ("layers.1.q_norm" in names) == (arch == "qwen3")
+    assert ckpt.formats()["layers.0.qkv"] == "q4_0" and ckpt.formats()["norm"] == "f32"
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "qwen3"])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.F16], ids=lambda q: q.name)
+def test_weights_round_trip(tmp_path, rng, arch, qtype):
+    path, w, stored = make_model(tmp_path, rng, arch, qtype=qtype)
+    ckpt = GgufCheckpoint(path)
+    tag = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.F16: "f16"}[qtype]
+    seen = []
+    for name, weight in ckpt.load():
+        seen.append(name)
+        ours = dequantize(weight)
+        # HF order back: exactly what ggml's own quantize → dequantize gives for the HF rows.
+        np.testing.assert_array_equal(ours, roundtrip(hf_canonical(w, name, DIMS["layers"]), qtype), err_msg=name)
+        assert weight.format == (tag if ours.ndim == 2 else "f32")
+        assert weight.shape == ours.shape
+    assert seen == ckpt.canonical_names()
+
+    # And against the stored blocks: re-applying llama.cpp's permutation gives ggml's dequantization.
+    qkv = dequantize(dict(ckpt.load(["layers.1.qkv"]))["layers.1.qkv"])
+    h, kv, hd = DIMS["heads"], DIMS["kv_heads"], DIMS["head_dim"]
+    q, k, v = np.split(qkv, [h * hd, (h + kv) * hd])
+    if arch == "llama":
+        q, k = llama_cpp_permute(q, h, h), llama_cpp_permute(k, h, kv)
+    if arch == "phi3":
+        np.testing.assert_array_equal(qkv, gguf_dequantize(stored["blk.1.attn_qkv.weight"], qtype))
+    else:
+        for got, part in ((q, "attn_q"), (k, "attn_k"), (v, "attn_v")):
+            np.testing.assert_array_equal(got, gguf_dequantize(stored[f"blk.1.{part}.weight"], qtype))
+
+
+def test_packed_arrays_have_the_documented_layouts(tmp_path, rng):
+    types = {"blk.0.attn_output.weight": Q.Q4_1, "blk.0.ffn_down.weight": Q.Q8_0, "output.weight": Q.F16}
+    path, _, _ = make_model(tmp_path, rng, "llama", types=types)
+    got = dict(GgufCheckpoint(path).load(["layers.0.qkv", "layers.0.o", "layers.0.down", "lm_head", "norm"]))
+    qkv, o, down, head, norm = (got[n] for n in ("layers.0.qkv", "layers.0.o", "layers.0.down", "lm_head", "norm"))
+    assert (qkv.format, qkv["q_weight"].shape, qkv["q_weight"].dtype) == ("q4_0", (128, 8), np.uint32)
+    assert (qkv["q_scale"].shape, qkv["q_scale"].dtype) == ((128, 2), np.float16)
+    assert qkv.sources == ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight")
+    assert (o.format, o["q_weight"].shape, o["q_scale"].shape) == ("q4_1", (64, 8), (64, 2, 2))
+    assert (down.format, down["q_weight"].shape, down["q_scale"].shape) == ("q8_0", (64, 24), (64, 3))
+    assert (head.format, head["weight"].dtype, head["weight"].shape) == ("f16", np.float16, (80, 64))
+    assert (norm.format, norm["weight"].dtype, norm.shape) == ("f32", np.float32, (64,))
+    for weight in (qkv, o, down):
+        assert all(a.flags.c_contiguous for a in weight.values())
+
+
+@pytest.mark.parametrize("tag,qtype", [("q4_0", Q.Q4_0), ("q4_1", Q.Q4_1), ("q8_0", Q.Q8_0), ("f16", Q.F16)])
+def test_loaded_weights_run_in_the_matvec_kernel(gpu, tmp_path, rng, tag, qtype):
+    # The format tag's kernel constants read the loader's arrays as dequantize() does.
+    path, _, _ = make_model(tmp_path, rng, "llama", qtype=qtype)
+    weight = dict(GgufCheckpoint(path).load(["layers.0.gate_up"]))["layers.0.gate_up"]
+    N, K = weight.shape
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    consts, grid = matvec_plan(K, N, **format_knobs(weight.format))
+    w = weight.get("q_weight", weight.get("weight"))
+    s = weight.get("q_scale", np.zeros(4, np.float16))  # f16 weights: bound, never read
+    y = poisoned(gpu, "y", (N,))
+    run(gpu, "matvec_int4", consts, [gpu.upload("x", x), gpu.upload("w", w), gpu.upload("s", s), y,
+                                     step_uniform(gpu, 1)], grid)
+    ref = dequantize(weight).astype(np.float64) @ x[0]
+    out = read(gpu, y, (N,))
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 1e-5
+
+
+def test_progress_and_subset(tmp_path, rng):
+    path, _, stored = make_model(tmp_path, rng, "phi3")
+    calls = []
+    names = ["layers.1.down", "embed", "layers.0.gate_up"]
+    got = [n for n, _ in GgufCheckpoint(path).load(names, on_progress=lambda *a: calls.append(a))]
+    assert got == names
+    sizes = [stored[n].nbytes for n in ("blk.1.ffn_down.weight", "token_embd.weight", "blk.0.ffn_up.weight")]
+    assert [c[0] for c in calls] == [0, 1, 2] and all(c[1] == 3 and c[2] == str(path) for c in calls)
+    assert [c[3] for c in calls] == list(np.cumsum(sizes)) and calls[-1][4] == sum(sizes)
+
+
+def test_metadata_decodes_plain_values(tmp_path, rng):
+    extra = {"general.name": "tiny", "tokenizer.ggml.tokens": ["<s>", "é", "x"], "x.nested": [[1, 2], [3]],
+             "x.ints": [5, 6, 7]}
+    path, _, _ = make_model(tmp_path, rng, "qwen3", extra=extra)
+    meta = GgufCheckpoint(path).metadata
+    assert meta["general.architecture"] == "qwen3" and meta["general.name"] == "tiny"
+    assert meta["tokenizer.ggml.tokens"] == ["<s>", "é", "x"]
+    assert meta["x.nested"] == [[1, 2], [3]] and meta["x.ints"] == [5, 6, 7]
+    assert meta["qwen3.block_count"] == 2 and meta["qwen3.attention.layer_norm_rms_epsilon"] == 1e-5
+    assert not any(k.startswith("GGUF.") for k in meta)
+
+
+def test_rope_scaling_from_metadata_and_factor_tensors(tmp_path, rng):
+    factors = np.linspace(1, 8, 8).astype(np.float32)  # head_dim/2 llama3-style divisors
+    w = hf_weights(rng, "llama", **DIMS)
+    tensors = dict(gguf_tensors("llama", w, **DIMS), **{"rope_freqs.weight": factors})
+    write_gguf(tmp_path / "l3.gguf", "llama", tensors)
+    assert GgufCheckpoint(tmp_path / "l3.gguf").config["rope_scaling"] == {
+        "rope_type": "gguf_freq_factors", "factors": factors.tolist()}
+
+    extra = {"phi3.rope.scaling.original_context_length": 256, "phi3.attention.sliding_window": 255}
+    w = hf_weights(rng, "phi3", **DIMS)
+    long, short = np.full(8, 2.0, np.float32), np.ones(8, np.float32)
+    tensors = dict(gguf_tensors("phi3", w, **DIMS), **{"rope_factors_long.weight": long,
+                                                       "rope_factors_short.weight": short})
+    write_gguf(tmp_path / "p.gguf", "phi3", tensors, extra=extra)
+    cfg = GgufCheckpoint(tmp_path / "p.gguf").config
+    assert cfg["original_max_position_embeddings"] == 256 and cfg["sliding_window"] == 255
+    assert cfg["rope_scaling"] == {"rope_type": "longrope", "long_factor": long.tolist(),
+                                   "short_factor": short.tolist()}
+
+
+def test_bf16_norms_widen_exactly(tmp_path, rng):
+    w = hf_weights(rng, "qwen3", **DIMS)
+    path = tmp_path / "bf.gguf"
+    stored = write_gguf(path, "qwen3", gguf_tensors("qwen3", w, **DIMS), types={"output_norm.weight": Q.BF16})
+    norm = dict(GgufCheckpoint(path).load(["norm"]))["norm"]
+    assert norm.format == "f32" and norm["weight"].dtype == np.float32
+    np.testing.assert_array_equal(norm["weight"], gguf_dequantize(stored["output_norm.weight"], Q.BF16))
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+def test_unsupported_quant_type_names_tensor_and_supported_types(tmp_path, rng):
+    dims = dict(DIMS, dim=256, ffn=256, head_dim=64)  # Q6_K blocks are 256 wide
+    tensors = gguf_tensors("llama", hf_weights(rng, "llama", **dims), **dims)
+    # A Q6_K LM head, as llama-quantize writes by default: random blocks of the right size (210 B / 256).
+    tensors["output.weight"] = (rng.integers(0, 256, (80, 210), dtype=np.uint8), Q.Q6_K)
+    path = tmp_path / "k.gguf"
+    write_gguf(path, "llama", tensors, qtype=Q.F16, dims=dims)
+    ckpt = GgufCheckpoint(path)
+    with pytest.raises(ModelFormatError, match=r"'output\.weight' is Q6_K.*Q4_0, Q4_1, Q8_0, F16") as e:
+        list(ckpt.load(["embed", "lm_head"]))
+    assert str(path) in str(e.value)
+    with pytest.raises(ModelFormatError, match="Q6_K"):
+        ckpt.formats()
+    assert len(dict(ckpt.load(["embed"]))["embed"]["weight"]) == 80  # other weights still load
+
+
+def test_missing_tensor_is_named(tmp_path, rng):
+    path, _, _ = make_model(tmp_path, rng, "qwen3", skip=("blk.1.ffn_down.weight",))
+    with pytest.raises(ModelFormatError, match=r"qwen3\.gguf: no tensor 'blk\.1\.ffn_down\.weight'.*similar"):
+        list(GgufCheckpoint(path).load())
+
+
+def test_fused_parts_must_share_a_type(tmp_path, rng):
+    path, _, _ = make_model(tmp_path, rng, "llama", types={"blk.0.attn_k.weight": Q.Q8_0})
+    with pytest.raises(ModelFormatError, match=r"layers\.0\.qkv fuses .*'blk\.0\.attn_k\.weight' \(Q8_0\)"):
+        list(GgufCheckpoint(path).load(["layers.0.qkv"]))
+
+
+@pytest.mark.parametrize("extra,match", [
+    ({}, r"field 'llama\.block_count' is missing"),
+    ({"llama.block_count": "two"}, r"field 'llama\.block_count' is 'two', expected a positive integer"),
+])
+def test_bad_metadata_is_named(tmp_path, rng, extra, match):
+    w = hf_weights(rng, "llama", **DIMS)
+    path = tmp_path / "m.gguf"
+    # Everything but block_count, which `extra` may add with a bad value.
+    writer_meta = {"llama.context_length": 512, "llama.embedding_length": 64, "llama.feed_forward_length": 96,
+                   "llama.attention.head_count": 4, "llama.attention.head_count_kv": 2}
+    write_gguf(path, "llama", gguf_tensors("llama", w, **DIMS), meta=False, extra={**writer_meta, **extra})
+    with pytest.raises(ModelFormatError, match=match):
+        _ = GgufCheckpoint(path).config
+
+
+def test_shape_disagreeing_with_metadata_is_named(tmp_path, rng):
+    path, _, _ = make_model(tmp_path, rng, "llama", dims=dict(DIMS, ffn=128))  # tensors are 96 wide
+    with pytest.raises(ModelFormatError, match=r"'blk\.0\.ffn_gate\.weight' has shape \[96, 64\], metadata implies"):
+        GgufCheckpoint(path).formats()
+
+
+def test_unsupported_architecture(tmp_path, rng):
+    w = hf_weights(rng, "llama", **DIMS)
+    path = tmp_path / "g.gguf"
+    write_gguf(path, "gpt2", gguf_tensors("llama", w, **DIMS), meta=False)
+    ckpt = GgufCheckpoint(path)
+    assert ckpt.architecture == "gpt2"
+    with pytest.raises(UnsupportedModelError, match="architecture 'gpt2'.*supported: llama, phi3, qwen3"):
+        _ = ckpt.config
+
+
+def test_truncated_file_names_the_tensor(tmp_path, rng):
+    path, _, _ = make_model(tmp_path, rng, "llama")
+    data = path.read_bytes()
+    (tmp_path / "cut.gguf").write_bytes(data[: len(data) - 1000])
+    with pytest.raises(ModelFormatError, match=r"cut\.gguf: tensor '.+' needs bytes up to \d+ .*truncated"):
+        GgufCheckpoint(tmp_path / "cut.gguf")
+    (tmp_path / "head.gguf").write_bytes(data[:200])  # cut inside the metadata
+    with pytest.raises(ModelFormatError, match=r"head\.gguf: unreadable GGUF header"):
+        GgufCheckpoint(tmp_path / "head.gguf")
+
+
+def test_not_a_gguf_file(tmp_path):
+    (tmp_path / "x.gguf").write_bytes(b"PK\x03\x04" + bytes(100))
+    with pytest.raises(ModelFormatError, match=r"x\.gguf: not a GGUF file"):
+        GgufCheckpoint(tmp_path / "x.gguf")
+    with pytest.raises(ModelFormatError, match="not found"):
+        GgufCheckpoint(tmp_path / "missing.gguf")
+
+
+def test_unknown_canonical_name(tmp_path, rng):
+    path, _, _ = make_model(tmp_path, rng, "phi3")
+    with pytest.raises(ModelFormatError, match=r"no weight 'layers\.0\.qkv_proj'.*similar: layers\.0\.qkv"):
+        list(GgufCheckpoint(path).load(["layers.0.qkv_proj"]))
