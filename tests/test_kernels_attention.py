@@ -11,9 +11,7 @@ NEG_BIG = -3.0e38
 
 
 def _run(g, shader, consts, buffers, grid):
-    # The pipeline cache keys on (shader, consts) only; naming the reduce path keeps the subgroup and
-    # workgroup variants of `any_gpu` from sharing one pipeline.
-    run(g, shader, {**consts, "REDUCE_SUBGROUPS": g.use_subgroups}, buffers, grid)
+    run(g, shader, consts, buffers, grid)
 
 
 # ---- numpy references ------------------------------------------------------------------------------

@@ -11,9 +11,7 @@ from tests.kernel_util import poisoned, read, run, step_uniform
 
 @pytest.fixture
 def kernel_gpu(any_gpu):
-    # Gpu.pipeline caches by (shader, consts) only, not by reduction path: without this the second
-    # any_gpu variant would silently reuse the first one's pipeline.
-    any_gpu._pipelines.clear()
+    # Gpu.pipeline keys its cache by reduction path, so each any_gpu variant builds its own pipeline.
     return any_gpu
 
 
