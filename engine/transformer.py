@@ -139,10 +139,13 @@ class DenseTransformer:
             "qkv": (s.dim, self.qkv_dim, False), "o": (self.q_dim, s.dim, False),
             "gate_up": (s.dim, s.ffn_dim, True), "down": (s.ffn_dim, s.dim, False),
         }
+        self.mv_grid: dict[str, tuple] = {}  # decode grids are fixed: computed here, not per token
         for name, (k, n, gu) in self.mats.items():
-            self.p[f"mv_{name}"] = g.pipeline("matvec_int4", matvec_plan(k, n, gate_up=gu)[0])
+            consts, self.mv_grid[name] = matvec_plan(k, n, gate_up=gu)
+            self.p[f"mv_{name}"] = g.pipeline("matvec_int4", consts)
             self.p[f"mm_{name}"] = g.pipeline("matmul_int4", gemm_plan(k, n, 1, gate_up=gu)[0])
-        self.p["mv_lm"] = g.pipeline("matvec_int4", matvec_plan(s.dim, s.vocab, last_row=True)[0])
+        consts, self.mv_grid["lm"] = matvec_plan(s.dim, s.vocab, last_row=True)
+        self.p["mv_lm"] = g.pipeline("matvec_int4", consts)
         self.p["mm_lm"] = g.pipeline("matmul_int4", gemm_plan(s.dim, s.vocab, 1)[0])
 
         bind = g.bind
@@ -211,10 +214,10 @@ class DenseTransformer:
             rec.dispatch(p["add_norm"], b["add_norm2"], T)
 
     def _mm(self, rec: Recorder, b: dict, name: str, T: int) -> None:
-        k, n, gu = self.mats[name]
         if T == 1:
-            rec.dispatch(self.p[f"mv_{name}"], b[f"mv_{name}"], *matvec_plan(k, n, gate_up=gu)[1])
+            rec.dispatch(self.p[f"mv_{name}"], b[f"mv_{name}"], *self.mv_grid[name])
         else:
+            k, n, gu = self.mats[name]
             rec.dispatch(self.p[f"mm_{name}"], b[f"mm_{name}"], *gemm_plan(k, n, T, gate_up=gu)[1])
 
     def _write_step(self, T: int, pos0: int, out_index: int, splits: int) -> None:
@@ -256,11 +259,11 @@ class DenseTransformer:
         s = self.spec
         if want_logits:
             if T == 1:
-                rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *matvec_plan(s.dim, s.vocab, last_row=True)[1])
+                rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *self.mv_grid["lm"])
             else:
                 rec.dispatch(self.p["mm_lm"], self.bg["mm_lm"], *gemm_plan(s.dim, s.vocab, T)[1])
         else:
-            rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *matvec_plan(s.dim, s.vocab, last_row=True)[1])
+            rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *self.mv_grid["lm"])
             rec.dispatch(self.p["argmax"], self.bg["argmax"], 1)
         rec.submit()
         if len(self.cached_ids) == self.n_cached:
@@ -290,8 +293,8 @@ class DenseTransformer:
         staging buffer that is mapped only once the next batch is queued, so the GPU never idles on a
         readback. Closing the generator stops early; the caller then truncates the cache to what it keeps.
         """
-        g, s = self.gpu, self.spec
-        lm_grid = matvec_plan(s.dim, s.vocab, last_row=True)[1]
+        g = self.gpu
+        lm_grid = self.mv_grid["lm"]
         pending: list[tuple[object, int]] = []  # (staging buffer, n tokens)
         free = list(self.readback)
         idx, remaining = last_index, count
