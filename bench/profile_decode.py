@@ -14,7 +14,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.bench import random_weights, shape_spec  # noqa: E402
 from engine.gpu import Gpu, Recorder  # noqa: E402
-from engine.matmul import matvec_plan  # noqa: E402
 from engine.transformer import DenseTransformer  # noqa: E402
 
 N = 200
@@ -35,15 +34,15 @@ def main() -> None:
         "qkv_fused": (p["qkv_fused"], b["qkv_fused"], rt.qkv_fused_grid),
         f"attn_split{splits}": (p["attn_split"], b["attn_split"], (s.n_heads, 1, splits)),
         "combine": (p["combine"], rt.bg["combine"], (s.n_heads, 1)),
-        "mv_qkv": (p["mv_qkv"], b["mv_qkv"], matvec_plan(*rt.mats["qkv"][:2])[1]),
+        "mv_qkv": (*b["mv_qkv"], rt.mv_grid["qkv"]),
         "rope_append": (p["rope_append"], b["rope_append"], (1, 8)),
-        "mv_o": (p["mv_o"], b["mv_o"], matvec_plan(*rt.mats["o"][:2])[1]),
-        "mv_gate_up": (p["mv_gate_up"], b["mv_gate_up"], matvec_plan(s.dim, s.ffn_dim, gate_up=True)[1]),
-        "mv_down": (p["mv_down"], b["mv_down"], matvec_plan(*rt.mats["down"][:2])[1]),
+        "mv_o": (*b["mv_o"], rt.mv_grid["o"]),
+        "mv_gate_up": (*b["mv_gate_up"], rt.mv_grid["gate_up"]),
+        "mv_down": (*b["mv_down"], rt.mv_grid["down"]),
         "add_norm": (p["add_norm"], b["add_norm1"], (1,)),
-        "lm_head": (p["mv_lm"], rt.bg["mv_lm"], matvec_plan(s.dim, s.vocab, last_row=True)[1]),
+        "lm_head": (*rt.bg["mv_lm"], rt.mv_grid["lm"]),
         "argmax": (p["argmax"], rt.bg["argmax"], (1,)),
-        "embed": (p["embed"], rt.bg["embed"], (-(-s.dim // 8 // 64), 1)),
+        "embed": (p["embed"], rt.bg["embed"], (rt.embed_groups, 1)),
     }
     for name, (pipe, bg, grid) in items.items():
         times = []

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from engine.errors import ContextLimitError
+from engine.sampling import SamplingParams
 
 
 @dataclass
@@ -37,10 +38,14 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def stream_generate(model, prompt_ids: list[int], max_tokens: int = 256, batch: int = 8,
-                    reuse: bool = True) -> Iterator[GenerationResponse]:
-    """Greedy generation from `prompt_ids`, reusing the cached prefix; stops at a stop id or the limits."""
+def stream_generate(model, prompt_ids: list[int], max_tokens: int = 256, sampling: SamplingParams | None = None,
+                    batch: int = 8, reuse: bool = True) -> Iterator[GenerationResponse]:
+    """Generate from `prompt_ids`, reusing the cached prefix; stops at a stop id or the limits.
+
+    `sampling` None is greedy. The prompt must leave room for one new token, else ContextLimitError.
+    """
     rt, tok = model.runtime, model.tokenizer
+    rt.set_sampling(sampling or SamplingParams())
     prompt_ids = [int(t) for t in prompt_ids]
     limit = rt.max_context
     if len(prompt_ids) + 1 > limit:

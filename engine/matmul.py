@@ -48,6 +48,15 @@ def format_knobs(tag: str) -> dict:
     return dict(FORMATS[tag])
 
 
+def packed_shapes(tag: str, n: int, k: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Array name -> (shape, dtype) of an [n, k] matrix in format `tag`, as the kernels bind it."""
+    bits, affine, group = FORMATS[tag]["bits"], FORMATS[tag]["affine"], FORMATS[tag]["group"]
+    if bits == 16:
+        return {"weight": ((n, k), "float16")}
+    scale = (n, k // group, 2) if affine else (n, k // group)
+    return {"q_weight": ((n, k * bits // 32), "uint32"), "q_scale": (scale, "float16")}
+
+
 def _format_consts(K: int, bits: int, zero: int, affine: bool, group: int, what: str = "K") -> dict:
     if bits not in (4, 8, 16):
         raise ValueError(f"BITS must be 4, 8 (integer codes) or 16 (f16 weights), got {bits}")

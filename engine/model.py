@@ -1,8 +1,8 @@
-"""load_model(): a checkpoint folder → a Model on the GPU with its tokenizer."""
+"""load_model(): a checkpoint (MLC q4f16_1 folder or .gguf file) → a Model on the GPU with its tokenizer."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -10,48 +10,92 @@ import numpy as np
 from engine.errors import ModelFormatError
 from engine.gpu import Gpu
 from engine.models import model_module
-from engine.tokenizer import Tokenizer
-from engine.transformer import DenseTransformer
+from engine.sampling import SamplingParams
+from engine.tokenizer import Tokenizer, load_tokenizer
+from engine.transformer import DenseTransformer, tensor_shapes
 
 ProgressFn = Callable[[int, int, str, int, int], None]  # shard index, shards, path, bytes done, bytes total
 
+# What llama.cpp samples with when a GGUF carries no sampling metadata: GGUF files are made for it.
+LLAMA_CPP_SAMPLING = dict(temperature=0.8, top_k=40, top_p=0.95, min_p=0.05)
+_GGUF_SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                       "penalty_repeat": "repetition_penalty"}
+
 
 class Model:
-    def __init__(self, runtime: DenseTransformer, tokenizer: Tokenizer | None, path: Path, model_type: str):
+    def __init__(self, runtime: DenseTransformer, tokenizer: Tokenizer | None, path: Path, model_type: str,
+                 default_sampling: SamplingParams | None = None):
         self.runtime, self.tokenizer, self.path, self.model_type = runtime, tokenizer, path, model_type
+        self.default_sampling = default_sampling or SamplingParams()
 
     def logits(self, ids) -> np.ndarray:
         """Teacher-forced f32 logits [T, vocab] for `ids` from an empty cache."""
         self.runtime.reset()
         return self.runtime.logits(ids)
 
-    def generate(self, prompt: str | list[int], max_tokens: int = 256):
+    def generate(self, prompt: str | list[int], max_tokens: int = 256, sampling: SamplingParams | None = None):
+        """Stream a completion of raw text or token ids (no chat template; see engine.session for chats)."""
         from engine.generate import stream_generate
 
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ModelFormatError(f"{self.path}: no tokenizer.json, pass token ids instead of text")
             prompt = self.tokenizer.encode(prompt)
-        return stream_generate(self, list(prompt), max_tokens)
+        return stream_generate(self, list(prompt), max_tokens, sampling or self.default_sampling)
 
 
 def load_model(path: str | Path, gpu: Gpu | None = None, max_context: int | None = None,
                on_progress: ProgressFn | None = None, **runtime_options) -> Model:
-    """Load an MLC q4f16_1 folder; runtime_options go to DenseTransformer (prefill_chunk, split_keys)."""
+    """Load an MLC q4f16_1 folder or a .gguf file; runtime_options go to DenseTransformer
+    (prefill_chunk, split_keys)."""
+    path = Path(path)
+    if path.suffix.lower() == ".gguf":
+        return _load_gguf(path, gpu, max_context, on_progress, runtime_options)
     from engine.formats.mlc import MlcCheckpoint
 
-    path = Path(path)
     ckpt = MlcCheckpoint(path)
     module = model_module(ckpt.model_type, where=str(path / "mlc-chat-config.json"))
-    args = module.ModelArgs.from_dict(ckpt.model_config)
-    spec = module.spec(args)
-    gpu = gpu or Gpu()
-    needed = _needed_names(spec)
-    runtime = DenseTransformer(gpu, spec, ckpt.load(needed, on_progress), max_context,
+    spec = module.spec(module.ModelArgs.from_dict(ckpt.model_config))
+    runtime = DenseTransformer(gpu or Gpu(), spec, ckpt.load(list(spec.names.values()), on_progress), max_context,
                                **runtime_options)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
-    return Model(runtime, tokenizer, path, ckpt.model_type)
+    return Model(runtime, tokenizer, path, ckpt.model_type, SamplingParams.from_generation_config(path))
 
 
-def _needed_names(spec) -> list[str]:
-    return list(spec.names.values())
+def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
+    from engine.formats.gguf import GgufCheckpoint
+
+    ckpt = GgufCheckpoint(path)
+    cfg = ckpt.config
+    module = model_module(cfg["model_type"], where=f"{path} (general.architecture)")
+    spec = module.spec(module.ModelArgs.from_dict(cfg))
+    # Matrices stored as F32/BF16 run through the f16 kernels (the only unquantized variant).
+    formats = {name: "f16" if tag == "f32" else tag for name, tag in ckpt.formats().items()}
+    spec.names = {c: c for c in tensor_shapes(spec, formats)}
+    # Before the upload, so a broken tokenizer fails fast; a file without one runs on token ids only.
+    tokenizer = load_tokenizer(path) if "tokenizer.ggml.model" in ckpt.metadata else None
+    runtime = DenseTransformer(gpu or Gpu(), spec, _flatten(ckpt.load(on_progress=on_progress), formats),
+                               max_context, formats=formats, **runtime_options)
+    return Model(runtime, tokenizer, path, cfg["model_type"], _gguf_sampling(ckpt.metadata))
+
+
+def _flatten(weights, formats: dict[str, str]) -> Iterator[tuple[str, np.ndarray]]:
+    """(canonical name, PackedWeight) → (canonical tensor name, array) as DenseTransformer takes them."""
+    for name, packed in weights:
+        if list(packed) == ["weight"] and len(packed.shape) == 1:
+            yield name, packed["weight"]
+            continue
+        for key, arr in packed.items():
+            if key == "weight" and formats[name] == "f16" and arr.dtype != np.float16:
+                arr = arr.astype(np.float16)
+            yield f"{name}.{key}", arr
+
+
+def _gguf_sampling(metadata: dict) -> SamplingParams:
+    """general.sampling.* keys when the file has them (llama.cpp writes them from generation_config)."""
+    found = {ours: metadata[f"general.sampling.{key}"] for key, ours in _GGUF_SAMPLING_KEYS.items()
+             if f"general.sampling.{key}" in metadata}
+    try:
+        return SamplingParams(**{**LLAMA_CPP_SAMPLING, **found})
+    except (TypeError, ValueError):
+        return SamplingParams(**LLAMA_CPP_SAMPLING)

@@ -14,8 +14,9 @@ import wgpu
 from engine.attention import attention_consts, qkv_fused_plan
 from engine.errors import ContextLimitError, ModelFormatError
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
-from engine.matmul import gemm_plan, matvec_plan
+from engine.matmul import embedding_pipeline, embedding_plan, format_knobs, gemm_plan, matvec_plan, packed_shapes
 from engine.models.base import DenseSpec
+from engine.sampling import GpuSampler, SamplingParams
 
 PAGE = 16  # tokens per KV page
 SPLIT_KEYS = 64  # decode attention splits its keys into blocks of this size (more workgroups in flight)
@@ -23,26 +24,35 @@ MAX_SPLITS = 32
 RING = 4096  # slots in the GPU ring of sampled token ids
 
 
-def tensor_shapes(spec: DenseSpec) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Canonical tensor name -> (shape, dtype) that the runtime expects for `spec`."""
+def matrix_dims(spec: DenseSpec) -> dict[str, tuple[int, int]]:
+    """Per-layer matrix role -> (rows N, columns K); gate_up holds gate rows then up rows."""
     s = spec
     q_dim, kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+    return {"qkv": (q_dim + 2 * kv_dim, s.dim), "o": (s.dim, q_dim), "gate_up": (2 * s.ffn_dim, s.dim),
+            "down": (s.dim, s.ffn_dim)}
+
+
+def tensor_shapes(spec: DenseSpec, formats: dict[str, str] | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Canonical tensor name -> (shape, dtype) that the runtime expects for `spec`.
+
+    `formats` maps a matrix (embed, lm_head, layers.N.qkv, ...) to its weight format tag (engine/matmul.py
+    FORMATS); matrices it leaves out are MLC q4f16_1.
+    """
+    s, formats = spec, formats or {}
     shapes: dict[str, tuple[tuple[int, ...], str]] = {"norm": ((s.dim,), "float16")}
 
-    def q4(name, n, k):
-        shapes[f"{name}.q_weight"] = ((n, k // 8), "uint32")
-        shapes[f"{name}.q_scale"] = ((n, k // 32), "float16")
+    def matrix(name, n, k):
+        for key, value in packed_shapes(formats.get(name, "q4f16_1"), n, k).items():
+            shapes[f"{name}.{key}"] = value
 
-    q4("embed", s.vocab, s.dim)
+    matrix("embed", s.vocab, s.dim)
     if not s.tied_embeddings:
-        q4("lm_head", s.vocab, s.dim)
+        matrix("lm_head", s.vocab, s.dim)
     for i in range(s.n_layers):
         c = f"layers.{i}"
         shapes[f"{c}.attn_norm"] = shapes[f"{c}.mlp_norm"] = ((s.dim,), "float16")
-        q4(f"{c}.qkv", q_dim + 2 * kv_dim, s.dim)
-        q4(f"{c}.o", s.dim, q_dim)
-        q4(f"{c}.gate_up", 2 * s.ffn_dim, s.dim)
-        q4(f"{c}.down", s.dim, s.ffn_dim)
+        for name, (n, k) in matrix_dims(s).items():
+            matrix(f"{c}.{name}", n, k)
         if s.qk_norm:
             shapes[f"{c}.q_norm"] = shapes[f"{c}.k_norm"] = ((s.head_dim,), "float16")
     return shapes
@@ -50,8 +60,10 @@ def tensor_shapes(spec: DenseSpec) -> dict[str, tuple[tuple[int, ...], str]]:
 
 class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
-                 max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS):
+                 max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
+                 formats: dict[str, str] | None = None):
         self.gpu, self.spec = gpu, spec
+        self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
         self.max_context = min(max_context or spec.context_length, spec.context_length)
         s = spec
@@ -63,13 +75,15 @@ class DenseTransformer:
         self.w = self._upload_weights(weights)
         self._alloc()
         self._build()
+        self.sampler = GpuSampler(gpu, s.vocab, self.logits_buf, self.tokens, self.ring, self.step)
+        self.sampling = SamplingParams()  # greedy until set_sampling
         self.n_cached = 0  # tokens whose K/V are in the cache
         self.cached_ids: list[int] = []  # those tokens' ids when known (kept by generation for prefix reuse)
         self.dispatches_per_token = self._count_decode_dispatches()
 
     # ---- weights -------------------------------------------------------------------------
     def _upload_weights(self, weights) -> dict:
-        expected = tensor_shapes(self.spec)
+        expected = tensor_shapes(self.spec, self.formats)
         canonical = {self.spec.names[c]: c for c in expected}
         out = {}
         for src, arr in weights:
@@ -115,13 +129,37 @@ class DenseTransformer:
         self.readback = [g.buffer(f"readback-{i}", RING * 4, READBACK) for i in range(2)]
 
     # ---- pipelines and bind groups (built once) ---------------------------------------------
+    def _fmt(self, matrix: str) -> str:
+        return self.formats.get(matrix, "q4f16_1")
+
+    def _matrix(self, matrix: str) -> tuple:
+        """(weight, scale) buffers for bindings 1-2; f16 weights have no scales, any f16 buffer fills 2."""
+        if self._fmt(matrix) == "f16":
+            return self.w[f"{matrix}.weight"], self.w["norm"]
+        return self.w[f"{matrix}.q_weight"], self.w[f"{matrix}.q_scale"]
+
+    def _mat_pipeline(self, kind: str, role: str, tag: str):
+        """Matvec ("mv") or GEMM ("mm") pipeline for a matrix role in a weight format, built once."""
+        key = f"{kind}_{role}:{tag}"
+        if key not in self.p:
+            k, n, gu = self.mats[role]
+            knobs = format_knobs(tag)
+            if kind == "mv":
+                consts = matvec_plan(k, n, gate_up=gu, last_row=role == "lm", **knobs)[0]
+            else:
+                consts = gemm_plan(k, n, 1, gate_up=gu, **knobs)[0]
+            self.p[key] = self.gpu.pipeline("matvec_int4" if kind == "mv" else "matmul_int4", consts)
+        return self.p[key]
+
+    # ---- pipelines and bind groups (built once) ---------------------------------------------
     def _build(self) -> None:
         g, s, w = self.gpu, self.spec, self.w
         self.p: dict[str, object] = {}
         self.bg: dict[str, object] = {}
         st = self.step
-        embed_q = "embed" if s.tied_embeddings else "lm_head"
-        self.p["embed"] = g.pipeline("embedding", dict(WG=64, D=s.dim, VOCAB=s.vocab))
+        embed_consts, embed_overrides, (self.embed_groups, _) = embedding_plan(
+            s.dim, s.vocab, **format_knobs(self._fmt("embed")))
+        self.p["embed"] = embedding_pipeline(g, embed_consts, embed_overrides)
         self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
         self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
         self.p["argmax"] = g.pipeline("argmax", dict(WG=256, VOCAB=s.vocab))
@@ -133,29 +171,24 @@ class DenseTransformer:
         self.p["combine"] = g.pipeline("attention_combine", dict(WG=64, H=s.n_heads, HD=s.head_dim))
         self.p["rope_append"] = g.pipeline("rope_append", rope)
         qkv_consts, self.qkv_fused_grid = qkv_fused_plan(s.dim, rope)
-        self.p["qkv_fused"] = g.pipeline("qkv_rope_append", qkv_consts)
 
-        self.mats = {  # name -> (K, N, gate_up)
-            "qkv": (s.dim, self.qkv_dim, False), "o": (self.q_dim, s.dim, False),
-            "gate_up": (s.dim, s.ffn_dim, True), "down": (s.ffn_dim, s.dim, False),
-        }
+        # role -> (K, N, gate_up); N counts outputs (gate_up's weight has 2N rows)
+        self.mats = {"lm": (s.dim, s.vocab, False)}
+        for name, (n, k) in matrix_dims(s).items():
+            self.mats[name] = (k, n // 2, True) if name == "gate_up" else (k, n, False)
         self.mv_grid: dict[str, tuple] = {}  # decode grids are fixed: computed here, not per token
         for name, (k, n, gu) in self.mats.items():
-            consts, self.mv_grid[name] = matvec_plan(k, n, gate_up=gu)
-            self.p[f"mv_{name}"] = g.pipeline("matvec_int4", consts)
-            self.p[f"mm_{name}"] = g.pipeline("matmul_int4", gemm_plan(k, n, 1, gate_up=gu)[0])
-        consts, self.mv_grid["lm"] = matvec_plan(s.dim, s.vocab, last_row=True)
-        self.p["mv_lm"] = g.pipeline("matvec_int4", consts)
-        self.p["mm_lm"] = g.pipeline("matmul_int4", gemm_plan(s.dim, s.vocab, 1)[0])
+            self.mv_grid[name] = matvec_plan(k, n, gate_up=gu)[1]
 
         bind = g.bind
-        self.bg["embed"] = bind(self.p["embed"], [self.tokens, w["embed.q_weight"], w["embed.q_scale"],
-                                                  self.res[0], st], "embed")
+        self.bg["embed"] = bind(self.p["embed"], [self.tokens, *self._matrix("embed"), self.res[0], st], "embed")
         self.bg["norm0"] = bind(self.p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st], "norm0")
         self.bg["combine"] = bind(self.p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
-        lm_w, lm_s = w[f"{embed_q}.q_weight"], w[f"{embed_q}.q_scale"]
-        self.bg["mv_lm"] = bind(self.p["mv_lm"], [self.hidden, lm_w, lm_s, self.logits_buf, st], "lm-head")
-        self.bg["mm_lm"] = bind(self.p["mm_lm"], [self.hidden, lm_w, lm_s, self.logits_buf, st], "lm-head-all")
+        lm = "embed" if s.tied_embeddings else "lm_head"
+        for kind in ("mv", "mm"):
+            pipe = self._mat_pipeline(kind, "lm", self._fmt(lm))
+            self.bg[f"{kind}_lm"] = pipe, bind(pipe, [self.hidden, *self._matrix(lm), self.logits_buf, st],
+                                               f"lm-head-{kind}")
         self.bg["argmax"] = bind(self.p["argmax"], [self.logits_buf, self.tokens, self.ring, st], "argmax")
         ins = {"qkv": self.hidden, "o": self.attn, "gate_up": self.hidden, "down": self.ffn}
         outs = {"qkv": self.qkv, "o": self.delta, "gate_up": self.ffn, "down": self.delta}
@@ -163,14 +196,18 @@ class DenseTransformer:
         for i in range(s.n_layers):
             c, b = f"layers.{i}", {}
             kc, vc = self.k_cache[i], self.v_cache[i]
-            for name in self.mats:
-                wq, ws = w[f"{c}.{name}.q_weight"], w[f"{c}.{name}.q_scale"]
+            for name in matrix_dims(s):
+                tag = self._fmt(f"{c}.{name}")
                 for kind in ("mv", "mm"):
-                    b[f"{kind}_{name}"] = bind(self.p[f"{kind}_{name}"], [ins[name], wq, ws, outs[name], st],
-                                               f"{c}.{kind}_{name}")
-            b["qkv_fused"] = bind(self.p["qkv_fused"], [self.hidden, w[f"{c}.qkv.q_weight"], w[f"{c}.qkv.q_scale"],
-                                                         self.q, kc, vc, self.page_table, self.inv_freq, st],
-                                  f"{c}.qkv_fused")
+                    pipe = self._mat_pipeline(kind, name, tag)
+                    b[f"{kind}_{name}"] = pipe, bind(pipe, [ins[name], *self._matrix(f"{c}.{name}"), outs[name], st],
+                                                     f"{c}.{kind}_{name}")
+            # The fused decode kernel reads q4f16_1 only and cannot see whole heads for q/k norms.
+            if self._fmt(f"{c}.qkv") == "q4f16_1" and not s.qk_norm:
+                if "qkv_fused" not in self.p:
+                    self.p["qkv_fused"] = g.pipeline("qkv_rope_append", qkv_consts)
+                b["qkv_fused"] = bind(self.p["qkv_fused"], [self.hidden, *self._matrix(f"{c}.qkv"), self.q, kc, vc,
+                                                             self.page_table, self.inv_freq, st], f"{c}.qkv_fused")
             # Without q/k norms the kernel ignores bindings 7-8; any f16 buffer fills them.
             qn, kn = (w[f"{c}.q_norm"], w[f"{c}.k_norm"]) if s.qk_norm else (w["norm"], w["norm"])
             b["rope_append"] = bind(self.p["rope_append"], [self.qkv, self.q, kc, vc, self.page_table,
@@ -194,10 +231,10 @@ class DenseTransformer:
         """Embedding through the final norm for T rows; T == 1 takes the decode kernels."""
         s, p = self.spec, self.p
         decode = T == 1
-        rec.dispatch(p["embed"], self.bg["embed"], -(-s.dim // 8 // 64), T)
+        rec.dispatch(p["embed"], self.bg["embed"], self.embed_groups, T)
         rec.dispatch(p["norm0"], self.bg["norm0"], T)
         for b in self.layer_bg:
-            if decode and not s.qk_norm:  # q/k norms need whole heads before RoPE: not in the pair-wise kernel
+            if decode and "qkv_fused" in b:
                 rec.dispatch(p["qkv_fused"], b["qkv_fused"], *self.qkv_fused_grid)
             else:
                 self._mm(rec, b, "qkv", T)
@@ -215,10 +252,18 @@ class DenseTransformer:
 
     def _mm(self, rec: Recorder, b: dict, name: str, T: int) -> None:
         if T == 1:
-            rec.dispatch(self.p[f"mv_{name}"], b[f"mv_{name}"], *self.mv_grid[name])
+            rec.dispatch(*b[f"mv_{name}"], *self.mv_grid[name])
         else:
             k, n, gu = self.mats[name]
-            rec.dispatch(self.p[f"mm_{name}"], b[f"mm_{name}"], *gemm_plan(k, n, T, gate_up=gu)[1])
+            rec.dispatch(*b[f"mm_{name}"], *gemm_plan(k, n, T, gate_up=gu)[1])
+
+    def _record_sample(self, rec: Recorder) -> None:
+        """LM head on the last row, then the next token into tokens[0] and ring[out_index]."""
+        rec.dispatch(*self.bg["mv_lm"], *self.mv_grid["lm"])
+        if self._greedy:
+            rec.dispatch(self.p["argmax"], self.bg["argmax"], 1)
+        else:
+            self.sampler.record(rec)
 
     def _write_step(self, T: int, pos0: int, out_index: int, splits: int) -> None:
         self.gpu.write(self.step, np.array([T, pos0, out_index, splits], np.uint32))
@@ -228,6 +273,15 @@ class DenseTransformer:
             raise ContextLimitError(self.n_cached + n, self.max_context)
 
     # ---- public API --------------------------------------------------------------------------
+    def set_sampling(self, params: SamplingParams) -> None:
+        """How prefill and decode pick tokens: plain argmax when greedy without a penalty, else the sampler."""
+        self.sampling = params
+        self.sampler.set_params(params)
+
+    @property
+    def _greedy(self) -> bool:
+        return self.sampling.temperature == 0 and self.sampling.repetition_penalty == 1.0
+
     def reset(self) -> None:
         self.n_cached = 0
         self.cached_ids = []
@@ -244,10 +298,11 @@ class DenseTransformer:
         out = []
         for start in range(0, len(ids), chunk):
             part = ids[start:start + chunk]
-            out.append(self._forward(part, want_logits=True))
+            out.append(self._forward(part, "logits"))
         return np.concatenate(out) if out else np.zeros((0, self.spec.vocab), np.float32)
 
-    def _forward(self, ids: np.ndarray, want_logits: bool = False, out_index: int = 0) -> np.ndarray | None:
+    def _forward(self, ids: np.ndarray, then: str, out_index: int = 0) -> np.ndarray | None:
+        """One pass over `ids`; `then` is "logits" (every row's), "sample" (the next token) or "none"."""
         T = len(ids)
         self._check_room(T)
         pos0 = self.n_cached
@@ -257,19 +312,18 @@ class DenseTransformer:
         rec = Recorder(self.gpu, "forward")
         self._record_body(rec, T, splits)
         s = self.spec
-        if want_logits:
+        if then == "logits":
             if T == 1:
-                rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *self.mv_grid["lm"])
+                rec.dispatch(*self.bg["mv_lm"], *self.mv_grid["lm"])
             else:
-                rec.dispatch(self.p["mm_lm"], self.bg["mm_lm"], *gemm_plan(s.dim, s.vocab, T)[1])
-        else:
-            rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *self.mv_grid["lm"])
-            rec.dispatch(self.p["argmax"], self.bg["argmax"], 1)
+                rec.dispatch(*self.bg["mm_lm"], *gemm_plan(s.dim, s.vocab, T)[1])
+        elif then == "sample":
+            self._record_sample(rec)
         rec.submit()
         if len(self.cached_ids) == self.n_cached:
             self.cached_ids += ids.tolist()
         self.n_cached += T
-        if want_logits:
+        if then == "logits":
             return self.gpu.read(self.logits_buf, np.float32, T * s.vocab).reshape(T, s.vocab)
         return None
 
@@ -279,22 +333,26 @@ class DenseTransformer:
         if len(ids) == 0:
             raise ValueError("prefill needs at least one token")
         self._check_room(len(ids))
-        for start in range(0, len(ids), self.chunk):
-            self._forward(ids[start:start + self.chunk], out_index=out_index)
+        starts = range(0, len(ids), self.chunk)
+        for start in starts:
+            last = start == starts[-1]
+            if last and not self._greedy:
+                # Only the sampling forward updates the penalty window; bring it up to the cache first.
+                self.sampler.set_history(self.cached_ids[: self.n_cached])
+            self._forward(ids[start:start + self.chunk], "sample" if last else "none", out_index)
 
     def read_sampled(self, index: int) -> int:
         """Blocking read of one sampled token id from the ring (used for the first token)."""
         return int(self.gpu.read(self.ring, np.uint32, 1, offset=index * 4)[0])
 
     def decode(self, last_index: int, count: int, batch: int = 8) -> Iterator[list[int]]:
-        """Greedy-decode up to `count` tokens after the one sampled into ring[last_index]; yields batches.
+        """Decode up to `count` tokens after the one sampled into ring[last_index]; yields batches.
 
-        Tokens stay on the GPU (each step's argmax feeds the next embedding). Each batch is copied to a
+        Tokens stay on the GPU (each step's sampled id feeds the next embedding). Each batch is copied to a
         staging buffer that is mapped only once the next batch is queued, so the GPU never idles on a
         readback. Closing the generator stops early; the caller then truncates the cache to what it keeps.
         """
         g = self.gpu
-        lm_grid = self.mv_grid["lm"]
         pending: list[tuple[object, int]] = []  # (staging buffer, n tokens)
         free = list(self.readback)
         idx, remaining = last_index, count
@@ -310,8 +368,7 @@ class DenseTransformer:
                         self._write_step(1, self.n_cached, first + j, splits)
                         rec = Recorder(g, "decode")
                         self._record_body(rec, 1, splits)
-                        rec.dispatch(self.p["mv_lm"], self.bg["mv_lm"], *lm_grid)
-                        rec.dispatch(self.p["argmax"], self.bg["argmax"], 1)
+                        self._record_sample(rec)
                         if j == n - 1:
                             rec.copy(self.ring, first * 4, buf, 0, n * 4)
                         rec.submit()
@@ -332,5 +389,6 @@ class DenseTransformer:
                 buf.unmap()
 
     def _count_decode_dispatches(self) -> int:
-        per_layer = 8 if self.spec.qk_norm else 7  # q/k-norm models run QKV matvec + rope_append unfused
-        return 2 + per_layer * self.spec.n_layers + 2
+        """Dispatches in one greedy decode step without split attention (the sampler adds one)."""
+        per_layer = sum(7 if "qkv_fused" in b else 8 for b in self.layer_bg)
+        return 2 + per_layer + 2

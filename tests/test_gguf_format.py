@@ -68,7 +68,8 @@ def gguf_tensors(arch, w, heads, kv_heads, layers, **_):
     return t
 
 
-def write_gguf(path, arch, tensors, qtype=Q.Q4_0, types=None, dims=DIMS, meta=True, extra=None, skip=()):
+def write_gguf(path, arch, tensors, qtype=Q.Q4_0, types=None, dims=DIMS, meta=True, extra=None, skip=(),
+               theta=500000.0, eps=1e-5):
     """Write `tensors` ({name: float32, or (raw block bytes, type)}); float matrices in `qtype` (or
     types[name]), vectors in F32. Returns {name: the stored array} (blocks as bytes when quantized)."""
     writer = GGUFWriter(str(path), arch)
@@ -79,8 +80,8 @@ def write_gguf(path, arch, tensors, qtype=Q.Q4_0, types=None, dims=DIMS, meta=Tr
         writer.add_feed_forward_length(dims["ffn"])
         writer.add_head_count(dims["heads"])
         writer.add_head_count_kv(dims["kv_heads"])
-        writer.add_layer_norm_rms_eps(1e-5)
-        writer.add_rope_freq_base(500000.0)
+        writer.add_layer_norm_rms_eps(eps)
+        writer.add_rope_freq_base(theta)
         writer.add_key_length(dims["head_dim"])
         writer.add_value_length(dims["head_dim"])
         writer.add_rope_dimension_count(dims["head_dim"])
