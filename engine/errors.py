@@ -20,9 +20,10 @@ class UnsupportedModelError(ModelFormatError):
 class ContextLimitError(ZeroTVMError):
     """A prompt that does not fit the context window; carries the numbers for the UI."""
 
-    def __init__(self, used: int, limit: int):
-        self.used, self.limit = used, limit
+    def __init__(self, used: int, limit: int, reserve: int = 0):
+        self.used, self.limit, self.reserve = used, limit, reserve
+        needs = f"{used} tokens plus {reserve} for the reply" if reserve else f"{used} tokens"
         super().__init__(
-            f"the conversation needs {used} tokens but the context holds {limit}; start a new chat, "
+            f"the conversation needs {needs} but the context holds {limit}; start a new chat, "
             "shorten it, or allow dropping the oldest turns"
         )

@@ -1,0 +1,129 @@
+"""Chat sessions and GPU sampling wired into generation, on a tiny random Qwen3 (q4f16_1) with a tiny
+byte-level tokenizer and chat template (tests/tiny_models.py)."""
+
+import numpy as np
+import pytest
+
+from engine.cli import main as cli_main
+from engine.errors import ContextLimitError
+from engine.generate import stream_generate
+from engine.model import load_model
+from engine.sampling import SamplingParams, reference_probs
+from engine.session import ChatSession, ChatSettings
+from tests.tiny_models import cached_tiny_hf
+
+
+@pytest.fixture(scope="module")
+def model(gpu, tmp_path_factory):
+    out = tmp_path_factory.mktemp("mlc") / "qwen3"
+    assert cli_main(["convert", str(cached_tiny_hf("qwen3")), str(out)]) == 0
+    return load_model(out, gpu=gpu, max_context=256, prefill_chunk=32)
+
+
+def tokens(responses):
+    return [r.token for r in responses]
+
+
+def teacher_forced(model, prompt, out):
+    """Logits that predicted each of `out` given everything before it."""
+    model.runtime.reset()
+    return model.logits(prompt + out[:-1])[len(prompt) - 1:]
+
+
+def test_same_seed_same_tokens_and_seeds_differ(model):
+    params = SamplingParams(temperature=1.5, seed=7)
+    prompt = [5, 6, 7, 8]
+    a = tokens(stream_generate(model, prompt, 30, params))
+    b = tokens(stream_generate(model, prompt, 30, params))
+    c = tokens(stream_generate(model, prompt, 30, SamplingParams(temperature=1.5, seed=8)))
+    assert a == b and a != c
+
+
+def test_every_sampled_token_passes_top_k(model):
+    prompt = [9, 10, 11]
+    out = tokens(stream_generate(model, prompt, 40, SamplingParams(temperature=2.0, top_k=3, seed=1)))
+    logits = teacher_forced(model, prompt, out)
+    rank = (logits > logits[np.arange(len(out)), out][:, None] + 1e-3 * np.abs(logits).max()).sum(1)
+    assert np.all(rank < 3), rank  # prefill's first token and every decode step went through the sampler
+
+
+def test_repetition_penalty_uses_the_whole_history_across_turns(model):
+    params = SamplingParams(temperature=0, repetition_penalty=1.8)
+    rt = model.runtime
+    rt.reset()
+    turn1 = [12, 13, 14, 15, 12, 13]
+    out1 = tokens(stream_generate(model, turn1, 12, params))
+    turn2 = turn1 + out1 + [16, 17]  # a follow-up: prefix reused, the window rebuilt from the cache
+    out2 = list(stream_generate(model, turn2, 12, params))
+    assert out2[0].prompt_reused > 0
+    for prompt, out in ((turn1, out1), (turn2, tokens(out2))):
+        logits = teacher_forced(model, prompt, out)
+        for j, tok in enumerate(out):
+            history = prompt + out[:j]
+            probs = reference_probs(logits[j], params, history)
+            best = np.flatnonzero(probs)[0]
+            penalised = logits[j].astype(np.float64).copy()
+            ids = np.unique(history)
+            penalised[ids] = np.where(penalised[ids] < 0, penalised[ids] * 1.8, penalised[ids] / 1.8)
+            assert tok == best or penalised[best] - penalised[tok] < 1e-3 * np.abs(penalised).max()
+
+
+def test_chat_reuses_the_cache_across_turns(model):
+    model.runtime.reset()
+    chat = ChatSession(model, ChatSettings(max_tokens=8, sampling=SamplingParams(), seed=0))
+    first = list(chat.send("hi"))
+    assert first[-1].finish_reason in ("stop", "length")
+    assert chat.messages[-1]["role"] == "assistant"
+    second = list(chat.send("more"))
+    assert second[0].response.prompt_reused > 10  # the first exchange came from the cache
+    used = second[-1].response.context_used
+    assert used == second[-1].response.prompt_tokens + second[-1].response.generation_tokens
+    assert all(e.response.context_limit == 256 for e in first + second)
+
+
+def test_regenerate_and_edit_roll_back(model):
+    model.runtime.reset()
+    chat = ChatSession(model, ChatSettings(max_tokens=6, sampling=SamplingParams(temperature=1.0), seed=3))
+    one = "".join(e.answer for e in chat.send("question"))
+    again = list(chat.regenerate())
+    assert "".join(e.answer for e in again) == one  # fixed seed: the same reply
+    assert len(chat.messages) == 2
+    chat.settings.seed = None
+    list(chat.send("next"))
+    edited = list(chat.edit(0, "other question"))
+    assert [m["content"] for m in chat.messages[:1]] == ["other question"] and len(chat.messages) == 2
+    assert edited[0].response.prompt_reused > 0  # the template's header before the edit is shared
+
+
+def test_refuse_policy_names_numbers_and_keeps_the_chat(model):
+    chat = ChatSession(model, ChatSettings(max_tokens=64, reply_reserve=64))
+    chat.messages = [{"role": "user", "content": "a" * 100}, {"role": "assistant", "content": "b" * 60}]
+    before = [dict(m) for m in chat.messages]
+    with pytest.raises(ContextLimitError, match=r"needs \d+ tokens plus 64 for the reply but the context holds 256"):
+        chat.send("c" * 40)
+    assert chat.messages == before  # the refused message was taken back; nothing else changed
+
+
+def test_drop_oldest_policy_leaves_turns_out_of_the_prompt_only(model):
+    chat = ChatSession(model, ChatSettings(max_tokens=8, reply_reserve=32, context_policy="drop_oldest",
+                                           sampling=SamplingParams()))
+    chat.messages = [{"role": "user", "content": "a" * 100}, {"role": "assistant", "content": "b" * 60}]
+    events = list(chat.send("c" * 40))
+    assert events[0].dropped_turns == 2 and events[-1].response.context_used <= 256
+    assert [m["role"] for m in chat.messages] == ["user", "assistant", "user", "assistant"]
+    with pytest.raises(ContextLimitError):  # a single message that cannot fit is still refused
+        chat.send("d" * 300)
+
+
+def test_cancelled_reply_keeps_partial_text_and_a_consistent_cache(model):
+    model.runtime.reset()
+    chat = ChatSession(model, ChatSettings(max_tokens=50, sampling=SamplingParams()))
+    gen = chat.send("stop me")
+    partial = [next(gen) for _ in range(4)]
+    gen.close()
+    assert chat.messages[-1]["content"] == "".join(e.answer for e in partial)
+    follow = list(chat.send("go on"))
+    model.runtime.reset()
+    fresh = ChatSession(model, ChatSettings(max_tokens=50, sampling=SamplingParams()),
+                        messages=[dict(m) for m in chat.messages[:-2]])
+    assert tokens(e.response for e in follow) == tokens(e.response for e in fresh.send("go on"))
