@@ -1,4 +1,4 @@
-"""`zerotvm` / `python -m engine`: gpus, convert, logits, prompt, generate, bench."""
+"""`zerotvm` / `python -m engine`: gpus, convert, logits, prompt, generate, chat, install-demo, bench."""
 
 from __future__ import annotations
 
@@ -40,10 +40,10 @@ def cmd_convert(args) -> None:
     print(f"wrote {args.out_dir}")
 
 
-def _progress(shard: int, shards: int, path: str, done: int, total: int) -> None:
-    print(f"\rloading shard {shard + 1}/{shards} {done / 2**20:7.1f}/{total / 2**20:.1f} MiB", end="",
-          file=sys.stderr, flush=True)
-    if shard + 1 == shards and done >= total:
+def _progress(part: int, parts: int, path: str, done: int, total: int) -> None:
+    pct = 100 * done / total if total else 100.0
+    print(f"\rloading {done / 2**20:7.1f}/{total / 2**20:.1f} MiB ({pct:3.0f}%)", end="", file=sys.stderr, flush=True)
+    if part + 1 == parts:
         print(file=sys.stderr)
 
 
@@ -63,19 +63,159 @@ def cmd_logits(args) -> None:
             print(f"pos {t} id {ids[t]}: top-5 {top.tolist()} logits {row[top].round(4).tolist()}")
 
 
+def _resolve_model(name: str | None) -> str:
+    """The model argument, or the installed default (the demo model when nothing else is installed)."""
+    if name:
+        return name
+    from engine.library import default_model
+
+    found = default_model()
+    if found is None:
+        raise ZeroTVMError("no model installed; run `zerotvm install-demo` to set up the small demo model "
+                           "(SmolLM2-135M, ~98 MB), or pass a model folder or .gguf file")
+    print(f"using {found.name} ({found.path})", file=sys.stderr)
+    return str(found.path)
+
+
+def _chat_settings(args, model):
+    """The saved chat settings (shared with the app), with this command's flags on top."""
+    from dataclasses import replace
+
+    from engine.settings import load_settings
+
+    settings = load_settings()
+    sampling = settings.sampling or model.default_sampling
+    flags = {"temperature": args.temperature, "top_k": args.top_k, "top_p": args.top_p, "min_p": args.min_p,
+             "repetition_penalty": args.repetition_penalty}
+    sampling = replace(sampling, **{k: v for k, v in flags.items() if v is not None})
+    settings = replace(settings, sampling=sampling)
+    for name in ("system", "seed", "max_tokens", "context_policy"):
+        if getattr(args, name) is not None:
+            settings = replace(settings, **{name: getattr(args, name)})
+    if args.thinking is not None:
+        settings.thinking = args.thinking == "on"
+    return settings
+
+
+def _print_reply(events) -> object:
+    """Stream a reply: thinking to stderr (dimmed on a terminal), the answer to stdout; returns the last event."""
+    dim, end = ("\033[2m", "\033[0m") if sys.stderr.isatty() else ("", "")
+    last, thinking = None, False
+    for e in events:
+        if e.thinking:
+            print(f"{dim}{e.thinking}{end}", end="", file=sys.stderr, flush=True)
+            thinking = True
+        if e.answer:
+            if thinking:
+                print(file=sys.stderr)
+                thinking = False
+            print(e.answer, end="", flush=True)
+        last = e
+    print()
+    return last
+
+
+def _stats(r) -> str:
+    reused = f", {r.prompt_reused} reused" if r.prompt_reused else ""
+    return (f"[{r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s, time to first token "
+            f"{r.ttft_s * 1000:.0f} ms, prompt {r.prompt_tokens} tokens{reused}, context {r.context_used}/"
+            f"{r.context_limit}, finish: {r.finish_reason}]")
+
+
 def cmd_generate(args) -> None:
     from engine.model import load_model
+    from engine.session import ChatSession
 
-    model = load_model(args.model, on_progress=_progress)
-    last = None
-    for r in model.generate(args.prompt, max_tokens=args.max_tokens):
-        print(r.text, end="", flush=True)
-        last = r
-    print()
+    model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress)
+    settings = _chat_settings(args, model)
+    if args.raw or model.tokenizer is None or not model.tokenizer.chat_templates:
+        last = None
+        for r in model.generate(args.prompt, max_tokens=settings.max_tokens, sampling=settings.sampling):
+            print(r.text, end="", flush=True)
+            last = r
+        print()
+    else:
+        last = _print_reply(ChatSession(model, settings).send(args.prompt))
+        last = last.response if last else None
     if last:
-        print(f"[{last.generation_tokens} tokens, {last.generation_tps:.1f} tok/s, "
-              f"time to first token {last.ttft_s * 1000:.0f} ms, prompt {last.prompt_tokens} tokens, "
-              f"finish: {last.finish_reason}]", file=sys.stderr)
+        print(_stats(last), file=sys.stderr)
+
+
+CHAT_HELP = """commands: /new (start over)  /regen (answer again)  /system TEXT  /think on|off  /quit
+Ctrl-C stops a reply; Ctrl-D or /quit leaves."""
+
+
+def cmd_chat(args) -> None:
+    from engine.model import load_model
+    from engine.session import ChatSession
+
+    model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress)
+    chat = ChatSession(model, _chat_settings(args, model))
+    print(f"{model.path.name}: context {model.runtime.max_context} tokens. {CHAT_HELP}", file=sys.stderr)
+    while True:
+        try:
+            line = input(">>> ")
+        except EOFError:
+            print()
+            return
+        except KeyboardInterrupt:
+            print()
+            continue
+        text = line.strip()
+        if not text:
+            continue
+        command, _, rest = text.partition(" ")
+        reply = None  # "send" or "regen"
+        if command in ("/quit", "/exit", "/bye"):
+            return
+        if command == "/new":
+            chat.messages.clear()
+            print("(new chat)", file=sys.stderr)
+        elif command == "/system":
+            chat.settings.system = rest or None
+            print(f"(system prompt {'set' if rest else 'cleared'})", file=sys.stderr)
+        elif command == "/think" and rest in ("on", "off"):
+            chat.settings.thinking = rest == "on"
+        elif command == "/regen":
+            reply = "regen"
+        elif command.startswith("/"):
+            print(CHAT_HELP, file=sys.stderr)
+        else:
+            reply = "send"
+        if reply is None:
+            continue
+        gen = None
+        try:
+            gen = chat.regenerate() if reply == "regen" else chat.send(line)
+            last = _print_reply(gen)
+        except KeyboardInterrupt:
+            if gen is not None:
+                gen.close()
+            print("\n(stopped)", file=sys.stderr)
+            continue
+        except (ValueError, ZeroTVMError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            continue
+        if last:
+            if last.dropped_turns:
+                print(f"(left the {last.dropped_turns} oldest messages out to fit the context)", file=sys.stderr)
+            print(_stats(last.response), file=sys.stderr)
+
+
+def cmd_install_demo(args) -> None:
+    from engine import demo
+
+    def progress(stage: str, done: int, total: int) -> None:
+        pct = f"{100 * done / total:5.1f}%" if total else ""
+        print(f"\r{stage:8s} {done / 2**20:6.1f}/{total / 2**20:.1f} MiB {pct}", end="", file=sys.stderr, flush=True)
+
+    folder = demo.demo_path().parent
+    if demo.is_installed(folder):
+        print(f"already installed: {demo.demo_path()}")
+        return
+    path = demo.install_demo(on_progress=progress)
+    print(file=sys.stderr)
+    print(f"installed {demo.TITLE}: {path}")
 
 
 def cmd_prompt(args) -> None:
@@ -94,6 +234,22 @@ def cmd_bench(args) -> None:
     result = run_bench(args.shape, decode_tokens=args.decode_tokens, prompt_tokens=args.prompt_tokens,
                        runs=args.runs)
     print(json.dumps(result, indent=2) if args.json else result["table"])
+
+
+def _add_chat_args(s: argparse.ArgumentParser) -> None:
+    """Flags over the saved chat settings; sampling defaults come from the model (generation_config.json)."""
+    s.add_argument("--max-tokens", type=int, help="longest reply in tokens (default 1024)")
+    s.add_argument("--context", type=int, help="context window in tokens (default: the model's)")
+    s.add_argument("--temperature", type=float, help="0 = greedy")
+    s.add_argument("--top-k", type=int)
+    s.add_argument("--top-p", type=float)
+    s.add_argument("--min-p", type=float)
+    s.add_argument("--repetition-penalty", type=float)
+    s.add_argument("--seed", type=int, help="fixed seed: the same prompt gives the same reply")
+    s.add_argument("--system", help="system prompt")
+    s.add_argument("--thinking", choices=["on", "off"], help="reasoning on/off for models that have it (Qwen3)")
+    s.add_argument("--context-policy", choices=["refuse", "drop_oldest"],
+                   help="when the chat outgrows the context: refuse (default) or leave the oldest turns out")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -117,11 +273,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="save to this .npy file instead of printing")
     s.set_defaults(func=cmd_logits)
 
-    s = sub.add_parser("generate", help="stream a greedy completion")
-    s.add_argument("model")
+    s = sub.add_parser("generate", help="answer one prompt (as a chat turn when the model has a chat template)")
+    s.add_argument("model", nargs="?", help="model folder or .gguf file (default: the installed model)")
     s.add_argument("--prompt", required=True)
-    s.add_argument("--max-tokens", type=int, default=128)
+    s.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
+    _add_chat_args(s)
     s.set_defaults(func=cmd_generate)
+
+    s = sub.add_parser("chat", help="interactive multi-turn chat in the terminal")
+    s.add_argument("model", nargs="?", help="model folder or .gguf file (default: the installed model)")
+    _add_chat_args(s)
+    s.set_defaults(func=cmd_chat)
+
+    s = sub.add_parser("install-demo", help="set up the small offline demo model (SmolLM2-135M-Instruct, ~98 MB)")
+    s.set_defaults(func=cmd_install_demo)
 
     s = sub.add_parser("prompt", help="render a chat with the model's own template; print its token ids as JSON")
     s.add_argument("model", help="model folder (tokenizer files and configs are enough) or .gguf file")

@@ -277,13 +277,10 @@ class StreamDecoder:
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """A model folder's tokenizer, or a .gguf file's (through the GGUF reader's hook)."""
+    """A model folder's tokenizer, or a .gguf file's (built from its metadata)."""
     path = Path(path)
     if path.suffix.lower() == ".gguf":
-        try:  # the GGUF reader provides this and builds its Tokenizer with Tokenizer.from_parts
-            from engine.formats.gguf import load_tokenizer as load_gguf_tokenizer
-        except ImportError as e:
-            raise ModelFormatError(f"{path}: reading tokenizers from GGUF files is not available yet") from e
+        from engine.formats.gguf_tokenizer import load_tokenizer as load_gguf_tokenizer
         return load_gguf_tokenizer(path)
     if not path.is_dir():
         raise ModelFormatError(f"{path}: not a model folder")

@@ -127,3 +127,31 @@ def test_cancelled_reply_keeps_partial_text_and_a_consistent_cache(model):
     fresh = ChatSession(model, ChatSettings(max_tokens=50, sampling=SamplingParams()),
                         messages=[dict(m) for m in chat.messages[:-2]])
     assert tokens(e.response for e in follow) == tokens(e.response for e in fresh.send("go on"))
+
+
+def test_cli_chat_runs_turns_and_commands(model, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
+    lines = iter(["hello", "/regen", "/system Be brief.", "/new", "again", "/quit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    args = ["chat", str(model.path), "--max-tokens", "5", "--temperature", "0", "--context", "128"]
+    assert cli_main(args) == 0
+    err = capsys.readouterr().err
+    assert err.count("finish:") == 3 and "(system prompt set)" in err and "(new chat)" in err
+    assert "context" in err and "/128" in err
+
+
+def test_cli_chat_reports_a_full_context_and_carries_on(model, monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
+    lines = iter(["x" * 400, "short", ""])
+
+    def read(prompt=""):
+        try:
+            return next(lines)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr("builtins.input", read)
+    assert cli_main(["chat", str(model.path), "--max-tokens", "4", "--context", "128"]) == 0
+    err = capsys.readouterr().err
+    assert "error: the conversation needs" in err and "context holds 128" in err
+    assert err.count("finish:") == 1

@@ -1,0 +1,62 @@
+"""The offline demo model (SmolLM2-135M-Instruct, Q4_1 GGUF with a Q8_0 embedding) end to end: install,
+load, chat, and agreement with transformers running the same GGUF (dequantized by its own loader)."""
+
+import numpy as np
+import pytest
+import torch
+
+from engine.cli import main as cli_main
+from engine.model import load_model
+from engine.sampling import SamplingParams
+from engine.session import ChatSession, ChatSettings
+from tests.fixtures_demo import CACHE, demo_gguf
+
+
+@pytest.fixture(scope="module")
+def demo_path():
+    return demo_gguf()
+
+
+@pytest.fixture(scope="module")
+def demo(gpu, demo_path):
+    return load_model(demo_path, gpu=gpu, max_context=512)
+
+
+def test_greedy_answer_names_paris(demo):
+    chat = ChatSession(demo, ChatSettings(max_tokens=24, sampling=SamplingParams()))
+    answer = "".join(e.answer for e in chat.send("What is the capital of France?"))
+    assert "Paris" in answer, answer
+
+
+STORY = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the wick, "
+         "polished the great lens and watched the ships pass safely beyond the rocks. One stormy night a small "
+         "fishing boat lost its way, and the keeper's light guided it home. In the morning the fishermen climbed "
+         "the hill to thank him, bringing bread, apples and a basket of fresh fish from their catch.")
+
+
+def test_top1_agrees_with_transformers_over_64_teacher_forced_tokens(demo, demo_path):
+    from transformers import AutoModelForCausalLM
+
+    messages = [{"role": "user", "content": "Write a short story about a lighthouse keeper."},
+                {"role": "assistant", "content": STORY}]
+    ids = demo.tokenizer.chat_prompt(messages, add_generation_prompt=False).ids
+    start = len(demo.tokenizer.chat_prompt(messages[:1]).ids) - 1
+    window = slice(start, start + 64)  # the logits that predict the first 64 tokens of the answer
+    ours = demo.logits(ids)[window]
+    hf = AutoModelForCausalLM.from_pretrained(str(demo_path.parent), gguf_file=demo_path.name,
+                                              dtype=torch.float32).eval()
+    with torch.no_grad():
+        ref = hf(torch.tensor([ids])).logits[0].numpy()[window]
+    assert len(ours) == 64
+    agree = np.mean(ours.argmax(1) == ref.argmax(1))
+    assert agree >= 0.98, f"top-1 agreement {agree:.3f} over 64 positions"
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < 2e-2
+
+
+def test_cli_generate_uses_the_installed_demo(monkeypatch, capsys, demo_path):
+    monkeypatch.setenv("ZEROTVM_MODELS", str(CACHE / "models"))
+    monkeypatch.setenv("ZEROTVM_HOME", str(CACHE / "home"))
+    assert cli_main(["generate", "--prompt", "What is the capital of France?", "--temperature", "0",
+                     "--max-tokens", "20", "--context", "256"]) == 0
+    out = capsys.readouterr()
+    assert "Paris" in out.out and "context" in out.err

