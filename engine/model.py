@@ -56,10 +56,25 @@ def load_model(path: str | Path, gpu: Gpu | None = None, max_context: int | None
     ckpt = MlcCheckpoint(path)
     module = model_module(ckpt.model_type, where=str(path / "mlc-chat-config.json"))
     spec = module.spec(module.ModelArgs.from_dict(ckpt.model_config))
+    spec.names = {c: _present(ckpt, name) for c, name in spec.names.items()}
     runtime = DenseTransformer(gpu or Gpu(), spec, ckpt.load(list(spec.names.values()), on_progress), max_context,
                                **runtime_options)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     return Model(runtime, tokenizer, path, ckpt.model_type, SamplingParams.from_generation_config(path))
+
+
+# mlc-llm builds name the fused q|k|v weight either way (Qwen3: c_attn in some, qkv_proj in others).
+_ALIASES = {".self_attn.c_attn.": ".self_attn.qkv_proj.", ".self_attn.qkv_proj.": ".self_attn.c_attn."}
+
+
+def _present(ckpt, name: str) -> str:
+    """`name`, or its alias when only the alias is in the checkpoint (missing ones are reported on load)."""
+    if name in ckpt:
+        return name
+    for a, b in _ALIASES.items():
+        if a in name and name.replace(a, b) in ckpt:
+            return name.replace(a, b)
+    return name
 
 
 def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:

@@ -102,3 +102,15 @@ def test_cli_logits_writes_npy(gpu, tiny, tmp_path):
     assert cli_main(["logits", str(mlc), "--ids", "1,2,3", "--out", str(out)]) == 0
     logits = np.load(out)
     assert logits.shape[0] == 3 and logits.dtype == np.float32
+
+
+def test_mlc_qwen3_builds_naming_qkv_either_way_load_the_same(gpu, tmp_path):
+    from tests.tiny_models import cached_tiny_hf
+
+    out = tmp_path / "qwen3"
+    assert cli_main(["convert", str(cached_tiny_hf("qwen3")), str(out)]) == 0
+    ids = [3, 4, 5, 6, 7]
+    c_attn = load_model(out, gpu=gpu, max_context=64).logits(ids)
+    manifest = next(p for p in (out / "ndarray-cache.json", out / "tensor-cache.json") if p.exists())
+    manifest.write_text(manifest.read_text().replace(".self_attn.c_attn.", ".self_attn.qkv_proj."))
+    np.testing.assert_array_equal(load_model(out, gpu=gpu, max_context=64).logits(ids), c_attn)
