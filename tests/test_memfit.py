@@ -1,0 +1,194 @@
+"""Memory fit (engine/memfit.py) and system RAM (engine/sysmem.py): known numbers, a real allocation, verdicts."""
+
+from dataclasses import replace
+
+import pytest
+
+from engine import memfit
+from engine.bench import random_weights
+from engine.catalog import load_catalog
+from engine.gpu import AdapterInfo
+from engine.memfit import (
+    LOAD_COPIES,
+    RAM_BASELINE_BYTES,
+    TIGHT_MARGIN,
+    check_fit,
+    estimate,
+    gpu_memory,
+)
+from engine.models import model_module
+from engine.sysmem import SystemMemory, parse_meminfo, parse_vm_stat, system_memory
+from engine.transformer import DenseTransformer, tensor_shapes
+from tests.test_catalog import spec_from_dims
+
+MEMINFO = """\
+MemTotal:       16318452 kB
+MemFree:         1203384 kB
+MemAvailable:    9876544 kB
+Buffers:          412000 kB
+Cached:          7000000 kB
+SwapCached:            0 kB
+HugePages_Total:       0
+Hugepagesize:       2048 kB
+"""
+
+VM_STAT = """\
+Mach Virtual Memory Statistics: (page size of 16384 bytes)
+Pages free:                               12345.
+Pages active:                            400000.
+Pages inactive:                          300000.
+Pages speculative:                         5000.
+Pages throttled:                              0.
+Pages wired down:                        150000.
+Pages purgeable:                           2000.
+"Translation faults":                 123456789.
+"""
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {e.key: e for e in load_catalog()}
+
+
+# ---- known numbers ------------------------------------------------------------------------------------
+def test_phi3_kv_cache_at_4096(models):
+    est = estimate(models["phi3-mini-4k-q4f16_1"], 4096)
+    assert est.kv_bytes == 2 * 32 * 32 * 96 * 2 * 4096 == 1_610_612_736
+    assert est.weights_bytes == 2_149_644_288 and est.state_bytes == 0 and not est.approximate
+    assert est.gpu_bytes == est.weights_bytes + est.kv_bytes + est.scratch_bytes
+
+
+def test_qwen3_kv_per_token_and_default_context(models):
+    qwen = models["qwen3-4b-q4f16_1"]
+    assert estimate(qwen, 1).kv_bytes == 16 * 147_456  # one page of 16 tokens is the smallest cache
+    assert estimate(qwen).kv_bytes == 147_456 * 7168
+
+
+def test_context_rounds_up_to_pages_and_stops_at_the_models_window(models):
+    phi3 = models["phi3-mini-4k-q4f16_1"]
+    assert estimate(phi3, 4081).kv_bytes == estimate(phi3, 4096).kv_bytes  # 256 pages either way
+    assert estimate(phi3, 100_000).context == 4096
+
+
+def test_hybrids_count_kv_on_full_attention_layers_only(models):
+    q35 = estimate(models["qwen3.5-4b-q4f16_1"], 32768)
+    assert q35.kv_bytes == 2 * 8 * 4 * 256 * 2 * 32768 == 2**30
+    assert q35.state_bytes == 24 * (32 * 128 * 128 * 4 + 3 * 8192 * 2)  # f32 state + f16 conv ring per GDN layer
+    q36 = estimate(models["qwen3.6-35b-a3b-mlx-q3"])
+    assert q36.kv_bytes == 20_480 * 6144 and q36.approximate
+
+
+def test_load_ram_is_baseline_plus_largest_tensor(models):
+    qwen = models["qwen3-4b-q4f16_1"]
+    assert estimate(qwen).load_ram_bytes == RAM_BASELINE_BYTES + LOAD_COPIES * 194_478_080
+
+
+def test_entry_and_spec_estimates_agree_for_dense_models(models):
+    for key in ("phi3-mini-4k-q4f16_1", "qwen3-4b-q4f16_1"):
+        e = models[key]
+        a, b = estimate(e, 2048, max_binding=2**31), estimate(spec_from_dims(e), 2048, max_binding=2**31)
+        assert (a.weights_bytes, a.kv_bytes, a.scratch_bytes) == (b.weights_bytes, b.kv_bytes, b.scratch_bytes)
+
+
+def test_estimate_matches_what_the_runtime_allocates(gpu):
+    # Every byte DenseTransformer allocates (weights, KV pages, activations, logits, sampler) is predicted.
+    module = model_module("qwen3")
+    spec = module.spec(module.ModelArgs.from_dict(dict(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, vocab_size=512, max_position_embeddings=256)))
+    spec.names = {c: c for c in tensor_shapes(spec)}  # random_weights yields canonical names
+    sizes = []
+    orig_buffer, orig_upload = gpu.buffer, gpu.upload
+    gpu.buffer = lambda *a, **k: sizes.append(b := orig_buffer(*a, **k)) or b
+    gpu.upload = lambda *a, **k: sizes.append(b := orig_upload(*a, **k)) or b
+    try:
+        DenseTransformer(gpu, spec, random_weights(spec), max_context=100)
+    finally:
+        del gpu.buffer, gpu.upload  # back to the class methods
+    est = estimate(spec, 100, max_binding=gpu.max_binding)
+    assert est.gpu_bytes == sum(b.size for b in sizes)
+    assert est.context == 100
+
+
+# ---- verdicts -------------------------------------------------------------------------------------------
+def fake_entry(models, **changes):
+    return replace(models["qwen3-4b-q4f16_1"], **changes)
+
+
+def test_verdict_thresholds(models):
+    e = fake_entry(models)
+    need = estimate(e).load_ram_bytes
+    ram = lambda avail: SystemMemory(64 * 10**9, avail)  # noqa: E731
+    gpu_need = estimate(e).gpu_bytes
+    assert check_fit(e, system=ram(10 * need), gpu_bytes_available=10 * gpu_need).verdict == "ok"
+    # Exactly at the margin is still ok; a byte past it is tight; past the available amount will not fit.
+    edge = int(gpu_need / (1 - TIGHT_MARGIN)) + 1
+    assert check_fit(e, system=ram(10 * need), gpu_bytes_available=edge).verdict == "ok"
+    assert check_fit(e, system=ram(10 * need), gpu_bytes_available=gpu_need + 1).verdict == "tight"
+    assert check_fit(e, system=ram(10 * need), gpu_bytes_available=gpu_need - 1).verdict == "wont_fit"
+    assert check_fit(e, system=ram(need - 1), gpu_bytes_available=10 * gpu_need).verdict == "wont_fit"
+    tight = check_fit(e, system=ram(need + 1), gpu_bytes_available=10 * gpu_need)
+    assert tight.verdict == "tight" and tight.load_anyway and not tight.ram_warning
+
+
+def test_unknown_gpu_memory_and_shared_memory(models):
+    e = fake_entry(models)
+    plenty = SystemMemory(64 * 10**9, 32 * 10**9)
+    discrete = check_fit(e, system=plenty)
+    assert discrete.verdict == "unknown" and discrete.gpu_available is None and not discrete.load_anyway
+    assert "does not report" in discrete.message
+    shared = check_fit(e, system=plenty, shared_memory=True)
+    assert shared.verdict == "ok" and shared.ram_needed == shared.estimate.load_ram_bytes + shared.gpu_needed
+    small = check_fit(e, system=SystemMemory(8 * 10**9, shared.ram_needed - 1), shared_memory=True)
+    assert small.verdict == "wont_fit"
+    assert check_fit(e, system=SystemMemory(None, None), shared_memory=True).verdict == "unknown"
+
+
+def test_message_speaks_gb(models):
+    r = check_fit(models["phi3-mini-4k-q4f16_1"], 4096, system=SystemMemory(16 * 10**9, 12_300_000_000),
+                  gpu_bytes_available=8 * 10**9)
+    assert r.verdict == "ok"
+    assert f"{r.gpu_needed / 1e9:.1f} GB of GPU memory" in r.message
+    assert "12.3 GB of RAM is free" in r.message and "8.0 GB free" in r.message and "4096 tokens" in r.message
+
+
+def test_qwen36_ram_warning(models):
+    q3, q4 = models["qwen3.6-35b-a3b-mlx-q3"], models["qwen3.6-35b-a3b-mlx-4bit"]
+    big_gpu = 200 * 10**9
+    low = check_fit(q3, system=SystemMemory(32 * 10**9, 19 * 10**9), gpu_bytes_available=big_gpu)
+    assert low.ram_warning and low.load_anyway and low.verdict == "tight"  # would be ok on the numbers alone
+    assert "20 GB" in low.message
+    mid = SystemMemory(32 * 10**9, 22 * 10**9)
+    assert not check_fit(q3, system=mid, gpu_bytes_available=big_gpu).ram_warning
+    assert check_fit(q4, system=mid, gpu_bytes_available=big_gpu).ram_warning
+    assert check_fit(q4, system=SystemMemory(None, None)).ram_warning  # unknown RAM: warn
+    assert not check_fit(models["qwen3-4b-q4f16_1"], system=SystemMemory(8 * 10**9, 10**9)).ram_warning
+
+
+# ---- system and GPU memory ---------------------------------------------------------------------------------
+def test_parse_meminfo():
+    mem = parse_meminfo(MEMINFO)
+    assert (mem.total_bytes, mem.available_bytes) == (16318452 * 1024, 9876544 * 1024)
+    old = parse_meminfo(MEMINFO.replace("MemAvailable:    9876544 kB\n", ""))  # kernels before 3.14
+    assert old.available_bytes == (1203384 + 7000000 + 412000) * 1024
+    assert parse_meminfo("garbage") == SystemMemory(None, None, "/proc/meminfo")
+
+
+def test_parse_vm_stat():
+    mem = parse_vm_stat(VM_STAT, total=32 * 2**30)
+    assert mem.total_bytes == 32 * 2**30
+    assert mem.available_bytes == (12345 + 300000 + 5000 + 2000) * 16384
+    assert parse_vm_stat("nothing here").available_bytes is None
+
+
+def test_system_memory_on_this_machine():
+    mem = system_memory()
+    if mem.total_bytes is not None:
+        assert mem.total_bytes > 0 and 0 <= mem.available_bytes <= mem.total_bytes
+
+
+def test_gpu_memory_is_unknown_unless_shared():
+    assert gpu_memory("IntegratedGPU").shared and gpu_memory("CPU").shared
+    discrete = gpu_memory(AdapterInfo(0, "GPU", "Vulkan", "DiscreteGPU", "", [], {}))
+    assert discrete.total_bytes is None and not discrete.shared and "does not report" in discrete.note
+    assert memfit.system_memory is system_memory  # re-exported for callers of memfit
