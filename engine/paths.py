@@ -17,7 +17,8 @@ def data_dir() -> Path:
         return Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local") / APP_NAME
     if sys.platform == "darwin":
         return Path.home() / "Library" / "Application Support" / APP_NAME
-    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / APP_NAME.lower()
+    # The same folder Qt's QStandardPaths.AppLocalDataLocation gives the app (application name APP_NAME).
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / APP_NAME
 
 
 def models_dir() -> Path:

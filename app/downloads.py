@@ -1,0 +1,95 @@
+"""Downloads on their own QThread (network, never the GPU): Hub models through engine.hub, the demo through
+engine.demo. Progress leaves as plain dicts; cancel() is called directly from the GUI thread."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+from app.errors import describe_error
+
+log = logging.getLogger("zerotvm.app")
+
+
+class DownloadWorker(QObject):
+    progress = Signal(dict)  # key, file, done, total, speed, eta_s, files_done, files_total
+    finished = Signal(str, str)  # key, path to load
+    cancelled = Signal(str)
+    failed = Signal(str, str, str)  # key, title, message
+
+    def __init__(self):
+        super().__init__()
+        self._cancel = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancel.set()
+
+    @Slot(dict, str)
+    def start(self, entry: dict, models_dir: str) -> None:
+        """Download a catalog entry (as CatalogEntry.to_dict()) into the models folder."""
+        from engine.catalog import CatalogEntry, install_dir
+
+        self._cancel.clear()
+        e = CatalogEntry(**entry)
+        folder = install_dir(e, models_dir or None)
+        try:
+            if e.is_demo:
+                path = self._demo(e, folder)
+            else:
+                path = self._hub(e, folder)
+            self.finished.emit(e.key, str(path))
+        except Exception as err:
+            from engine.hub.errors import DownloadCancelled
+
+            if isinstance(err, DownloadCancelled):
+                self.cancelled.emit(e.key)
+                return
+            log.exception("download of %s failed", e.key)
+            self.failed.emit(e.key, *describe_error(err, what=f"download {e.name}"))
+
+    def _demo(self, e, folder):
+        from engine import demo
+        from engine.hub.errors import DownloadCancelled
+
+        started, last = time.monotonic(), [0.0]
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if self._cancel.is_set():
+                raise DownloadCancelled(f"download of {e.name} cancelled")
+            now = time.monotonic()
+            if now - last[0] < 0.1 and done < total:
+                return
+            last[0] = now
+            speed = done / max(now - started, 1e-6)
+            self.progress.emit({"key": e.key, "file": f"{demo.FILE_NAME} ({stage})", "done": done, "total": total,
+                                "speed": speed, "eta_s": (total - done) / speed if speed else None,
+                                "files_done": 0, "files_total": 1})
+
+        return demo.install_demo(folder, on_progress=progress)
+
+    def _hub(self, e, folder):
+        from engine.hub.download import download_model
+
+        def progress(p) -> None:
+            self.progress.emit({"key": e.key, "file": p.file, "done": p.done, "total": p.total, "speed": p.speed,
+                                "eta_s": p.eta_s, "files_done": p.files_done, "files_total": p.files_total})
+
+        return download_model(e.repo, e.revision or "main", folder, files=e.files, on_progress=progress,
+                              cancel=self._cancel)
+
+
+class DownloadThread:
+    def __init__(self):
+        self.thread = QThread()
+        self.thread.setObjectName("downloads")
+        self.worker = DownloadWorker()
+        self.worker.moveToThread(self.thread)
+        self.thread.start()
+
+    def close(self, timeout_ms: int = 10000) -> bool:
+        self.worker.cancel()
+        self.thread.quit()
+        return self.thread.wait(timeout_ms)

@@ -1,0 +1,107 @@
+"""`zerotvm-chat` / `python -m app`: start the desktop app, or `--self-test` without a window."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+PREFS_FILE = "app.json"
+STORE_FILE = "chats.sqlite3"
+
+
+def parse_args(argv: list[str] | None):
+    p = argparse.ArgumentParser(prog="zerotvm-chat", description="Zero-TVM Desktop: private LLM chat on your GPU")
+    p.add_argument("--self-test", action="store_true",
+                   help="load the demo model without a window, answer one question, print it and exit")
+    p.add_argument("--data-dir", help="keep chats, settings and models here instead of the per-user folder")
+    p.add_argument("--no-auto-setup", action="store_true", help="do not load or install a model at start")
+    args, qt_args = p.parse_known_args(argv)
+    return args, qt_args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, qt_args = parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # Mesa's Vulkan warns loudly without it
+    if args.data_dir:
+        os.environ["ZEROTVM_HOME"] = str(Path(args.data_dir).resolve())
+    from app.errors import setup_logging
+    from engine.paths import data_dir
+
+    setup_logging(data_dir() / "logs")
+    if args.self_test:
+        from app.self_test import run_self_test
+
+        return run_self_test()
+    return run_app(qt_args, auto_setup=not args.no_auto_setup)
+
+
+def run_app(qt_args: list[str], auto_setup: bool = True) -> int:
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    from app.prefs import load_prefs
+    from app.store import ConversationStore, StoreError
+    from app.theme import apply_theme
+    from app.window import MainWindow
+    from engine.paths import data_dir
+    from engine.settings import load_settings
+
+    app = QApplication.instance() or QApplication(["zerotvm-chat", *qt_args])
+    app.setApplicationName("ZeroTVM")
+    app.setApplicationDisplayName("Zero-TVM")
+    data = data_dir()
+    prefs_path = data / PREFS_FILE
+    prefs = load_prefs(prefs_path)
+    if prefs.models_dir:
+        os.environ["ZEROTVM_MODELS"] = prefs.models_dir
+    apply_theme(app, prefs.theme)
+    try:
+        store = ConversationStore(data / STORE_FILE)
+    except StoreError as e:
+        QMessageBox.critical(None, "Cannot open your chats", f"{e}\n\nNothing was changed.")
+        return 1
+    window = MainWindow(store, load_settings(), prefs, prefs_path, _adapters(), TokenStore(), auto_setup)
+    window.show()
+    if store.recovered is not None:
+        window.show_error("Chat history was damaged", f"{store.recovered}\n\nA fresh chat history was started; "
+                          "the damaged file was kept.")
+    try:
+        return app.exec()
+    finally:
+        store.close()
+
+
+def _adapters() -> list[str]:
+    try:
+        from engine.gpu import list_adapters
+
+        return [a.summary() for a in list_adapters()]
+    except Exception:  # the worker reports GPU problems when it loads a model
+        return []
+
+
+class TokenStore:
+    """The settings dialog's view of the Hugging Face token in the system keyring."""
+
+    def has_token(self) -> bool:
+        try:
+            from engine.hub.token import get_token
+
+            return bool(get_token())
+        except Exception:
+            return False
+
+    def set(self, token: str) -> None:
+        from engine.hub.token import set_token
+
+        set_token(token)
+
+    def clear(self) -> None:
+        from engine.hub.token import clear_token
+
+        clear_token()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

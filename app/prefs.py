@@ -1,0 +1,57 @@
+"""App preferences that are not chat settings (those live in engine/settings.py, shared with `zerotvm chat`)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+THEMES = ("system", "light", "dark")
+
+
+@dataclass
+class AppPrefs:
+    theme: str = "system"
+    adapter: str = ""  # "" = automatic; else an adapter index or name (ZEROTVM_ADAPTER semantics)
+    models_dir: str = ""  # "" = the default models folder
+    offline: bool = False  # forbid all network use (no downloads)
+    context: int = 0  # context window to load models with; 0 = the model's default
+    last_model: str = ""  # catalog key or local path loaded last time
+
+    def validate(self) -> None:
+        if self.theme not in THEMES:
+            raise ValueError(f"theme must be one of {THEMES}")
+        if not isinstance(self.context, int) or self.context < 0:
+            raise ValueError("context must be a non-negative integer")
+
+
+def load_prefs(path: Path) -> AppPrefs:
+    """Each bad or missing value falls back to its default; an unreadable file is kept aside as .bad."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return AppPrefs()
+    except (OSError, ValueError):
+        try:
+            os.replace(path, path.with_name(path.name + ".bad"))
+        except OSError:
+            pass
+        return AppPrefs()
+    prefs = AppPrefs()
+    for f in fields(AppPrefs):
+        if isinstance(data, dict) and f.name in data and type(data[f.name]) is type(getattr(prefs, f.name)):
+            candidate = AppPrefs(**{**asdict(prefs), f.name: data[f.name]})
+            try:
+                candidate.validate()
+            except ValueError:
+                continue
+            prefs = candidate
+    return prefs
+
+
+def save_prefs(prefs: AppPrefs, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(asdict(prefs), indent=2), encoding="utf-8")
+    os.replace(tmp, path)

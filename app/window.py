@@ -1,0 +1,663 @@
+"""The main window: model picker with download/load progress, conversation sidebar, chat, input, status."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QPlainTextEdit,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.chat_view import ChatView
+from app.downloads import DownloadThread
+from app.model_list import ModelRow, model_rows
+from app.prefs import AppPrefs, save_prefs
+from app.store import ConversationStore
+from app.worker import WorkerThread
+from engine.sampling import SamplingParams
+from engine.settings import save_settings, settings_to_dict
+
+log = logging.getLogger("zerotvm.app")
+ADD_LOCAL = "__add_local__"
+SAVE_EVERY_S = 0.5  # how often a streaming reply is written to the database
+
+
+class InputBox(QPlainTextEdit):
+    """Enter sends, Shift+Enter starts a new line."""
+
+    submitted = Signal()
+
+    def keyPressEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        shift = event.modifiers() & Qt.KeyboardModifier.ShiftModifier
+        if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not shift:
+            self.submitted.emit()
+            return
+        super().keyPressEvent(event)
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.1f} MB"
+
+
+def _eta(seconds) -> str:
+    if seconds is None:
+        return "—"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+
+class MainWindow(QMainWindow):
+    request_load = Signal(str, int)
+    request_reply = Signal(int, list, dict)
+    request_unload = Signal()
+    request_download = Signal(dict, str)
+
+    def __init__(self, store: ConversationStore, settings, prefs: AppPrefs, prefs_path: Path,
+                 adapters: list[str], token_store=None, auto_setup: bool = True):
+        super().__init__()
+        self.setWindowTitle("Zero-TVM")
+        self.store, self.settings, self.prefs, self.prefs_path = store, settings, prefs, prefs_path
+        self.adapters, self.token_store = adapters, token_store
+        self.engine = WorkerThread(prefs.adapter or None)
+        self.downloads = DownloadThread()
+        self.rows: list[ModelRow] = []
+        self.facts: dict | None = None  # the loaded model
+        self.loading_key: str | None = None
+        self.downloading_key: str | None = None
+        self.conv_id: int | None = None
+        self.request = 0  # id of the reply streaming now (0 = none)
+        self._reply_widget = None
+        self._reply_msg_id: int | None = None
+        self._reply_text = ["", ""]  # thinking, answer
+        self._last_save = 0.0
+        self._build()
+        self._connect()
+        self.refresh_models()
+        self.refresh_conversations()
+        if auto_setup:
+            self.auto_setup()
+
+    # ---- layout ---------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        top = QHBoxLayout()
+        self.picker = QComboBox()
+        self.picker.setAccessibleName("Model")
+        self.picker.setMinimumWidth(420)
+        self.action = QPushButton("Load")
+        self.action.setAccessibleName("Download, load or unload the selected model")
+        self.settings_button = QPushButton("Settings")
+        self.settings_button.setAccessibleName("Settings")
+        top.addWidget(QLabel("Model:"))
+        top.addWidget(self.picker, 1)
+        top.addWidget(self.action)
+        top.addWidget(self.settings_button)
+
+        progress_row = QHBoxLayout()
+        self.progress = QProgressBar()
+        self.progress.setAccessibleName("Progress")
+        self.progress_label = QLabel()
+        self.cancel = QPushButton("Cancel")
+        self.cancel.setAccessibleName("Cancel the download or load")
+        progress_row.addWidget(self.progress, 2)
+        progress_row.addWidget(self.progress_label, 3)
+        progress_row.addWidget(self.cancel)
+        self.progress_box = QWidget()
+        self.progress_box.setLayout(progress_row)
+        self.progress_box.hide()
+
+        sidebar = QWidget()
+        side = QVBoxLayout(sidebar)
+        self.new_chat = QPushButton("New chat")
+        self.new_chat.setAccessibleName("New chat")
+        self.new_chat.setShortcut(QKeySequence.StandardKey.New)
+        self.conversations = QListWidget()
+        self.conversations.setAccessibleName("Conversations")
+        self.conversations.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        side.addWidget(self.new_chat)
+        side.addWidget(self.conversations, 1)
+
+        chat = QWidget()
+        right = QVBoxLayout(chat)
+        self.chat = ChatView()
+        self.input = InputBox()
+        self.input.setAccessibleName("Message")
+        self.input.setPlaceholderText("Message (Enter sends, Shift+Enter for a new line)")
+        self.input.setFixedHeight(80)
+        self.send = QPushButton("Send")
+        self.send.setAccessibleName("Send the message")
+        row = QHBoxLayout()
+        row.addWidget(self.input, 1)
+        row.addWidget(self.send)
+        right.addWidget(self.chat, 1)
+        right.addLayout(row)
+
+        split = QSplitter()
+        split.addWidget(sidebar)
+        split.addWidget(chat)
+        split.setStretchFactor(1, 1)
+        split.setSizes([220, 780])
+
+        central = QWidget()
+        column = QVBoxLayout(central)
+        column.addLayout(top)
+        column.addWidget(self.progress_box)
+        column.addWidget(split, 1)
+        self.setCentralWidget(central)
+        self.status = QLabel("No model loaded")
+        self.status.setAccessibleName("Status")
+        self.statusBar().addWidget(self.status, 1)
+        self.resize(1100, 760)
+
+        shortcuts = (("Rename chat", "F2", self.rename_chat),
+                     ("Delete chat", QKeySequence.StandardKey.Delete, self.delete_chat))
+        for name, keys, slot in shortcuts:
+            act = QAction(name, self.conversations)
+            act.setShortcut(keys)
+            act.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
+            act.triggered.connect(slot)
+            self.conversations.addAction(act)
+
+    def _connect(self) -> None:
+        w, d = self.engine.worker, self.downloads.worker
+        self.request_load.connect(w.load)
+        self.request_reply.connect(w.reply)
+        self.request_unload.connect(w.unload)
+        self.request_download.connect(d.start)
+        w.load_progress.connect(self.on_load_progress)
+        w.loaded.connect(self.on_loaded)
+        w.unloaded.connect(self.on_unloaded)
+        w.reply_delta.connect(self.on_delta)
+        w.reply_done.connect(self.on_reply_done)
+        w.failed.connect(self.on_failed)
+        d.progress.connect(self.on_download_progress)
+        d.finished.connect(self.on_downloaded)
+        d.cancelled.connect(self.on_download_cancelled)
+        d.failed.connect(self.on_download_failed)
+        self.picker.currentIndexChanged.connect(self.on_pick)
+        self.action.clicked.connect(self.on_action)
+        self.cancel.clicked.connect(self.on_cancel)
+        self.settings_button.clicked.connect(self.open_settings)
+        self.new_chat.clicked.connect(self.start_new_chat)
+        self.conversations.currentItemChanged.connect(self.on_conversation_selected)
+        self.conversations.customContextMenuRequested.connect(self.conversation_menu)
+        self.input.submitted.connect(self.on_send)
+        self.send.clicked.connect(self.on_send)
+        self.chat.edit_requested.connect(self.edit_message)
+        self.chat.regenerate_requested.connect(self.regenerate)
+
+    # ---- models ---------------------------------------------------------------------------------------
+    def models_dir(self) -> Path | None:
+        return Path(self.prefs.models_dir) if self.prefs.models_dir else None
+
+    def refresh_models(self, select: str | None = None) -> None:
+        current = select or (self.selected().entry.key if self.selected() else self.prefs.last_model)
+        self.rows = model_rows(self.models_dir(), self.prefs.context)
+        self.picker.blockSignals(True)
+        self.picker.clear()
+        for row in self.rows:
+            self.picker.addItem(row.label, row.entry.key)
+            if row.fit is not None:
+                self.picker.setItemData(self.picker.count() - 1, row.fit.message, Qt.ItemDataRole.ToolTipRole)
+        self.picker.addItem("Add local model…", ADD_LOCAL)
+        found = self.picker.findData(current)
+        self.picker.setCurrentIndex(max(found, 0))
+        self.picker.blockSignals(False)
+        self.update_action()
+
+    def selected(self) -> ModelRow | None:
+        key = self.picker.currentData()
+        return next((r for r in self.rows if r.entry.key == key), None)
+
+    def row(self, key: str) -> ModelRow | None:
+        return next((r for r in self.rows if r.entry.key == key), None)
+
+    def update_action(self) -> None:
+        row = self.selected()
+        busy = self.downloading_key is not None or self.loading_key is not None
+        if row is None:
+            self.action.setText("Load")
+            self.action.setEnabled(False)
+            return
+        loaded = self.facts is not None and self.facts.get("key") == row.entry.key
+        text = "Unload" if loaded else "Load" if row.installed else "Download"
+        self.action.setText(text)
+        self.action.setEnabled(not busy and (row.entry.runs or not row.installed) and self.request == 0)
+        self.action.setToolTip("" if row.entry.runs else row.entry.runs_reason or "")
+
+    def on_pick(self, _index: int) -> None:
+        if self.picker.currentData() == ADD_LOCAL:
+            self.add_local_model()
+        self.update_action()
+
+    def add_local_model(self) -> None:
+        from engine.catalog import add_local
+
+        path, _ = QFileDialog.getOpenFileName(self, "Add a GGUF model", "", "GGUF models (*.gguf);;All files (*)")
+        if not path:
+            path = QFileDialog.getExistingDirectory(self, "…or a model folder (MLC q4f16_1)")
+        if not path:
+            self.refresh_models()
+            return
+        try:
+            entry = add_local(path)
+        except Exception as e:
+            self.show_error(*_describe(e, "add the model"))
+            self.refresh_models()
+            return
+        self.refresh_models(select=entry.key)
+
+    def on_action(self) -> None:
+        row = self.selected()
+        if row is None:
+            return
+        if self.facts is not None and self.facts.get("key") == row.entry.key:
+            self.request_unload.emit()
+        elif row.installed:
+            self.load(row)
+        else:
+            self.download(row)
+
+    def download(self, row: ModelRow) -> None:
+        from engine.hub.offline import offline_reason
+
+        if self.prefs.offline or offline_reason():
+            self.show_error("Offline mode is on", "Downloads are off in offline mode. Turn it off in Settings "
+                            "to download models.")
+            return
+        self.downloading_key = row.entry.key
+        self.show_progress(f"Downloading {row.entry.name}…", 0, 0)
+        self.request_download.emit(row.entry.to_dict(), str(self.models_dir() or ""))
+        self.update_action()
+
+    def load(self, row: ModelRow, confirm: bool = True) -> None:
+        fit = row.fit
+        if confirm and fit is not None and (fit.verdict in ("tight", "wont_fit") or fit.ram_warning):
+            box = QMessageBox(QMessageBox.Icon.Warning, "Memory is tight",
+                              f"{row.entry.name} may not fit on this computer.\n\n{fit.message}", parent=self)
+            load_anyway = box.addButton("Load anyway", QMessageBox.ButtonRole.AcceptRole)
+            box.addButton(QMessageBox.StandardButton.Cancel)
+            box.exec()
+            if box.clickedButton() is not load_anyway:
+                return
+        self.loading_key = row.entry.key
+        self.show_progress(f"Loading {row.entry.name}…", 0, 0)
+        self.request_load.emit(str(row.load_path), self.prefs.context)
+        self.update_action()
+
+    def auto_setup(self) -> None:
+        """Load the last model; with none installed, set up the demo model by itself (with progress)."""
+        installed = [r for r in self.rows if r.installed and r.entry.runs]
+        last = self.row(self.prefs.last_model)
+        if last is not None and last in installed:
+            choice = last
+        elif installed:
+            choice = next((r for r in installed if not r.entry.is_demo), installed[0])
+        else:
+            demo = next((r for r in self.rows if r.entry.is_demo), None)
+            if demo is not None:
+                self.picker.setCurrentIndex(self.picker.findData(demo.entry.key))
+                self.download(demo)
+            return
+        self.picker.setCurrentIndex(self.picker.findData(choice.entry.key))
+        self.load(choice, confirm=False)
+
+    # ---- progress --------------------------------------------------------------------------------------
+    def show_progress(self, text: str, done: float, total: float) -> None:
+        self.progress_box.show()
+        self.progress_label.setText(text)
+        if total > 0:
+            self.progress.setRange(0, 1000)
+            self.progress.setValue(int(1000 * done / total))
+        else:
+            self.progress.setRange(0, 0)  # busy indicator until the size is known
+
+    def hide_progress(self) -> None:
+        self.progress_box.hide()
+
+    def on_cancel(self) -> None:
+        if self.downloading_key:
+            self.downloads.worker.cancel()
+        elif self.loading_key:
+            self.engine.worker.stop()
+
+    def on_download_progress(self, p: dict) -> None:
+        files = f" · file {p['files_done'] + 1}/{p['files_total']}" if p.get("files_total", 1) > 1 else ""
+        speed = f" · {_size(p['speed'])}/s · ETA {_eta(p.get('eta_s'))}" if p.get("speed") else ""
+        self.show_progress(f"{p['file']}: {_size(p['done'])} of {_size(p['total'])}{files}{speed}",
+                           p["done"], p["total"])
+
+    def on_downloaded(self, key: str, _path: str) -> None:
+        self.downloading_key = None
+        self.hide_progress()
+        self.refresh_models(select=key)
+        row = self.row(key)
+        if row is not None and row.installed and row.entry.runs and self.facts is None:
+            self.load(row)
+
+    def on_download_cancelled(self, key: str) -> None:
+        self.downloading_key = None
+        self.hide_progress()
+        self.status.setText("Download cancelled; it resumes where it stopped next time.")
+        self.refresh_models(select=key)
+
+    def on_download_failed(self, key: str, title: str, message: str) -> None:
+        self.downloading_key = None
+        self.hide_progress()
+        self.refresh_models(select=key)
+        self.show_error(title, message)
+
+    def on_load_progress(self, part: int, parts: int, done: float, total: float) -> None:
+        name = self.row(self.loading_key).entry.name if self.row(self.loading_key or "") else "model"
+        self.show_progress(f"Loading {name}: {_size(done)} of {_size(total)} ({part + 1}/{parts})", done, total)
+
+    def on_loaded(self, facts: dict) -> None:
+        facts["key"] = self.loading_key
+        self.facts, self.loading_key = facts, None
+        self.hide_progress()
+        self.prefs.last_model = facts["key"] or ""
+        save_prefs(self.prefs, self.prefs_path)
+        row = self.row(facts["key"] or "")
+        name = row.entry.name if row else facts["name"]
+        self.facts["title"] = name
+        self.status.setText(f"{name} · context {facts['context']} tokens · loaded in {facts['load_seconds']:.1f} s"
+                            f" · {facts['adapter']}")
+        self.update_action()
+        self.input.setFocus()
+
+    def on_unloaded(self) -> None:
+        self.facts, self.loading_key = None, None
+        self.hide_progress()
+        self.status.setText("No model loaded")
+        self.update_action()
+
+    # ---- conversations ------------------------------------------------------------------------------------
+    def refresh_conversations(self) -> None:
+        self.conversations.blockSignals(True)
+        self.conversations.clear()
+        for c in self.store.list_conversations():
+            item = QListWidgetItem(c["title"])
+            item.setData(Qt.ItemDataRole.UserRole, c["id"])
+            item.setToolTip(f"{c['message_count']} messages")
+            self.conversations.addItem(item)
+            if c["id"] == self.conv_id:
+                self.conversations.setCurrentItem(item)
+        self.conversations.blockSignals(False)
+
+    def on_conversation_selected(self, item, _previous=None) -> None:
+        if item is None or self.request:
+            return
+        self.show_conversation(item.data(Qt.ItemDataRole.UserRole))
+
+    def show_conversation(self, conv_id: int | None) -> None:
+        self.conv_id = conv_id
+        self.chat.clear()
+        if conv_id is None:
+            return
+        for m in self.store.message_rows(conv_id):
+            widget = self.chat.add(m["role"], self._author(m), m["content"], m["thinking"])
+            if m["stats"]:
+                widget.set_status(_stats_text(m["stats"]))
+        self.chat.set_idle(True)
+
+    def _author(self, m: dict) -> str:
+        return "You" if m["role"] == "user" else (m.get("model") or "Assistant")
+
+    def start_new_chat(self) -> None:
+        if self.request:
+            return
+        self.show_conversation(None)
+        self.conversations.clearSelection()
+        self.input.setFocus()
+
+    def current_item(self) -> QListWidgetItem | None:
+        return self.conversations.currentItem()
+
+    def rename_chat(self) -> None:
+        item = self.current_item()
+        if item is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=item.text())
+        if ok and title.strip():
+            self.store.rename(item.data(Qt.ItemDataRole.UserRole), title)
+            self.refresh_conversations()
+
+    def delete_chat(self) -> None:
+        item = self.current_item()
+        if item is None or self.request:
+            return
+        answer = QMessageBox.question(self, "Delete chat", f"Delete “{item.text()}”? This cannot be undone.")
+        if answer == QMessageBox.StandardButton.Yes:
+            conv = item.data(Qt.ItemDataRole.UserRole)
+            self.store.delete(conv)
+            if conv == self.conv_id:
+                self.show_conversation(None)
+            self.refresh_conversations()
+
+    def export_chat(self, kind: str) -> None:
+        item = self.current_item()
+        if item is None:
+            return
+        suffix = ".md" if kind == "markdown" else ".json"
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", item.text() + suffix,
+                                              "Markdown (*.md)" if suffix == ".md" else "JSON (*.json)")
+        if path:
+            if not path.endswith(suffix):
+                path += suffix
+            self.store.export(item.data(Qt.ItemDataRole.UserRole), path)
+
+    def conversation_menu(self, pos) -> None:
+        if self.current_item() is None:
+            return
+        menu = QMenu(self)
+        menu.addAction("Rename…", self.rename_chat)
+        menu.addAction("Export as Markdown…", lambda: self.export_chat("markdown"))
+        menu.addAction("Export as JSON…", lambda: self.export_chat("json"))
+        menu.addSeparator()
+        menu.addAction("Delete", self.delete_chat)
+        menu.exec(self.conversations.mapToGlobal(pos))
+
+    # ---- chatting ----------------------------------------------------------------------------------------
+    def on_send(self) -> None:
+        if self.request:
+            self.stop()
+            return
+        text = self.input.toPlainText().strip()
+        if not text:
+            return
+        if self.facts is None:
+            self.show_error("No model loaded", "Pick a model and load it (or wait until it has loaded), then send "
+                            "your message again. Your text stays in the box.")
+            return
+        if self.conv_id is None:
+            self.conv_id = self.store.create_conversation(model=self.facts.get("title"))
+        self.store.add_message(self.conv_id, "user", text)  # committed before anything else happens
+        self.input.clear()
+        self.chat.add("user", "You", text)
+        self.refresh_conversations()
+        self.start_reply()
+
+    def start_reply(self) -> None:
+        messages = self.store.messages(self.conv_id)
+        name = self.facts.get("title", "Assistant")
+        self._reply_msg_id = self.store.add_message(self.conv_id, "assistant", "", model=name)
+        self._reply_widget = self.chat.add("assistant", name)
+        self._reply_widget.set_status("thinking…")
+        self._reply_text = ["", ""]
+        self.request += 1
+        self.chat.set_idle(False)
+        self.set_busy(True)
+        self.request_reply.emit(self.request, messages, settings_to_dict(self.settings))
+
+    def on_delta(self, request: int, thinking: str, answer: str) -> None:
+        if request != self.request or self._reply_widget is None:
+            return  # a stopped reply's late tokens
+        self._reply_text[0] += thinking
+        self._reply_text[1] += answer
+        self._reply_widget.append(thinking, answer)
+        self._reply_widget.set_status("")
+        if time.monotonic() - self._last_save > SAVE_EVERY_S:
+            self._save_reply()
+
+    def _save_reply(self, stats: dict | None = None) -> None:
+        if self._reply_msg_id is not None:
+            self.store.update_message(self._reply_msg_id, self._reply_text[1], self._reply_text[0], stats)
+            self._last_save = time.monotonic()
+
+    def on_reply_done(self, request: int, stats: dict) -> None:
+        if request != self.request:
+            return
+        self.finish_reply(stats)
+
+    def finish_reply(self, stats: dict) -> None:
+        self._save_reply(stats)
+        if self._reply_widget is not None:
+            self._reply_widget.set_status(_stats_text(stats))
+        if stats.get("tokens"):
+            self.status.setText(f"{self.facts.get('title', '') if self.facts else ''} · {_stats_text(stats)}")
+        self._reply_widget, self._reply_msg_id = None, None
+        self.request = 0
+        self.set_busy(False)
+        self.chat.set_idle(True)
+        self.refresh_conversations()
+
+    def stop(self) -> None:
+        """Stop now: the worker sees the event at its next token; the UI does not wait for it."""
+        if not self.request:
+            return
+        self.engine.worker.stop()
+        self.finish_reply({"finish_reason": "stopped", "tokens": len(self._reply_text[1]) and None})
+
+    def regenerate(self) -> None:
+        if self.request or self.conv_id is None or self.facts is None:
+            return
+        rows = self.store.message_rows(self.conv_id)
+        last_user = max((i for i, m in enumerate(rows) if m["role"] == "user"), default=None)
+        if last_user is None:
+            return
+        self.store.truncate_after(self.conv_id, rows[last_user]["position"])
+        self.chat.truncate(last_user + 1)
+        self.start_reply()
+
+    def edit_message(self, index: int, text: str) -> None:
+        if self.request or self.conv_id is None:
+            return
+        if self.facts is None:
+            self.show_error("No model loaded", "Load a model to answer the edited message.")
+            return
+        rows = self.store.message_rows(self.conv_id)
+        msg = rows[index]
+        self.store.update_message(msg["id"], content=text)
+        self.store.truncate_after(self.conv_id, msg["position"])
+        self.chat.truncate(index + 1)
+        self.chat.messages[index].set_content(text)
+        self.start_reply()
+
+    def on_failed(self, request: int, title: str, message: str) -> None:
+        if request == 0:  # a load
+            self.loading_key = None
+            self.hide_progress()
+            self.update_action()
+        elif request == self.request:
+            if not self._reply_text[1] and not self._reply_text[0] and self._reply_msg_id is not None:
+                rows = self.store.message_rows(self.conv_id)
+                self.store.truncate_after(self.conv_id, rows[-1]["position"] - 1)  # drop the empty reply
+                self.chat.truncate(len(self.chat.messages) - 1)
+                self._reply_widget, self._reply_msg_id = None, None
+            self.finish_reply({"finish_reason": "error"})
+        else:
+            return
+        self.show_error(title, message)
+
+    def set_busy(self, busy: bool) -> None:
+        self.send.setText("Stop" if busy else "Send")
+        self.send.setAccessibleName("Stop the answer" if busy else "Send the message")
+        self.new_chat.setEnabled(not busy)
+        self.conversations.setEnabled(not busy)
+        self.update_action()
+
+    # ---- settings, errors, closing ---------------------------------------------------------------------------
+    def open_settings(self) -> None:
+        from app.settings_dialog import SettingsDialog
+
+        defaults = SamplingParams(**self.facts["sampling"]) if self.facts else SamplingParams()
+        dialog = SettingsDialog(self.settings, self.prefs, defaults, self.adapters, self.token_store, self)
+        if not dialog.exec():
+            return
+        old = self.prefs
+        self.settings, self.prefs = dialog.result_settings(), dialog.result_prefs()
+        save_settings(self.settings)
+        save_prefs(self.prefs, self.prefs_path)
+        action, token = dialog.token_change()
+        if self.token_store is not None and action != "keep":
+            try:
+                self.token_store.set(token) if action == "set" else self.token_store.clear()
+            except Exception as e:
+                self.show_error(*_describe(e, "save the token"))
+        if self.prefs.theme != old.theme:
+            from PySide6.QtWidgets import QApplication
+
+            from app.theme import apply_theme
+
+            apply_theme(QApplication.instance(), self.prefs.theme)
+        if (self.prefs.models_dir, self.prefs.context) != (old.models_dir, old.context):
+            self.refresh_models()
+        if self.prefs.adapter != old.adapter:
+            self.status.setText("The GPU choice applies the next time Zero-TVM starts.")
+
+    def show_error(self, title: str, message: str) -> None:
+        log.warning("%s: %s", title, message)
+        box = QMessageBox(QMessageBox.Icon.Warning, title, message, parent=self)
+        box.setAccessibleName(title)
+        box.open()  # not exec(): tests and the event loop keep running
+        self.last_error = (title, message)
+
+    def closeEvent(self, event) -> None:  # noqa: N802
+        try:
+            if self.request:
+                self.stop()
+            self.prefs = replace(self.prefs)
+            save_prefs(self.prefs, self.prefs_path)
+        finally:
+            self.downloads.close()
+            self.engine.close()
+        super().closeEvent(event)
+
+
+def _stats_text(stats: dict) -> str:
+    reason = stats.get("finish_reason")
+    if reason == "stopped":
+        return "stopped"
+    if reason == "error" or not stats.get("tokens"):
+        return reason or ""
+    dropped = f" · {stats['dropped_turns']} oldest messages left out" if stats.get("dropped_turns") else ""
+    return (f"{stats['tokens']} tokens · {stats.get('tps', 0):.1f} tok/s · first token "
+            f"{1000 * stats.get('ttft', 0):.0f} ms · context {stats.get('context_used')}/{stats.get('context_limit')}"
+            f"{dropped}")
+
+
+def _describe(e: Exception, what: str) -> tuple[str, str]:
+    from app.errors import describe_error
+
+    return describe_error(e, what)

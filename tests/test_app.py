@@ -1,0 +1,212 @@
+"""The desktop app driven like a person would (pytest-qt, offscreen Qt, lavapipe, the real demo model)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit, QListWidget, QPlainTextEdit
+
+from app.prefs import AppPrefs
+from app.store import ConversationStore
+from app.window import MainWindow
+from engine import demo
+from engine.sampling import SamplingParams
+from engine.session import ChatSettings
+from tests.fixtures_demo import demo_gguf
+
+LOAD_MS = 120_000
+REPLY_MS = 120_000
+
+
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """A fresh data folder whose models folder holds the demo model (a link to the test cache)."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / demo.FILE_NAME).symlink_to(demo_gguf())
+    monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
+    monkeypatch.setenv("ZEROTVM_MODELS", str(models))
+    return tmp_path
+
+
+def open_window(qtbot, data_dir, settings=None, auto_setup=True) -> MainWindow:
+    store = ConversationStore(data_dir / "chats.sqlite3")
+    settings = settings or ChatSettings(max_tokens=12, sampling=SamplingParams(), seed=0)
+    window = MainWindow(store, settings, AppPrefs(context=512), data_dir / "app.json", [], None, auto_setup)
+    qtbot.addWidget(window)
+    window.show()
+    return window
+
+
+def wait_loaded(qtbot, window):
+    qtbot.waitUntil(lambda: window.facts is not None, timeout=LOAD_MS)
+
+
+def send(qtbot, window, text):
+    window.input.setPlainText(text)
+    qtbot.keyClick(window.input, Qt.Key.Key_Return)
+
+
+def wait_idle(qtbot, window):
+    qtbot.waitUntil(lambda: window.request == 0, timeout=REPLY_MS)
+
+
+@pytest.fixture
+def window(qtbot, data_dir):
+    w = open_window(qtbot, data_dir)
+    wait_loaded(qtbot, w)
+    yield w
+    w.close()
+
+
+def test_first_launch_loads_the_demo_and_answers(qtbot, window):
+    assert window.facts["key"] == "smollm2-135m-demo" or "SmolLM2" in window.facts["title"]
+    send(qtbot, window, "What is the capital of France?")
+    assert window.send.text() == "Stop"  # streaming: the button turns into Stop
+    wait_idle(qtbot, window)
+    reply = window.chat.messages[-1]
+    assert "Paris" in reply.answer
+    assert "tok/s" in reply.status.text() and "context" in window.status.text()
+    stored = window.store.messages(window.conv_id)
+    assert [m["role"] for m in stored] == ["user", "assistant"] and stored[1]["content"] == reply.answer
+    assert window.conversations.count() == 1 and "capital of France" in window.conversations.item(0).text()
+
+
+def test_stop_regenerate_edit_and_new_chat(qtbot, window):
+    window.settings = ChatSettings(max_tokens=200, sampling=SamplingParams(temperature=0.8), seed=1)
+    send(qtbot, window, "Tell me a long story about a dragon.")
+    qtbot.waitUntil(lambda: bool(window.chat.messages[-1].answer), timeout=REPLY_MS)
+    window.send.click()  # Stop
+    assert window.request == 0 and window.send.text() == "Send"  # the UI stops at once, not at the worker's pace
+    partial = window.chat.messages[-1].answer
+    assert window.store.messages(window.conv_id)[-1]["content"] == partial
+    assert window.chat.messages[-1].status.text() == "stopped"
+
+    window.settings = ChatSettings(max_tokens=8, sampling=SamplingParams(temperature=0.8), seed=None)
+    window.chat.messages[-1].action.click()  # Regenerate
+    wait_idle(qtbot, window)
+    assert len(window.store.messages(window.conv_id)) == 2
+
+    user = window.chat.messages[0]
+    user.action.click()  # Edit
+    user._editor.setPlainText("What is the capital of Italy?")
+    user._save_edit()
+    wait_idle(qtbot, window)
+    stored = window.store.messages(window.conv_id)
+    assert stored[0]["content"] == "What is the capital of Italy?" and len(stored) == 2
+
+    first = window.conv_id
+    window.new_chat.click()
+    assert window.chat.messages == [] and window.conv_id is None
+    send(qtbot, window, "Hello!")
+    wait_idle(qtbot, window)
+    assert window.conv_id != first and window.conversations.count() == 2
+
+
+def test_chats_survive_a_restart(qtbot, data_dir):
+    w = open_window(qtbot, data_dir)
+    wait_loaded(qtbot, w)
+    send(qtbot, w, "First chat")
+    wait_idle(qtbot, w)
+    w.new_chat.click()
+    send(qtbot, w, "Second chat")
+    wait_idle(qtbot, w)
+    w.close()
+    again = open_window(qtbot, data_dir, auto_setup=False)
+    titles = [again.conversations.item(i).text() for i in range(again.conversations.count())]
+    assert titles == ["Second chat", "First chat"]
+    again.conversations.setCurrentRow(1)
+    assert [m.answer for m in again.chat.messages][0] == "First chat" and len(again.chat.messages) == 2
+    again.close()
+
+
+def test_corrupt_model_shows_a_plain_error(qtbot, data_dir, monkeypatch):
+    import shutil
+
+    from engine.catalog import add_local
+
+    bad = data_dir / "broken.gguf"
+    shutil.copyfile(demo_gguf(), bad)
+    add_local(bad)
+    with open(bad, "r+b") as f:  # damaged on disk after it was added
+        f.truncate(3_000_000)
+    w = open_window(qtbot, data_dir, auto_setup=False)
+    shown = []
+    monkeypatch.setattr(w, "show_error", lambda title, message: shown.append((title, message)))
+    w.picker.setCurrentIndex(w.picker.findData(next(r.entry.key for r in w.rows if r.entry.is_local)))
+    w.action.click()
+    qtbot.waitUntil(lambda: bool(shown), timeout=LOAD_MS)
+    title, message = shown[0]
+    assert title == "Model files are damaged or unsupported" and "broken.gguf" in message
+    assert "Traceback" not in message and w.facts is None
+    w.close()
+
+
+def unnamed_controls(root) -> list:
+    """Visible interactive controls a screen reader could not name (a spin box's inner line edit is the box)."""
+    kinds = (QAbstractButton, QComboBox, QLineEdit, QPlainTextEdit, QAbstractSpinBox, QListWidget)
+    return [c for kind in kinds for c in root.findChildren(kind)
+            if c.isVisible() and not isinstance(c.parent(), QAbstractSpinBox)
+            and not (c.accessibleName() or (isinstance(c, QAbstractButton) and c.text()))]
+
+
+def test_every_control_has_an_accessible_name(qtbot, data_dir):
+    w = open_window(qtbot, data_dir, auto_setup=False)
+    w.chat.add("user", "You", "hi")
+    w.chat.add("assistant", "Model", "```python\nprint(1)\n```", thinking="hmm")
+    assert unnamed_controls(w) == []
+    from app.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(w.settings, w.prefs, SamplingParams(), ["[0] test gpu"], None, w)
+    dialog.show()
+    assert unnamed_controls(dialog) == []
+    dialog.close()
+    w.close()
+
+
+def test_settings_dialog_round_trips(qtbot, data_dir):
+    from app.settings_dialog import SettingsDialog
+
+    settings = ChatSettings(system="Be brief.", thinking=False, max_tokens=300, context_policy="drop_oldest",
+                            sampling=SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05), seed=42)
+    prefs = AppPrefs(theme="dark", context=4096, offline=True)
+    dialog = SettingsDialog(settings, prefs, SamplingParams(), [], None)
+    qtbot.addWidget(dialog)
+    assert dialog.result_settings() == settings and dialog.result_prefs() == prefs
+    dialog.use_defaults.setChecked(True)
+    dialog.seed.setValue(-1)
+    assert dialog.result_settings().sampling is None and dialog.result_settings().seed is None
+
+
+def test_engine_imports_without_qt():
+    code = ("import sys; sys.modules['PySide6'] = None\n"
+            "import engine, engine.model, engine.session, engine.cli, engine.catalog, engine.memfit, engine.settings\n"
+            "assert 'PySide6' not in [m for m in sys.modules if sys.modules[m] is not None]\nprint('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_signals_do_not_leak_references():
+    """PySide6 6.12.0 released True once per signal emit, crashing Python < 3.12 at exit (pinned out)."""
+    from PySide6.QtCore import QObject, Signal
+
+    class Emitter(QObject):
+        sig = Signal(dict)
+
+    e = Emitter()
+    got = []
+    e.sig.connect(got.append)
+    before = sys.getrefcount(True)
+    for _ in range(200):
+        e.sig.emit({"n": 1})
+    assert len(got) == 200 and sys.getrefcount(True) >= before - 5
+
+
+def test_self_test_command(data_dir):
+    env = dict(os.environ)
+    out = subprocess.run([sys.executable, "-m", "app", "--self-test"], capture_output=True, text=True, env=env,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "Paris" in out.stdout
