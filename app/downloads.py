@@ -77,8 +77,12 @@ class DownloadWorker(QObject):
             self.progress.emit({"key": e.key, "file": p.file, "done": p.done, "total": p.total, "speed": p.speed,
                                 "eta_s": p.eta_s, "files_done": p.files_done, "files_total": p.files_total})
 
-        return download_model(e.repo, e.revision or "main", folder, files=e.files, on_progress=progress,
+        from engine.catalog import write_generation_defaults
+
+        path = download_model(e.repo, e.revision or "main", folder, files=e.files, on_progress=progress,
                               cancel=self._cancel)
+        write_generation_defaults(e, path)
+        return path
 
 
 class DownloadThread:

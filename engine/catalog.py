@@ -293,3 +293,20 @@ def supported_runtime(fmt: str, model_type: str) -> str | None:
     if model_type not in SUPPORTED:
         return f"model_type {model_type!r} is not supported yet (supported: {', '.join(SUPPORTED)})."
     return None
+
+
+def write_generation_defaults(e: CatalogEntry, folder: Path) -> Path | None:
+    """Give a downloaded model folder the catalog's sampling defaults as a generation_config.json when the repo
+    ships none (MLC builds do not), so the model samples as its card recommends instead of greedily."""
+    target = Path(folder) / "generation_config.json"
+    if not e.generation or target.exists() or not Path(folder).is_dir():
+        return None
+    gen = dict(e.generation)
+    sampled = gen.get("temperature", 0) > 0
+    payload = {"do_sample": sampled, **gen, "_source": "zerotvm catalog: " + e.generation_source}
+    if not sampled:
+        payload.pop("temperature", None)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2), encoding="utf-8")
+    os.replace(tmp, target)
+    return target

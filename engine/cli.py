@@ -218,6 +218,130 @@ def cmd_install_demo(args) -> None:
     print(f"installed {demo.TITLE}: {path}")
 
 
+def _bytes(n: float | None) -> str:
+    if not n:
+        return "?"
+    return f"{n / 1e9:.2f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
+def cmd_models(args) -> None:
+    """The catalog and local models: installed state, download size and memory fit on this machine."""
+    from engine.catalog import all_models, install_dir
+    from engine.memfit import check_fit, gpu_memory
+
+    try:
+        from engine.gpu import pick_adapter
+
+        gpu = gpu_memory(pick_adapter())
+    except ZeroTVMError:
+        gpu = gpu_memory(None)
+    rows = []
+    for e in all_models():
+        folder = install_dir(e)
+        if e.is_demo:
+            from engine import demo
+
+            state = "installed" if demo.is_installed(folder) else "-"
+        elif e.is_local:
+            state = "local" if folder.exists() else "missing"
+        else:
+            from engine.hub.state import is_installed, staging_dir
+
+            state = "installed" if is_installed(folder) else "partial" if staging_dir(folder).exists() else "-"
+        context = args.context or e.default_context
+        fit = check_fit(e, context, shared_memory=gpu.shared)
+        rows.append({"key": e.key, "name": e.name, "size": e.total_bytes, "state": state, "runs": e.runs,
+                     "context": context, "fit": fit.verdict, "fit_message": fit.message,
+                     "ram_warning": bool(fit.ram_warning), "path": str(folder)})
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return
+    print(f"{'key':28s} {'size':>9s}  {'state':10s} {'context':>7s}  fit")
+    for r in rows:
+        runs = "" if r["runs"] else "  (not runnable yet)"
+        print(f"{r['key']:28s} {_bytes(r['size']):>9s}  {r['state']:10s} {r['context']:7d}  {r['fit']}{runs}")
+        if args.verbose or r["fit"] in ("tight", "wont_fit") or r["ram_warning"]:
+            print(f"    {r['fit_message']}")
+
+
+def cmd_download(args) -> None:
+    import threading
+
+    from engine.catalog import all_models, install_dir, write_generation_defaults
+    from engine.hub.download import default_dest, download_model
+    from engine.hub.errors import DownloadCancelled
+
+    entry = next((e for e in all_models() if e.key == args.model), None)
+    if entry is not None and entry.is_local:
+        raise ZeroTVMError(f"{args.model} is a local model; there is nothing to download")
+    if entry is not None and entry.is_demo:
+        cmd_install_demo(args)
+        return
+    if entry is None and "/" not in args.model:
+        keys = ", ".join(e.key for e in all_models() if not e.is_local)
+        raise ZeroTVMError(f"no catalog model {args.model!r}; use a key ({keys}) or a Hugging Face repo id")
+    repo = entry.repo if entry else args.model
+    revision = args.revision or (entry.revision if entry else None) or "main"
+    dest = install_dir(entry) if entry else default_dest(repo)
+    cancel = threading.Event()
+
+    def progress(p) -> None:
+        eta = f" ETA {int(p.eta_s) // 60}:{int(p.eta_s) % 60:02d}" if p.eta_s is not None else ""
+        speed = f" {p.speed / 1e6:6.1f} MB/s" if p.speed else ""
+        print(f"\r[{p.files_done}/{p.files_total}] {p.file[-40:]:40s} {_bytes(p.done):>9s}/{_bytes(p.total)}"
+              f"{speed}{eta}   ", end="", file=sys.stderr, flush=True)
+
+    try:
+        path = download_model(repo, revision, dest, files=entry.files if entry else None, on_progress=progress,
+                              cancel=cancel)
+    except KeyboardInterrupt:
+        cancel.set()
+        print("\ncancelled; run the same command again to resume", file=sys.stderr)
+        return
+    except DownloadCancelled:
+        print("\ncancelled; run the same command again to resume", file=sys.stderr)
+        return
+    print(file=sys.stderr)
+    if entry is not None:
+        write_generation_defaults(entry, path)
+    print(f"installed {entry.name if entry else repo} (verified): {path}")
+
+
+def cmd_remove(args) -> None:
+    from engine import demo
+    from engine.catalog import all_models, install_dir, remove_local
+    from engine.hub.state import remove_model
+
+    entry = next((e for e in all_models() if e.key == args.model), None)
+    if entry is None:
+        raise ZeroTVMError(f"no model {args.model!r}; `zerotvm models` lists the keys")
+    if entry.is_local:
+        remove_local(entry.key)
+        print(f"forgot {entry.name} (its files at {entry.path} were left alone)")
+    elif entry.is_demo:
+        demo.demo_path(install_dir(entry)).unlink(missing_ok=True)
+        print(f"removed {entry.name}")
+    else:
+        remove_model(install_dir(entry))
+        print(f"removed {entry.name} from {install_dir(entry)}")
+
+
+def cmd_token(args) -> None:
+    from engine.hub.token import clear_token, get_token, set_token
+
+    if args.action == "set":
+        import getpass
+
+        token = args.token or getpass.getpass("Hugging Face token (input hidden): ")
+        set_token(token)
+        print("token saved in the system keyring")
+    elif args.action == "clear":
+        clear_token()
+        print("token removed from the system keyring")
+    else:
+        print("a token is saved in the system keyring" if get_token() else "no token saved")
+
+
 def cmd_prompt(args) -> None:
     from engine.chat import load_messages
     from engine.tokenizer import load_tokenizer
@@ -287,6 +411,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("install-demo", help="set up the small offline demo model (SmolLM2-135M-Instruct, ~98 MB)")
     s.set_defaults(func=cmd_install_demo)
+
+    s = sub.add_parser("models", help="the model catalog: sizes, installed state and memory fit on this machine")
+    s.add_argument("--context", type=int, help="context length for the fit estimate (default: each model's)")
+    s.add_argument("--json", action="store_true")
+    s.add_argument("-v", "--verbose", action="store_true", help="explain every fit verdict")
+    s.set_defaults(func=cmd_models)
+
+    s = sub.add_parser("download", help="download a catalog model (key) or a Hugging Face repo; resumable, verified")
+    s.add_argument("model", help="catalog key (see `zerotvm models`) or owner/repo")
+    s.add_argument("--revision", help="branch, tag or commit (default: the catalog's pinned commit, else main)")
+    s.set_defaults(func=cmd_download)
+
+    s = sub.add_parser("remove", help="delete a downloaded model (local models are only forgotten)")
+    s.add_argument("model", help="catalog key")
+    s.set_defaults(func=cmd_remove)
+
+    s = sub.add_parser("token", help="the Hugging Face token in the system keyring (for gated repos)")
+    s.add_argument("action", choices=["set", "clear", "status"])
+    s.add_argument("token", nargs="?", help="the token (prompted for, hidden, when left out)")
+    s.set_defaults(func=cmd_token)
 
     s = sub.add_parser("prompt", help="render a chat with the model's own template; print its token ids as JSON")
     s.add_argument("model", help="model folder (tokenizer files and configs are enough) or .gguf file")

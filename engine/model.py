@@ -47,8 +47,14 @@ class Model:
 def load_model(path: str | Path, gpu: Gpu | None = None, max_context: int | None = None,
                on_progress: ProgressFn | None = None, **runtime_options) -> Model:
     """Load an MLC q4f16_1 folder or a .gguf file; runtime_options go to DenseTransformer
-    (prefill_chunk, split_keys)."""
-    path = Path(path)
+    (prefill_chunk, split_keys). Reads local files only: no network call is made (or allowed) on this path."""
+    from engine.hub.offline import no_network
+
+    with no_network():
+        return _load(Path(path), gpu, max_context, on_progress, runtime_options)
+
+
+def _load(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
     if path.suffix.lower() == ".gguf":
         return _load_gguf(path, gpu, max_context, on_progress, runtime_options)
     from engine.formats.mlc import MlcCheckpoint

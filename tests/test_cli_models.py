@@ -1,0 +1,82 @@
+"""`zerotvm models / download / remove / token` end to end against the local test hub, and the offline
+promise: once installed, loading and generating open no connection at all."""
+
+import json
+
+import pytest
+
+from engine import catalog
+from engine.cli import main as cli_main
+from engine.model import load_model
+from engine.sampling import SamplingParams
+from tests.net_guard import no_connections
+from tests.test_hub import hub, memory_keyring  # noqa: F401 (fixtures)
+from tests.tiny_models import cached_tiny_hf
+
+KEY = "tiny-qwen3-test"
+REPO = "zerotvm-tests/tiny-qwen3-q4f16_1-MLC"
+
+
+@pytest.fixture
+def tiny_repo(hub, tmp_path, monkeypatch):  # noqa: F811
+    """The hub serves a tiny Qwen3 MLC build; the catalog (a test copy) lists it under KEY."""
+    build = tmp_path / "build"
+    assert cli_main(["convert", str(cached_tiny_hf("qwen3")), str(build)]) == 0
+    # Like the real MLC repos, without a generation_config.json.
+    files = {p.name: p.read_bytes() for p in build.iterdir() if p.is_file() and p.name != "generation_config.json"}
+    hub.add_repo(REPO, files)
+    raw = json.loads(catalog.catalog_path().read_text())
+    base = next(m for m in raw["models"] if m["architecture"] == "qwen3")
+    raw["models"].append({**base, "key": KEY, "name": "Tiny Qwen3 (test)", "repo": REPO, "revision": None,
+                          "files": ["*"], "total_bytes": sum(map(len, files.values()))})
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(raw))
+    monkeypatch.setattr(catalog, "catalog_path", lambda: path)
+    monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ZEROTVM_MODELS", str(tmp_path / "models"))
+    return tmp_path / "models" / KEY
+
+
+def test_download_list_generate_offline_and_remove(gpu, tiny_repo, capsys):
+    assert cli_main(["models", "--json"]) == 0
+    before = {r["key"]: r for r in json.loads(capsys.readouterr().out)}
+    assert before[KEY]["state"] == "-" and before["qwen3-4b-q4f16_1"]["fit"] in ("ok", "tight", "wont_fit", "unknown")
+
+    assert cli_main(["download", KEY]) == 0
+    assert "(verified)" in capsys.readouterr().out
+    gen = json.loads((tiny_repo / "generation_config.json").read_text())
+    assert gen["do_sample"] and gen["temperature"] == 0.6 and gen["top_k"] == 20  # the catalog's defaults
+
+    assert cli_main(["models", "--json"]) == 0
+    after = {r["key"]: r for r in json.loads(capsys.readouterr().out)}
+    assert after[KEY]["state"] == "installed"
+
+    with no_connections(allow_loopback=False) as attempts:  # not even the local hub
+        model = load_model(tiny_repo, gpu=gpu, max_context=128)
+        assert model.default_sampling.temperature == 0.6
+        out = list(model.generate([5, 6, 7], max_tokens=6, sampling=SamplingParams()))
+    assert attempts == [] and len(out) == 6
+
+    assert cli_main(["remove", KEY]) == 0
+    assert not tiny_repo.exists()
+
+
+def test_download_errors_are_plain(tiny_repo, capsys, monkeypatch):
+    assert cli_main(["download", "no-such-key"]) == 2
+    assert "no catalog model 'no-such-key'" in capsys.readouterr().err
+    assert cli_main(["download", "zerotvm-tests/missing-repo"]) == 2
+    assert "no repo zerotvm-tests/missing-repo" in capsys.readouterr().err
+    monkeypatch.setenv("ZEROTVM_OFFLINE", "1")
+    assert cli_main(["download", KEY]) == 2
+    assert "offline mode is on" in capsys.readouterr().err
+
+
+def test_token_commands_use_the_keyring(memory_keyring, capsys):  # noqa: F811
+    assert cli_main(["token", "status"]) == 0 and "no token" in capsys.readouterr().out
+    assert cli_main(["token", "set", "hf_secret123"]) == 0
+    out = capsys.readouterr()
+    assert "hf_secret123" not in out.out + out.err
+    assert memory_keyring.passwords[("zerotvm", "huggingface-token")] == "hf_secret123"
+    assert cli_main(["token", "status"]) == 0 and "saved" in capsys.readouterr().out
+    assert cli_main(["token", "clear"]) == 0
+    assert memory_keyring.passwords == {}
