@@ -15,6 +15,8 @@ from engine import demo
 from engine.sampling import SamplingParams
 from engine.session import ChatSettings
 from tests.fixtures_demo import demo_gguf
+from tests.test_cli_models import tiny_repo  # noqa: F401 (fixture)
+from tests.test_hub import hub, memory_keyring  # noqa: F401 (fixtures)
 
 LOAD_MS = 120_000
 REPLY_MS = 120_000
@@ -210,3 +212,31 @@ def test_self_test_command(data_dir):
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Paris" in out.stdout
+
+
+def test_download_flow_progress_cancel_resume_then_selectable(qtbot, tiny_repo, hub, monkeypatch):  # noqa: F811
+    from tests.test_cli_models import KEY
+
+    home = tiny_repo.parent.parent / "home"
+    w = open_window(qtbot, home, auto_setup=False)
+    seen = []
+    w.downloads.worker.progress.connect(lambda p: seen.append(p))  # noqa: PLW0108 (runs in the GUI thread)
+    w.picker.setCurrentIndex(w.picker.findData(KEY))
+    assert w.action.text() == "Download"
+    hub.faults.chunk_delay_s = 0.3  # slow enough to press Cancel mid-file
+    w.action.click()
+    qtbot.waitUntil(lambda: w.progress_box.isVisible() and "of" in w.progress_label.text(), timeout=20_000)
+    w.cancel.click()
+    qtbot.waitUntil(lambda: w.downloading_key is None, timeout=20_000)
+    assert not w.selected().installed and w.action.text() == "Download"
+    assert "resumes" in w.status.text()
+
+    hub.faults.chunk_delay_s = 0
+    w.action.click()
+    qtbot.waitUntil(lambda: w.downloading_key is None, timeout=60_000)
+    row = w.row(KEY)
+    assert row.installed  # verified, so it is selectable and loads
+    assert any(p["total"] > 0 and p["done"] > 0 for p in seen)
+    qtbot.waitUntil(lambda: w.facts is not None, timeout=LOAD_MS)  # a finished download loads by itself
+    assert w.action.text() == "Unload"
+    w.close()

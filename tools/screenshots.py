@@ -1,0 +1,83 @@
+"""Screenshots of the app's main states for the README, taken from the real window (run under Xvfb):
+
+    xvfb-run -a -s "-screen 0 1280x900x24" python3 tools/screenshots.py docs/
+
+Uses a throwaway data folder with the demo model (installed if missing) and real replies from it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+
+def main(out: Path) -> None:
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.prefs import AppPrefs
+    from app.settings_dialog import SettingsDialog
+    from app.store import ConversationStore
+    from app.theme import apply_theme
+    from app.window import MainWindow
+    from engine import demo
+    from engine.sampling import SamplingParams
+    from engine.session import ChatSettings
+
+    home = Path(tempfile.mkdtemp(prefix="zerotvm-shots-"))
+    models = home / "models"
+    models.mkdir()
+    (models / demo.FILE_NAME).symlink_to(demo.install_demo())
+    os.environ["ZEROTVM_HOME"], os.environ["ZEROTVM_MODELS"] = str(home), str(models)
+    app = QApplication(["zerotvm-chat"])
+    app.setApplicationName("ZeroTVM")
+    apply_theme(app, "light")
+    out.mkdir(parents=True, exist_ok=True)
+
+    def wait(condition, ms=300_000):
+        loop = QEventLoop()
+        timer = QTimer()
+        timer.timeout.connect(lambda: condition() and loop.quit())
+        timer.start(50)
+        QTimer.singleShot(ms, loop.quit)
+        loop.exec()
+        timer.stop()
+
+    def shot(widget, name):
+        wait(lambda: False, 300)  # let layouts settle
+        widget.grab().save(str(out / name))
+        print("wrote", out / name)
+
+    store = ConversationStore(home / "chats.sqlite3")
+    settings = ChatSettings(max_tokens=160, sampling=SamplingParams(temperature=0.3, top_p=0.9), seed=7)
+    w = MainWindow(store, settings, AppPrefs(context=2048), home / "app.json", ["[0] this machine's GPU"], None)
+    w.resize(1200, 800)
+    w.show()
+    wait(lambda: w.facts is not None)
+    shot(w, "screenshot-empty.png")
+    for question in ("What is the capital of France?", "Write a Python function that reverses a string."):
+        w.input.setPlainText(question)
+        w.on_send()
+        wait(lambda: w.request == 0)
+    shot(w, "screenshot-chat.png")
+    w.on_download_progress({"key": "qwen3-4b-q4f16_1", "file": "params_shard_12.bin", "done": 914_000_000,
+                            "total": 2_285_014_203, "speed": 48_300_000, "eta_s": 28, "files_done": 12,
+                            "files_total": 71})
+    w.picker.setCurrentIndex(w.picker.findData("qwen3-4b-q4f16_1"))
+    shot(w, "screenshot-downloading.png")
+    w.hide_progress()
+    dialog = SettingsDialog(w.settings, w.prefs, SamplingParams(), ["[0] this machine's GPU"], None, w)
+    dialog.show()
+    shot(dialog, "screenshot-settings.png")
+    dialog.close()
+    w.close()
+    store.close()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs"))
