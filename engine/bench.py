@@ -1,7 +1,9 @@
 """`zerotvm bench`: random q4f16_1 weights of a real model's shapes, built in memory, timed on this GPU.
 
-Reports decode tok/s (after a prompt), prefill tok/s, time to first token, dispatches per token,
-achieved weight-read GB/s and, from the same run, the GPU's buffer-copy bandwidth as the ceiling.
+Reports decode tok/s (after a prompt), prefill tok/s at two prompt lengths, time to first token, dispatches
+per token, host µs per dispatch, achieved weight-read GB/s and, from the same run, two bandwidth ceilings:
+wgpu's buffer copy and a vec4 copy kernel. With `timestamps`, also the GPU-busy fraction of decode
+(pass timestamps; off by default because the queries themselves cost a little).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from engine.transformer import DenseTransformer, tensor_shapes
 SHAPES = {
     # name: dim, layers, heads, kv heads, head_dim, ffn, vocab, eps, theta, context, tied, qk_norm
     "phi3-mini": (3072, 32, 32, 32, 96, 8192, 32064, 1e-5, 10000.0, 4096, False, False),
+    "qwen3-4b": (2560, 36, 32, 8, 128, 9728, 151936, 1e-6, 1000000.0, 40960, True, True),
 }
 
 
@@ -78,6 +81,71 @@ def copy_bandwidth(gpu: Gpu, nbytes: int = 1 << 30, reps: int = 5) -> float:
     return 2 * nbytes / statistics.median(times[1:])
 
 
+def copy_kernel_bandwidth(gpu: Gpu, nbytes: int = 1 << 30, reps: int = 5) -> float:
+    """A vec4<u32> copy kernel's rate (read + write): what a compute shader can stream on this GPU."""
+    from engine.gpu import Recorder, fold_grid
+
+    nbytes = min(nbytes, gpu.max_binding // 256 * 256, gpu.limits["max-buffer-size"] // 2 // 256 * 256)
+    a, b = gpu.buffer("bwk-src", nbytes), gpu.buffer("bwk-dst", nbytes)
+    wg, per_thread = 256, 4  # each thread copies 4 vec4 (64 bytes)
+    groups = -(-nbytes // (16 * per_thread * wg))
+    grid = fold_grid(groups)
+    pipe = gpu.pipeline("copy", dict(WG=wg, PER_THREAD=per_thread, N4=nbytes // 16, GRID_X=grid[0]))
+    bg = gpu.bind(pipe, [a, b], "copy")
+    times = []
+    for _ in range(reps + 1):
+        rec = Recorder(gpu, "bw-kernel")
+        rec.dispatch(pipe, bg, *grid)
+        gpu.sync()
+        t = time.perf_counter()
+        rec.submit()
+        gpu.sync()
+        times.append(time.perf_counter() - t)
+    a.destroy()
+    b.destroy()
+    return 2 * nbytes / statistics.median(times[1:])
+
+
+def _gpu_busy(rt: DenseTransformer, prompt: np.ndarray, n: int = 64) -> dict:
+    """Decode `n` tokens one pass each with pass timestamps: GPU time per token and busy fraction of wall time."""
+    import wgpu
+
+    from engine.gpu import READBACK, Recorder
+
+    g = rt.gpu
+    if "timestamp-query" not in g.device.features:
+        return {"gpu_busy": None, "gpu_ms_per_token": None}
+    qs = g.device.create_query_set(label="decode-timestamps", type=wgpu.QueryType.timestamp, count=2 * n)
+    resolved = g.device.create_buffer(label="timestamps", size=16 * n,
+                                      usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+    out = g.buffer("timestamps-read", 16 * n, READBACK)
+    rt.reset()
+    rt.prefill(prompt)
+    rt.read_sampled(0)
+    t = time.perf_counter()
+    for j in range(n):
+        splits = rt._splits(rt.n_cached + 1)
+        rt._write_step(1, rt.n_cached, 1 + j, splits)
+        rec = Recorder(g, "decode-ts", {"query_set": qs, "beginning_of_pass_write_index": 2 * j,
+                                        "end_of_pass_write_index": 2 * j + 1})
+        rt._record_body(rec, 1, splits)
+        rt._record_sample(rec)
+        rec.submit()
+        rt.n_cached += 1
+    g.sync()
+    wall = time.perf_counter() - t
+    enc = g.device.create_command_encoder(label="resolve")
+    enc.resolve_query_set(qs, 0, 2 * n, resolved, 0)
+    enc.copy_buffer_to_buffer(resolved, 0, out, 0, 16 * n)
+    g.queue.submit([enc.finish()])
+    out.map_sync(mode=wgpu.MapMode.READ)
+    stamps = np.frombuffer(out.read_mapped(0, 16 * n), np.uint64).reshape(n, 2).astype(np.float64)
+    out.unmap()
+    busy_ns = float(np.sum(stamps[:, 1] - stamps[:, 0]))
+    return {"gpu_busy": round(busy_ns / 1e9 / wall, 3), "gpu_ms_per_token": round(busy_ns / n / 1e6, 3),
+            "wall_ms_per_token": round(wall / n * 1e3, 3)}
+
+
 def _timed_prefill(rt: DenseTransformer, ids: np.ndarray) -> float:
     rt.reset()
     t = time.perf_counter()
@@ -119,20 +187,26 @@ def _git_commit() -> str:
 
 
 def run_bench(shape: str = "phi3-mini", decode_tokens: int = 128, prompt_tokens: int = 512, runs: int = 5,
-              gpu: Gpu | None = None) -> dict:
+              gpu: Gpu | None = None, long_prompt: int = 2048, timestamps: bool = False) -> dict:
     gpu = gpu or Gpu()
     spec = shape_spec(shape)
     chunk = min(prompt_tokens, 512)
-    rt = DenseTransformer(gpu, spec, random_weights(spec), max_context=prompt_tokens + decode_tokens + 16,
+    longest = max(prompt_tokens, long_prompt)
+    rt = DenseTransformer(gpu, spec, random_weights(spec), max_context=longest + decode_tokens + 16,
                           prefill_chunk=chunk)
     rng = np.random.default_rng(1)
-    prompt = rng.integers(0, spec.vocab, prompt_tokens).astype(np.uint32)
+    prompt_all = rng.integers(0, spec.vocab, longest).astype(np.uint32)
+    prompt = prompt_all[:prompt_tokens]
     short = prompt[:35]
     _timed_decode(rt, prompt[:16], 8)  # warm up pipelines and caches
     decode = statistics.median(_timed_decode(rt, prompt, decode_tokens) for _ in range(runs))
     prefill = statistics.median(prompt_tokens / _timed_prefill(rt, prompt) for _ in range(runs))
+    prefill_long = statistics.median(long_prompt / _timed_prefill(rt, prompt_all[:long_prompt])
+                                     for _ in range(max(1, runs // 2))) if long_prompt else None
     ttft = statistics.median(_timed_prefill(rt, short) for _ in range(runs))
+    busy = _gpu_busy(rt, prompt) if timestamps else {}
     bw = copy_bandwidth(gpu)
+    bw_kernel = copy_kernel_bandwidth(gpu)
     per_token = weight_bytes_per_token(spec)
     host_us = _host_us_per_dispatch(rt)
     r = {
@@ -140,10 +214,13 @@ def run_bench(shape: str = "phi3-mini", decode_tokens: int = 128, prompt_tokens:
         "driver": gpu.info.driver, "commit": _git_commit(), "shape": shape,
         "subgroups": gpu.use_subgroups, "subgroup_size": gpu.subgroup_size,
         "decode_tok_s": round(decode, 1), "prefill_tok_s": round(prefill, 1), "prompt_tokens": prompt_tokens,
+        f"prefill_{long_prompt}_tok_s": round(prefill_long, 1) if prefill_long else None,
         "decode_tokens": decode_tokens, "ttft_35_ms": round(ttft * 1000, 1),
         "dispatches_per_token": rt.dispatches_per_token, "host_us_per_dispatch": round(host_us, 2),
         "weight_gb_per_token": round(per_token / 1e9, 3), "achieved_gb_s": round(decode * per_token / 1e9, 1),
-        "copy_bw_gb_s": round(bw / 1e9, 1), "ceiling_tok_s": round(bw / per_token, 1),
+        "copy_bw_gb_s": round(bw / 1e9, 1), "copy_kernel_bw_gb_s": round(bw_kernel / 1e9, 1),
+        "ceiling_tok_s": round(max(bw, bw_kernel) / per_token, 1),
+        "host_ms_per_token": round(host_us * rt.dispatches_per_token / 1000, 3), **busy,
     }
     r["pct_of_ceiling"] = round(100 * decode / r["ceiling_tok_s"], 1)
     r["table"] = "\n".join(f"{k:>22}: {v}" for k, v in r.items())

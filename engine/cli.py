@@ -356,7 +356,7 @@ def cmd_bench(args) -> None:
     from engine.bench import run_bench
 
     result = run_bench(args.shape, decode_tokens=args.decode_tokens, prompt_tokens=args.prompt_tokens,
-                       runs=args.runs)
+                       runs=args.runs, long_prompt=args.long_prompt_tokens, timestamps=args.timestamps)
     print(json.dumps(result, indent=2) if args.json else result["table"])
 
 
@@ -377,7 +377,10 @@ def _add_chat_args(s: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from engine import get_version
+
     p = argparse.ArgumentParser(prog="zerotvm", description="LLMs on hand-written WGSL kernels")
+    p.add_argument("--version", action="version", version=f"%(prog)s {get_version()}")
     p.add_argument("--adapter", help="GPU adapter index or name (or set ZEROTVM_ADAPTER)")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -440,9 +443,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_prompt)
 
     s = sub.add_parser("bench", help="benchmark a random-weight model of a real model's shapes")
-    s.add_argument("--shape", default="phi3-mini")
+    s.add_argument("--shape", default="phi3-mini", help="phi3-mini or qwen3-4b")
     s.add_argument("--decode-tokens", type=int, default=128)
     s.add_argument("--prompt-tokens", type=int, default=512)
+    s.add_argument("--long-prompt-tokens", type=int, default=2048, help="second prefill length (0 = skip)")
+    s.add_argument("--timestamps", action="store_true", help="also measure GPU-busy time with timestamp queries")
     s.add_argument("--runs", type=int, default=5)
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_bench)

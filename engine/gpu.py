@@ -219,10 +219,11 @@ def fold_grid(groups: int) -> tuple[int, int]:
 class Recorder:
     """Records dispatches into one compute pass and skips redundant set_pipeline calls."""
 
-    def __init__(self, gpu: Gpu, label: str):
+    def __init__(self, gpu: Gpu, label: str, timestamp_writes: dict | None = None):
+        """`timestamp_writes`: WebGPU's pass timestamps (query_set, beginning/end indices), for profiling only."""
         self.gpu = gpu
         self.encoder = gpu.device.create_command_encoder(label=label)
-        self.pass_ = self.encoder.begin_compute_pass(label=label)
+        self.pass_ = self.encoder.begin_compute_pass(label=label, timestamp_writes=timestamp_writes)
         self._pipe = None
         self.dispatches = 0
 
