@@ -319,3 +319,43 @@ def test_gemm_formats(gpu, rng, variant, T, K, N, gate_up):
     consts, grid = gemm_plan(K, N, T, gate_up=gate_up, **fmt)
     out = run_int4(gpu, "matmul_int4", consts, grid, x, w, s, (T, N), T)
     assert_close(out, reference_fmt(x, w, s, N, gate_up, fmt))
+
+
+@pytest.mark.parametrize("K,N,gate_up,offset", [(64, 37, False, 0.0), (3072, 70, False, 0.0), (96, 45, True, 0.0),
+                                                (256, 19, True, 1.0)])
+def test_matvec_norm(kernel_gpu, rng, K, N, gate_up, offset):
+    """Residual add + RMSNorm fused in front of the matvec: y = W·(v·rsqrt(mean v² + eps)·(w + offset)), v = r + d,
+    and workgroup 0 writes v back as the next residual."""
+    from engine.matmul import norm_matvec_plan
+
+    g, eps = kernel_gpu, 1e-5
+    q_weight, q_scale = random_q4(rng, 2 * N if gate_up else N, K)
+    r_in, delta = rng.standard_normal((2, K)).astype(np.float32)
+    norm_w = rng.uniform(0.5, 1.5, K).astype(np.float16)
+    consts, grid = norm_matvec_plan(K, N, eps, gate_up=gate_up)
+    y, r_out = poisoned(g, "y", (N,)), poisoned(g, "r_out", (K,))
+    pipe = g.pipeline("matvec_norm", consts)
+    if offset:  # the override of zero-centred norms (Qwen3.5), set at pipeline creation
+        from engine.shaders import build_source
+
+        module = g.device.create_shader_module(code=build_source("matvec_norm", consts, g))
+        pipe = g.device.create_compute_pipeline(layout="auto", compute={
+            "module": module, "entry_point": "main", "constants": {"NORM_OFFSET": offset}})
+    buffers = [g.upload("r", r_in), g.upload("w", q_weight), g.upload("s", q_scale), y, g.upload("d", delta),
+               g.upload("nw", norm_w), r_out]
+    from engine.gpu import Recorder
+
+    rec = Recorder(g, "norm-matvec")
+    rec.dispatch(pipe, g.bind(pipe, buffers, "norm-matvec"), *grid)
+    rec.submit()
+    v = r_in.astype(np.float64) + delta
+    x = v / np.sqrt(np.mean(v * v) + eps) * (norm_w.astype(np.float64) + offset)
+    assert_close(read(g, y, (N,)), reference(x, q_weight, q_scale, N, gate_up))
+    np.testing.assert_array_equal(read(g, r_out, (K,)), (r_in + delta).astype(np.float32))
+
+
+def test_norm_matvec_refuses_rows_too_long_for_workgroup_memory():
+    from engine.matmul import norm_matvec_plan
+
+    with pytest.raises(ValueError, match="workgroup memory"):
+        norm_matvec_plan(8192, 16, 1e-5)
