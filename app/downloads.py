@@ -64,7 +64,8 @@ class DownloadWorker(QObject):
                 return
             last[0] = now
             speed = done / max(now - started, 1e-6)
-            self.progress.emit({"key": e.key, "file": f"{demo.FILE_NAME} ({stage})", "done": done, "total": total,
+            self.progress.emit({"key": e.key, "file": f"{demo.FILE_NAME} ({stage})", "file_done": done,
+                                "file_total": total, "done": done, "total": total,
                                 "speed": speed, "eta_s": (total - done) / speed if speed else None,
                                 "files_done": 0, "files_total": 1})
 
@@ -74,8 +75,9 @@ class DownloadWorker(QObject):
         from engine.hub.download import download_model
 
         def progress(p) -> None:
-            self.progress.emit({"key": e.key, "file": p.file, "done": p.done, "total": p.total, "speed": p.speed,
-                                "eta_s": p.eta_s, "files_done": p.files_done, "files_total": p.files_total})
+            self.progress.emit({"key": e.key, "file": p.file, "file_done": p.file_done, "file_total": p.file_total,
+                                "done": p.done, "total": p.total, "speed": p.speed, "eta_s": p.eta_s,
+                                "files_done": p.files_done, "files_total": p.files_total})
 
         from engine.catalog import write_generation_defaults
 

@@ -170,6 +170,10 @@ class MainWindow(QMainWindow):
         self.statusBar().addWidget(self.status, 1)
         self.resize(1100, 760)
 
+        stop = QAction("Stop the answer", self)
+        stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
+        stop.triggered.connect(self.stop)
+        self.addAction(stop)
         shortcuts = (("Rename chat", "F2", self.rename_chat),
                      ("Delete chat", QKeySequence.StandardKey.Delete, self.delete_chat))
         for name, keys, slot in shortcuts:
@@ -343,9 +347,13 @@ class MainWindow(QMainWindow):
             self.engine.worker.stop()
 
     def on_download_progress(self, p: dict) -> None:
-        files = f" · file {p['files_done'] + 1}/{p['files_total']}" if p.get("files_total", 1) > 1 else ""
+        file = p["file"]
+        if p.get("file_total"):
+            file += f" {100 * p['file_done'] / p['file_total']:.0f}%"
+        files = f" · file {min(p['files_done'] + 1, p['files_total'])}/{p['files_total']}" \
+            if p.get("files_total", 1) > 1 else ""
         speed = f" · {_size(p['speed'])}/s · ETA {_eta(p.get('eta_s'))}" if p.get("speed") else ""
-        self.show_progress(f"{p['file']}: {_size(p['done'])} of {_size(p['total'])}{files}{speed}",
+        self.show_progress(f"{file} · {_size(p['done'])} of {_size(p['total'])}{files}{speed}",
                            p["done"], p["total"])
 
     def on_downloaded(self, key: str, _path: str) -> None:

@@ -65,7 +65,8 @@ def main(out: Path) -> None:
         w.on_send()
         wait(lambda: w.request == 0)
     shot(w, "screenshot-chat.png")
-    w.on_download_progress({"key": "qwen3-4b-q4f16_1", "file": "params_shard_12.bin", "done": 914_000_000,
+    w.on_download_progress({"key": "qwen3-4b-q4f16_1", "file": "params_shard_12.bin", "file_done": 21_000_000,
+                            "file_total": 33_000_000, "done": 914_000_000,
                             "total": 2_285_014_203, "speed": 48_300_000, "eta_s": 28, "files_done": 12,
                             "files_total": 71})
     w.picker.setCurrentIndex(w.picker.findData("qwen3-4b-q4f16_1"))
