@@ -38,8 +38,6 @@ FORMATS: dict[str, dict] = {
     "q4_1": dict(bits=4, zero=0, affine=True, group=32),  # GGUF: w = d·q + m
     "q8_0": dict(bits=8, zero=128, affine=False, group=32),  # GGUF int8 stored as q + 128: w = (u − 128)·d
     "f16": dict(bits=16, zero=0, affine=False, group=32),  # unquantized
-    "mlx4": dict(bits=4, zero=0, affine=True, group=64),  # MLX affine w = scale·q + bias (2/3-bit widened to 4)
-    "mlx8": dict(bits=8, zero=0, affine=True, group=64),  # MLX affine 8-bit (the MoE router; 5/6-bit widened)
 }
 
 
@@ -88,19 +86,6 @@ def matvec_plan(
         raise ValueError(f"WG must be a power of two (workgroup reduction) and ≥ ROWS; got WG={wg}, ROWS={rows}")
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, LAST_ROW=last_row, GATE_UP=gate_up, **fmt)
     return consts, fold_grid(-(-N // rows))
-
-
-NORM_X_BUDGET = 12288  # workgroup bytes matvec_norm may spend on the normalised row (the rest: reductions)
-
-
-def norm_matvec_plan(K: int, N: int, eps: float, gate_up: bool = False, rows: int = MATVEC_ROWS,
-                     wg: int = MATVEC_WG, **fmt) -> tuple[dict, tuple[int, int]]:
-    """Constants and grid for shaders/matvec_norm.wgsl (residual add + RMSNorm + matvec, decode only), or
-    ValueError when the row does not fit workgroup memory (the caller then keeps add_rms_norm separate)."""
-    if 4 * K > NORM_X_BUDGET:
-        raise ValueError(f"K={K}: the normalised row needs {4 * K} bytes of workgroup memory, over {NORM_X_BUDGET}")
-    consts, grid = matvec_plan(K, N, gate_up=gate_up, rows=rows, wg=wg, **fmt)
-    return {**consts, "EPS": float(eps)}, grid
 
 
 def gemm_plan(

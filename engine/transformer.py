@@ -14,16 +14,7 @@ import wgpu
 from engine.attention import attention_consts, qkv_fused_plan
 from engine.errors import ContextLimitError, ModelFormatError
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
-from engine.matmul import (
-    NORM_X_BUDGET,
-    embedding_pipeline,
-    embedding_plan,
-    format_knobs,
-    gemm_plan,
-    matvec_plan,
-    norm_matvec_plan,
-    packed_shapes,
-)
+from engine.matmul import embedding_pipeline, embedding_plan, format_knobs, gemm_plan, matvec_plan, packed_shapes
 from engine.models.base import DenseSpec
 from engine.sampling import GpuSampler, SamplingParams
 
@@ -70,11 +61,8 @@ def tensor_shapes(spec: DenseSpec, formats: dict[str, str] | None = None) -> dic
 class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
-                 formats: dict[str, str] | None = None, fuse_norm: bool = True):
+                 formats: dict[str, str] | None = None):
         self.gpu, self.spec = gpu, spec
-        # Decode folds each residual add + RMSNorm into the matvec that consumes it (when the row fits
-        # workgroup memory): two dispatches fewer per layer.
-        self.fuse_norm = fuse_norm and 4 * spec.dim <= NORM_X_BUDGET
         self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
         self.max_context = min(max_context or spec.context_length, spec.context_length)
@@ -157,12 +145,10 @@ class DenseTransformer:
             k, n, gu = self.mats[role]
             knobs = format_knobs(tag)
             if kind == "mv":
-                shader, consts = "matvec_int4", matvec_plan(k, n, gate_up=gu, last_row=role == "lm", **knobs)[0]
-            elif kind == "mvn":
-                shader, consts = "matvec_norm", norm_matvec_plan(k, n, float(self.spec.eps), gate_up=gu, **knobs)[0]
+                consts = matvec_plan(k, n, gate_up=gu, last_row=role == "lm", **knobs)[0]
             else:
-                shader, consts = "matmul_int4", gemm_plan(k, n, 1, gate_up=gu, **knobs)[0]
-            self.p[key] = self.gpu.pipeline(shader, consts)
+                consts = gemm_plan(k, n, 1, gate_up=gu, **knobs)[0]
+            self.p[key] = self.gpu.pipeline("matvec_int4" if kind == "mv" else "matmul_int4", consts)
         return self.p[key]
 
     # ---- pipelines and bind groups (built once) ---------------------------------------------
@@ -216,16 +202,8 @@ class DenseTransformer:
                     pipe = self._mat_pipeline(kind, name, tag)
                     b[f"{kind}_{name}"] = pipe, bind(pipe, [ins[name], *self._matrix(f"{c}.{name}"), outs[name], st],
                                                      f"{c}.{kind}_{name}")
-            if self.fuse_norm:  # decode: residual add + norm folded into the QKV (layers > 0) and gate_up matvecs
-                if i > 0:
-                    pipe = self._mat_pipeline("mvn", "qkv", self._fmt(f"{c}.qkv"))
-                    b["mvn_qkv"] = pipe, bind(pipe, [self.res[1], *self._matrix(f"{c}.qkv"), self.qkv, self.delta,
-                                                     w[f"{c}.attn_norm"], self.res[0]], f"{c}.mvn_qkv")
-                pipe = self._mat_pipeline("mvn", "gate_up", self._fmt(f"{c}.gate_up"))
-                b["mvn_gate_up"] = pipe, bind(pipe, [self.res[0], *self._matrix(f"{c}.gate_up"), self.ffn, self.delta,
-                                                     w[f"{c}.mlp_norm"], self.res[1]], f"{c}.mvn_gate_up")
             # The fused decode kernel reads q4f16_1 only and cannot see whole heads for q/k norms.
-            if self._fmt(f"{c}.qkv") == "q4f16_1" and not s.qk_norm and "mvn_qkv" not in b:
+            if self._fmt(f"{c}.qkv") == "q4f16_1" and not s.qk_norm:
                 if "qkv_fused" not in self.p:
                     self.p["qkv_fused"] = g.pipeline("qkv_rope_append", qkv_consts)
                 b["qkv_fused"] = bind(self.p["qkv_fused"], [self.hidden, *self._matrix(f"{c}.qkv"), self.q, kc, vc,
@@ -255,12 +233,8 @@ class DenseTransformer:
         decode = T == 1
         rec.dispatch(p["embed"], self.bg["embed"], self.embed_groups, T)
         rec.dispatch(p["norm0"], self.bg["norm0"], T)
-        layers = self.layer_bg
-        for i, b in enumerate(layers):
-            if decode and "mvn_qkv" in b:
-                rec.dispatch(*b["mvn_qkv"], *self.mv_grid["qkv"])
-                rec.dispatch(p["rope_append"], b["rope_append"], T, s.n_heads + 2 * s.n_kv_heads)
-            elif decode and "qkv_fused" in b:
+        for b in self.layer_bg:
+            if decode and "qkv_fused" in b:
                 rec.dispatch(p["qkv_fused"], b["qkv_fused"], *self.qkv_fused_grid)
             else:
                 self._mm(rec, b, "qkv", T)
@@ -271,14 +245,10 @@ class DenseTransformer:
             else:
                 rec.dispatch(p["attn"], b["attn"], s.n_heads, T, 1)
             self._mm(rec, b, "o", T)
-            if decode and "mvn_gate_up" in b:
-                rec.dispatch(*b["mvn_gate_up"], *self.mv_grid["gate_up"])
-            else:
-                rec.dispatch(p["add_norm"], b["add_norm1"], T)
-                self._mm(rec, b, "gate_up", T)
+            rec.dispatch(p["add_norm"], b["add_norm1"], T)
+            self._mm(rec, b, "gate_up", T)
             self._mm(rec, b, "down", T)
-            if not (decode and i + 1 < len(layers) and "mvn_qkv" in layers[i + 1]):
-                rec.dispatch(p["add_norm"], b["add_norm2"], T)  # else the next layer's QKV matvec does it
+            rec.dispatch(p["add_norm"], b["add_norm2"], T)
 
     def _mm(self, rec: Recorder, b: dict, name: str, T: int) -> None:
         if T == 1:
@@ -420,7 +390,5 @@ class DenseTransformer:
 
     def _count_decode_dispatches(self) -> int:
         """Dispatches in one greedy decode step without split attention (the sampler adds one)."""
-        rec = Recorder(self.gpu, "count")
-        self._record_body(rec, 1, 1)
-        rec.pass_.end()  # recorded, never submitted
-        return rec.dispatches + 2
+        per_layer = sum(7 if "qkv_fused" in b else 8 for b in self.layer_bg)
+        return 2 + per_layer + 2
