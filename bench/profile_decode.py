@@ -1,4 +1,4 @@
-"""Per-kernel GPU time of one decode token's dispatches (Phi-3-mini shapes, random weights).
+"""Per-kernel GPU time of one decode token's dispatches (a bench shape, default phi3-mini; random weights).
 
 Each kernel is dispatched N times in one compute pass and timed with a sync, so a figure includes the
 barrier between dependent dispatches. Run from the repo root: `python bench/profile_decode.py`.
@@ -22,7 +22,7 @@ CONTEXT = 600
 
 def main() -> None:
     g = Gpu()
-    spec = shape_spec("phi3-mini")
+    spec = shape_spec(sys.argv[1] if len(sys.argv) > 1 else "phi3-mini")
     rt = DenseTransformer(g, spec, random_weights(spec), max_context=1024, prefill_chunk=64)
     rt.reset()
     rt.prefill(np.arange(CONTEXT, dtype=np.uint32) % 1000)
@@ -31,11 +31,11 @@ def main() -> None:
     rt._write_step(1, CONTEXT, 1, splits)
     b, p, s = rt.layer_bg[0], rt.p, spec
     items = {
-        "qkv_fused": (p["qkv_fused"], b["qkv_fused"], rt.qkv_fused_grid),
+        "qkv_fused": (p["qkv_fused"], b["qkv_fused"], rt.qkv_fused_grid) if "qkv_fused" in b else None,
         f"attn_split{splits}": (p["attn_split"], b["attn_split"], (s.n_heads, 1, splits)),
         "combine": (p["combine"], rt.bg["combine"], (s.n_heads, 1)),
         "mv_qkv": (*b["mv_qkv"], rt.mv_grid["qkv"]),
-        "rope_append": (p["rope_append"], b["rope_append"], (1, 8)),
+        "rope_append": (p["rope_append"], b["rope_append"], (1, s.n_heads + 2 * s.n_kv_heads)),
         "mv_o": (*b["mv_o"], rt.mv_grid["o"]),
         "mv_gate_up": (*b["mv_gate_up"], rt.mv_grid["gate_up"]),
         "mv_down": (*b["mv_down"], rt.mv_grid["down"]),
@@ -44,7 +44,10 @@ def main() -> None:
         "argmax": (p["argmax"], rt.bg["argmax"], (1,)),
         "embed": (p["embed"], rt.bg["embed"], (rt.embed_groups, 1)),
     }
-    for name, (pipe, bg, grid) in items.items():
+    for name, item in items.items():
+        if item is None:
+            continue
+        pipe, bg, grid = item
         times = []
         for _ in range(3):
             rec = Recorder(g, "profile")

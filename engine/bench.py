@@ -187,13 +187,14 @@ def _git_commit() -> str:
 
 
 def run_bench(shape: str = "phi3-mini", decode_tokens: int = 128, prompt_tokens: int = 512, runs: int = 5,
-              gpu: Gpu | None = None, long_prompt: int = 2048, timestamps: bool = False) -> dict:
+              gpu: Gpu | None = None, long_prompt: int = 2048, timestamps: bool = False, **runtime_options) -> dict:
+    """One shape's numbers; runtime_options go to DenseTransformer (for A/B runs of a runtime switch)."""
     gpu = gpu or Gpu()
     spec = shape_spec(shape)
     chunk = min(prompt_tokens, 512)
     longest = max(prompt_tokens, long_prompt)
     rt = DenseTransformer(gpu, spec, random_weights(spec), max_context=longest + decode_tokens + 16,
-                          prefill_chunk=chunk)
+                          prefill_chunk=chunk, **runtime_options)
     rng = np.random.default_rng(1)
     prompt_all = rng.integers(0, spec.vocab, longest).astype(np.uint32)
     prompt = prompt_all[:prompt_tokens]
@@ -211,7 +212,7 @@ def run_bench(shape: str = "phi3-mini", decode_tokens: int = 128, prompt_tokens:
     host_us = _host_us_per_dispatch(rt)
     r = {
         "date": datetime.date.today().isoformat(), "gpu": gpu.info.name, "backend": gpu.info.backend,
-        "driver": gpu.info.driver, "commit": _git_commit(), "shape": shape,
+        "driver": gpu.info.driver, "commit": _git_commit(), "shape": shape, "options": runtime_options,
         "subgroups": gpu.use_subgroups, "subgroup_size": gpu.subgroup_size,
         "decode_tok_s": round(decode, 1), "prefill_tok_s": round(prefill, 1), "prompt_tokens": prompt_tokens,
         f"prefill_{long_prompt}_tok_s": round(prefill_long, 1) if prefill_long else None,

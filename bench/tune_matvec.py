@@ -1,0 +1,57 @@
+"""Decode matvec variants on this GPU: rows per workgroup × threads per workgroup, per real matrix shape.
+
+Each variant is dispatched N times in one pass (as bench/profile_decode.py does) and reported as µs per
+dispatch and GB/s of weight bytes read. Run from the repo root: `python3 bench/tune_matvec.py [shape]`.
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.bench import SHAPES  # noqa: E402
+from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
+from engine.matmul import matvec_plan  # noqa: E402
+
+N_REPS = 100
+VARIANTS = [(8, 64), (4, 64), (2, 64), (16, 64), (8, 128), (4, 128), (8, 256), (4, 256), (2, 256), (1, 256),
+            (2, 128), (1, 64)]
+
+
+def main(shape: str) -> None:
+    g = Gpu()
+    d, _, h, kvh, hd, ffn, vocab = SHAPES[shape][:7]
+    mats = {"qkv": (d, (h + 2 * kvh) * hd, False), "o": (h * hd, d, False), "gate_up": (d, ffn, True),
+            "down": (ffn, d, False), "lm": (d, vocab, False)}
+    rng = np.random.default_rng(0)
+    step = g.upload("step", np.array([1, 0, 0, 1], np.uint32), usage=UNIFORM)
+    for name, (k, n, gu) in mats.items():
+        rows = 2 * n if gu else n
+        w = g.upload("w", rng.integers(0, 2**32, (rows, k // 8), dtype=np.uint32))
+        s = g.upload("s", rng.uniform(0.001, 0.01, (rows, k // 32)).astype(np.float16))
+        x, y = g.upload("x", rng.standard_normal(k).astype(np.float32)), g.buffer("y", 4 * n)
+        nbytes = rows * k // 2 + rows * k // 32 * 2
+        line = []
+        for r, wg in VARIANTS:
+            consts, grid = matvec_plan(k, n, gate_up=gu, rows=r, wg=wg)
+            pipe = g.pipeline("matvec_int4", consts)
+            bg = g.bind(pipe, [x, w, s, y, step], "tune")
+            best = 1e9
+            for _ in range(3):
+                rec = Recorder(g, "tune")
+                for _ in range(N_REPS):
+                    rec.dispatch(pipe, bg, *grid)
+                g.sync()
+                t = time.perf_counter()
+                rec.submit()
+                g.sync()
+                best = min(best, (time.perf_counter() - t) / N_REPS)
+            line.append(f"{r}x{wg}: {best * 1e6:6.1f} us {nbytes / best / 1e9:6.0f} GB/s")
+        print(f"{name:8s} {n}x{k}{' gate_up' if gu else ''}\n    " + "\n    ".join(line), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "phi3-mini")
