@@ -24,7 +24,10 @@ from engine.gpu import fold_grid
 from engine.shaders import build_source
 
 MATVEC_WG = 64
-MATVEC_ROWS = 8  # outputs per workgroup: each thread keeps this many weight loads in flight
+# Weight rows per decode-matvec workgroup (gate_up reads two per output, so it takes half as many outputs).
+# 4 measured fastest on the H200 for every Phi-3 / Qwen3-4B matrix (bench/tune_matvec.py; BENCH.md): fewer
+# rows starve each thread of loads in flight, more rows spill registers and leave SMs idle.
+MATVEC_SLOTS = 4
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
 WORKGROUP_BYTES = 16384
@@ -38,6 +41,8 @@ FORMATS: dict[str, dict] = {
     "q4_1": dict(bits=4, zero=0, affine=True, group=32),  # GGUF: w = d·q + m
     "q8_0": dict(bits=8, zero=128, affine=False, group=32),  # GGUF int8 stored as q + 128: w = (u − 128)·d
     "f16": dict(bits=16, zero=0, affine=False, group=32),  # unquantized
+    "mlx4": dict(bits=4, zero=0, affine=True, group=64),  # MLX affine w = scale·q + bias (2/3-bit widened to 4)
+    "mlx8": dict(bits=8, zero=0, affine=True, group=64),  # MLX affine 8-bit (the MoE router; 5/6-bit widened)
 }
 
 
@@ -76,10 +81,12 @@ def _check_n(N: int) -> None:
 
 
 def matvec_plan(
-    K: int, N: int, gate_up: bool = False, last_row: bool = False, rows: int = MATVEC_ROWS, wg: int = MATVEC_WG,
+    K: int, N: int, gate_up: bool = False, last_row: bool = False, rows: int | None = None, wg: int = MATVEC_WG,
     *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
 ) -> tuple[dict, tuple[int, int]]:
-    """Constants and grid for shaders/matvec_int4.wgsl: y[N] from x row 0 (or row n_tokens-1 if last_row)."""
+    """Constants and grid for shaders/matvec_int4.wgsl: y[N] from x row 0 (or row n_tokens-1 if last_row).
+    `rows`: outputs per workgroup (default: MATVEC_SLOTS weight rows' worth)."""
+    rows = rows or (MATVEC_SLOTS // 2 if gate_up else MATVEC_SLOTS)
     fmt = _format_consts(K, bits, zero, affine, group)
     _check_n(N)
     if wg & (wg - 1) or wg < rows:

@@ -61,8 +61,11 @@ def tensor_shapes(spec: DenseSpec, formats: dict[str, str] | None = None) -> dic
 class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
-                 formats: dict[str, str] | None = None):
+                 formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None):
         self.gpu, self.spec = gpu, spec
+        # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
+        # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
+        self.fused_qkv, self.matvec_rows = fused_qkv, matvec_rows
         self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
         self.max_context = min(max_context or spec.context_length, spec.context_length)
@@ -145,7 +148,7 @@ class DenseTransformer:
             k, n, gu = self.mats[role]
             knobs = format_knobs(tag)
             if kind == "mv":
-                consts = matvec_plan(k, n, gate_up=gu, last_row=role == "lm", **knobs)[0]
+                consts = matvec_plan(k, n, gate_up=gu, last_row=role == "lm", rows=self.matvec_rows, **knobs)[0]
             else:
                 consts = gemm_plan(k, n, 1, gate_up=gu, **knobs)[0]
             self.p[key] = self.gpu.pipeline("matvec_int4" if kind == "mv" else "matmul_int4", consts)
@@ -170,7 +173,7 @@ class DenseTransformer:
         self.p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
         self.p["combine"] = g.pipeline("attention_combine", dict(WG=64, H=s.n_heads, HD=s.head_dim))
         self.p["rope_append"] = g.pipeline("rope_append", rope)
-        qkv_consts, self.qkv_fused_grid = qkv_fused_plan(s.dim, rope)
+        qkv_consts, self.qkv_fused_grid = qkv_fused_plan(s.dim, rope) if self.fused_qkv else (None, None)
 
         # role -> (K, N, gate_up); N counts outputs (gate_up's weight has 2N rows)
         self.mats = {"lm": (s.dim, s.vocab, False)}
@@ -178,7 +181,7 @@ class DenseTransformer:
             self.mats[name] = (k, n // 2, True) if name == "gate_up" else (k, n, False)
         self.mv_grid: dict[str, tuple] = {}  # decode grids are fixed: computed here, not per token
         for name, (k, n, gu) in self.mats.items():
-            self.mv_grid[name] = matvec_plan(k, n, gate_up=gu)[1]
+            self.mv_grid[name] = matvec_plan(k, n, gate_up=gu, rows=self.matvec_rows)[1]
 
         bind = g.bind
         self.bg["embed"] = bind(self.p["embed"], [self.tokens, *self._matrix("embed"), self.res[0], st], "embed")
@@ -203,7 +206,7 @@ class DenseTransformer:
                     b[f"{kind}_{name}"] = pipe, bind(pipe, [ins[name], *self._matrix(f"{c}.{name}"), outs[name], st],
                                                      f"{c}.{kind}_{name}")
             # The fused decode kernel reads q4f16_1 only and cannot see whole heads for q/k norms.
-            if self._fmt(f"{c}.qkv") == "q4f16_1" and not s.qk_norm:
+            if self.fused_qkv and self._fmt(f"{c}.qkv") == "q4f16_1" and not s.qk_norm:
                 if "qkv_fused" not in self.p:
                     self.p["qkv_fused"] = g.pipeline("qkv_rope_append", qkv_consts)
                 b["qkv_fused"] = bind(self.p["qkv_fused"], [self.hidden, *self._matrix(f"{c}.qkv"), self.q, kc, vc,

@@ -114,3 +114,19 @@ def test_mlc_qwen3_builds_naming_qkv_either_way_load_the_same(gpu, tmp_path):
     manifest = next(p for p in (out / "ndarray-cache.json", out / "tensor-cache.json") if p.exists())
     manifest.write_text(manifest.read_text().replace(".self_attn.c_attn.", ".self_attn.qkv_proj."))
     np.testing.assert_array_equal(load_model(out, gpu=gpu, max_context=64).logits(ids), c_attn)
+
+
+def test_fused_qkv_decode_kernel_still_matches(gpu, tmp_path):
+    """The fused QKV+RoPE+append decode kernel is off by default (slower on the H200) but kept for A/B runs."""
+    from tests.tiny_models import cached_tiny_hf
+
+    out = tmp_path / "phi3"
+    assert cli_main(["convert", str(cached_tiny_hf("phi3", vocab_size=250)), str(out)]) == 0
+    ids = np.random.default_rng(2).integers(0, 250, 40)
+    plain = load_model(out, gpu=gpu, max_context=64)
+    fused = load_model(out, gpu=gpu, max_context=64, fused_qkv=True, matvec_rows=8)
+    assert "qkv_fused" in fused.runtime.layer_bg[0] and "qkv_fused" not in plain.runtime.layer_bg[0]
+    ref = plain.logits(ids)
+    fused.runtime.reset()
+    per_token = fused.runtime.logits(ids, chunk=1)
+    assert np.abs(per_token - ref).max() / np.abs(ref).max() < 5e-3

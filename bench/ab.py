@@ -1,0 +1,29 @@
+"""A/B runs of runtime options in one process, one GPU, one run (absolute times drift between runs).
+
+    python3 bench/ab.py phi3-mini qwen3-4b --variants '{"fused_qkv": true, "matvec_rows": 8}' '{}'
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.bench import run_bench  # noqa: E402
+from engine.gpu import Gpu  # noqa: E402
+
+KEYS = ("decode_tok_s", "dispatches_per_token", "gpu_ms_per_token", "wall_ms_per_token", "gpu_busy",
+        "host_ms_per_token", "prefill_tok_s", "ttft_35_ms", "achieved_gb_s", "pct_of_ceiling")
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("shapes", nargs="+")
+    p.add_argument("--variants", nargs="+", default=["{}"], help="JSON objects of DenseTransformer options")
+    args = p.parse_args()
+    gpu = Gpu()
+    for shape in args.shapes:
+        for variant in args.variants:
+            opts = json.loads(variant)
+            r = run_bench(shape, runs=3, long_prompt=0, timestamps=True, gpu=gpu, **opts)
+            print(json.dumps({"shape": shape, "options": opts, **{k: r.get(k) for k in KEYS}}), flush=True)
