@@ -2,8 +2,10 @@
 and `gen_config` write (params_shard_*.bin, ndarray-cache.json, mlc-chat-config.json, tokenizer files).
 
 Every linear weight (embedding and LM head included) becomes `<name>.q_weight` u32 [N, K/8] and
-`<name>.q_scale` f16 [N, K/32]; norm weights become f16. Tensors are read, converted and written one
-at a time, so host memory peaks near the largest tensor. Usage:
+`<name>.q_scale` f16 [N, K/32]; norm weights become f16 (zero-centred ones with their +1 baked in, as
+mlc-llm does for Qwen3.5); Qwen3.5's GDN gate parameters stay float32 (stored as bf16 "f32-to-bf16"
+records, like mlc-llm's) and its conv kernel f16. Tensors are read, converted and written one at a time,
+so host memory peaks near the largest tensor. Usage:
 
     python -m engine.convert HF_DIR OUT_DIR
 """
@@ -35,6 +37,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 # Copied beside the tokenizer but not listed in tokenizer_files (transformers 5 keeps the template apart).
 EXTRA_FILES = ("generation_config.json", "chat_template.jinja", "chat_template.json")
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # buffers some old checkpoints saved; recomputed at load
+# Per model_type, checkpoint tensors that are not part of the text model (Qwen3.5: vision tower, MTP head).
+IGNORED_PREFIXES = {"qwen3_5": ("model.visual.", "mtp."), "qwen3_5_text": ("mtp.",)}
+NESTED_TEXT = "model.language_model."  # where multimodal checkpoints (Qwen3_5ForConditionalGeneration) keep it
 LM_HEAD = "lm_head"
 
 # Per model_type: MLC target -> HF sources, row-concatenated in order. A target ending in ".weight" is a
@@ -76,7 +81,34 @@ NAME_MAPS: dict[str, dict[str, dict[str, list[str]]]] = {
         },
     },
 }
-CONV_TEMPLATES = {"phi3": "phi-3", "llama": "llama-3", "qwen3": "qwen2"}  # informational, mlc's names
+# Qwen3.5 (mlc-llm's qwen35_loader names): full-attention layers fuse q_proj (whose rows are already per-head
+# [Q | gate]) ++ k_proj ++ v_proj into c_attn; GDN layers keep their four input projections apart. Layers
+# take "layer" plus the map of their layer_types entry.
+_QWEN3_5 = {
+    **_LLAMA_ENDS,
+    "layer": {k: v for k, v in _LLAMA_LAYER.items() if ".self_attn." not in k},
+    "full_attention": {
+        **{k.replace("qkv_proj", "c_attn"): v for k, v in _LLAMA_LAYER.items() if ".self_attn." in k},
+        "model.layers.{i}.self_attn.q_norm.weight": ["model.layers.{i}.self_attn.q_norm.weight"],
+        "model.layers.{i}.self_attn.k_norm.weight": ["model.layers.{i}.self_attn.k_norm.weight"],
+    },
+    "linear_attention": {
+        **{f"model.layers.{{i}}.linear_attn.{p}": [f"model.layers.{{i}}.linear_attn.{p}.weight"]
+           for p in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj")},
+        "model.layers.{i}.linear_attn.A_log": ["model.layers.{i}.linear_attn.A_log"],
+        "model.layers.{i}.linear_attn.dt_bias": ["model.layers.{i}.linear_attn.dt_bias"],
+        "model.layers.{i}.linear_attn.conv1d_weight": ["model.layers.{i}.linear_attn.conv1d.weight"],
+        "model.layers.{i}.linear_attn.norm.weight": ["model.layers.{i}.linear_attn.norm.weight"],
+    },
+}
+NAME_MAPS["qwen3_5"] = NAME_MAPS["qwen3_5_text"] = _QWEN3_5
+# Targets kept unquantized in a dtype of their own, by suffix: float32 ones go out as bf16 records.
+RAW_TARGETS = {".A_log": np.float32, ".dt_bias": np.float32, ".conv1d_weight": np.float16}
+# Zero-centred RMSNorms (y = x̂·(1 + w)) get the 1 baked in, as mlc-llm's qwen35_loader does; the GDN
+# gated norm (linear_attn.norm.weight, y = x̂·w·silu(z)) is a plain weight and is left alone.
+ZERO_CENTRED = {t: ("layernorm.weight", ".q_norm.weight", ".k_norm.weight", "model.norm.weight")
+                for t in ("qwen3_5", "qwen3_5_text")}
+CONV_TEMPLATES = {"phi3": "phi-3", "llama": "llama-3", "qwen3": "qwen2", "qwen3_5": "qwen2"}  # informational
 # mlc-chat-config fields taken from generation_config.json, then config.json, then mlc's system default.
 _GENERATION_DEFAULTS = {
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "temperature": 1.0, "presence_penalty": 0.0,
@@ -90,10 +122,17 @@ ConvertProgress = Callable[[int, int, str], None]  # (tensors done, tensors tota
 class _Param:
     target: str
     sources: list[str]
+    offset: float = 0.0  # added before storing (the baked +1 of a zero-centred norm)
+
+    @property
+    def raw_dtype(self):
+        """The dtype of an unquantized target (norms f16), None for a quantized one."""
+        suffix = next((s for s in RAW_TARGETS if self.target.endswith(s)), None)
+        return RAW_TARGETS[suffix] if suffix else np.float16 if self.target.endswith(".weight") else None
 
     @property
     def quantized(self) -> bool:
-        return not self.target.endswith(".weight")
+        return self.raw_dtype is None
 
 
 def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, quantization: str = "q4f16_1",
@@ -110,7 +149,7 @@ def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, qua
     if not hf_dir.is_dir():
         raise ModelFormatError(f"{hf_dir}: Hugging Face model folder not found")
     config_path = hf_dir / "config.json"
-    config = _read_json(config_path, "the model config")
+    config = _text_config(_read_json(config_path, "the model config"))
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise ModelFormatError(f"{config_path}: no 'model_type' field")
@@ -120,6 +159,8 @@ def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, qua
         )
     weights = _HfWeights(hf_dir)
     params = _plan(model_type, config, config_path)
+    for p in params:  # multimodal checkpoints nest the text model one level down
+        p.sources = [_nested(n, weights) for n in p.sources]
     _check_sources(params, weights, model_type, config)
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,10 +181,10 @@ def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, qua
             writer.add(f"{param.target}.q_weight", q_weight)
             writer.add(f"{param.target}.q_scale", q_scale)
         else:
-            norm = w.astype(np.float16)
-            if not np.isfinite(norm).all():
-                raise ModelFormatError(f"{_where(param, weights)}: value outside the f16 range")
-            writer.add(param.target, norm)
+            raw = (w + np.float32(param.offset)).astype(param.raw_dtype)
+            if not np.isfinite(raw).all():
+                raise ModelFormatError(f"{_where(param, weights)}: value outside the {raw.dtype} range")
+            writer.add(param.target, raw)
         del w
         if on_progress is not None:
             on_progress(done, len(params), param.target)
@@ -161,6 +202,26 @@ def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, qua
 # -- plan ---------------------------------------------------------------------------------------------
 
 
+def _text_config(config: dict) -> dict:
+    """A multimodal config's text_config flattened to the top (keeping the top-level model_type and
+    tie_word_embeddings, which transformers' *ForConditionalGeneration reads)."""
+    text = config.get("text_config")
+    if not isinstance(text, dict):
+        return config
+    top = {k: config[k] for k in ("model_type", "tie_word_embeddings") if k in config}
+    return {**text, **top}
+
+
+def _layer_types(config: dict, layers: int, config_path: Path) -> list[str | None]:
+    kinds = config.get("layer_types")
+    if kinds is None and "full_attention_interval" in config:
+        every = config["full_attention_interval"]
+        kinds = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
+    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != layers):
+        raise ModelFormatError(f"{config_path}: 'layer_types' must list one entry per layer ({layers})")
+    return kinds or [None] * layers
+
+
 def _plan(model_type: str, config: dict, config_path: Path) -> list[_Param]:
     spec = NAME_MAPS[model_type]
     layers = config.get("num_hidden_layers")
@@ -168,10 +229,23 @@ def _plan(model_type: str, config: dict, config_path: Path) -> list[_Param]:
         raise ModelFormatError(f"{config_path}: no valid 'num_hidden_layers' field")
     tied = bool(config.get("tie_word_embeddings", False))
     params = [_Param(t, list(s)) for t, s in spec["embed"].items()]
-    for i in range(layers):
-        params += [_Param(t.format(i=i), [n.format(i=i) for n in s]) for t, s in spec["layer"].items()]
+    hybrid = any(k not in ("embed", "layer", "final") for k in spec)  # per-layer-type maps (Qwen3.5)
+    for i, kind in enumerate(_layer_types(config, layers, config_path) if hybrid else [None] * layers):
+        if kind is not None and kind not in spec:
+            raise UnsupportedModelError(f"{config_path}: layer {i} has layer type {kind!r}, which cannot be converted")
+        layer = {**spec["layer"], **spec.get(kind, {})}
+        params += [_Param(t.format(i=i), [n.format(i=i) for n in s]) for t, s in layer.items()]
     params += [_Param(t, list(s)) for t, s in spec["final"].items() if not (tied and t == LM_HEAD)]
+    for p in params:
+        if p.target.endswith(ZERO_CENTRED.get(model_type, ())):
+            p.offset = 1.0
     return params
+
+
+def _nested(name: str, weights: _HfWeights) -> str:
+    if name not in weights.index and name.startswith("model.") and NESTED_TEXT + name[6:] in weights.index:
+        return NESTED_TEXT + name[6:]
+    return name
 
 
 def _check_sources(params: list[_Param], weights: _HfWeights, model_type: str, config: dict) -> None:
@@ -184,7 +258,9 @@ def _check_sources(params: list[_Param], weights: _HfWeights, model_type: str, c
             used.add(name)
         _check_shapes(p, weights)
     tied_head = "lm_head.weight" if config.get("tie_word_embeddings") else None
-    extra = [n for n in weights.index if n not in used and n != tied_head and not n.endswith(IGNORED_SUFFIXES)]
+    skip = IGNORED_PREFIXES.get(model_type, ())
+    extra = [n for n in weights.index if n not in used and n != tied_head and not n.endswith(IGNORED_SUFFIXES)
+             and not n.startswith(skip)]
     if extra:
         file = weights.index[extra[0]][0].name
         raise UnsupportedModelError(
@@ -205,7 +281,7 @@ def _check_shapes(param: _Param, weights: _HfWeights) -> None:
                 f"{path}: tensor '{name}' has shape {list(shape)}; q4f16_1 needs a 2-D weight whose K "
                 f"(input dim) is a multiple of {GROUP}"
             )
-        if not param.quantized and len(shape) != 1:
+        if param.raw_dtype is np.float16 and not param.target.endswith(".conv1d_weight") and len(shape) != 1:
             raise ModelFormatError(f"{path}: tensor '{name}' has shape {list(shape)}; a norm weight is 1-D")
     if param.quantized and len({s[1] for s in shapes}) > 1:
         raise ModelFormatError(f"{_where(param, weights)}: fused weights differ in K ({shapes})")
@@ -314,6 +390,8 @@ class _ShardWriter:
 
     def add(self, name: str, arr: np.ndarray) -> None:
         data = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<"))
+        if arr.dtype == np.float32:  # "f32-to-bf16": the record keeps dtype float32, the bytes are bf16
+            data = _bf16_bytes(data)
         offset = -(-self._pos // ALIGN) * ALIGN
         if self._file is not None and self._pos > 0 and offset + data.nbytes > self.cap:
             self._close()
@@ -357,6 +435,12 @@ class _ShardWriter:
         self.groups[-1]["nbytes"] = self._pos
         self.groups[-1]["md5sum"] = self._md5.hexdigest()
         self._file = None
+
+
+def _bf16_bytes(x: np.ndarray) -> np.ndarray:
+    """float32 -> the upper 16 bits, rounded to nearest even (TVM's f32-to-bf16 encoding)."""
+    bits = x.view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
 
 
 def _chat_config(hf_dir: Path, config: dict, model_type: str, quantization: str, context: int | None,

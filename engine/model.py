@@ -63,8 +63,10 @@ def _load(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
     module = model_module(ckpt.model_type, where=str(path / "mlc-chat-config.json"))
     spec = module.spec(module.ModelArgs.from_dict(ckpt.model_config))
     spec.names = {c: _present(ckpt, name) for c, name in spec.names.items()}
-    runtime = DenseTransformer(gpu or Gpu(), spec, ckpt.load(list(spec.names.values()), on_progress), max_context,
-                               **runtime_options)
+    # An architecture with its own runtime (Qwen3.5's hybrid) names it; the rest run on DenseTransformer.
+    runtime_cls = module.runtime() if hasattr(module, "runtime") else DenseTransformer
+    runtime = runtime_cls(gpu or Gpu(), spec, ckpt.load(list(spec.names.values()), on_progress), max_context,
+                          **runtime_options)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     return Model(runtime, tokenizer, path, ckpt.model_type, SamplingParams.from_generation_config(path))
 

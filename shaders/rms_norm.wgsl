@@ -1,5 +1,6 @@
 // RMSNorm of each row: y = x · rsqrt(mean(x²) + EPS) · w.  One workgroup per row (token).
-// Constants: WG threads, D row length, EPS.
+// Constants: WG threads, D row length, EPS. Override NORM_OFFSET (default 0.0) is added to w: 1.0 runs a
+//   zero-centred norm, y = x̂ · (1 + w) (Qwen3.5 checkpoints that do not bake the 1 in).
 // Bindings: 0 x f32[T, D] (read), 1 w f16[D], 2 y f32[T, D] (write), 3 step uniform (n_tokens).
 #import step
 #import reduce
@@ -9,6 +10,9 @@
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<uniform> step: Step;
 
+// An override, not an injected const, so builds that never mention it keep compiling unchanged.
+override NORM_OFFSET: f32 = 0.0;
+
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let row = wid.x;
@@ -17,5 +21,5 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     var ss = 0.0;
     for (var i = lane.lid; i < D; i += WG) { let v = x[base + i]; ss += v * v; }
     let inv = inverseSqrt(wg_sum(ss, lane) / f32(D) + EPS);
-    for (var i = lane.lid; i < D; i += WG) { y[base + i] = x[base + i] * inv * f32(w[i]); }
+    for (var i = lane.lid; i < D; i += WG) { y[base + i] = x[base + i] * inv * (f32(w[i]) + NORM_OFFSET); }
 }

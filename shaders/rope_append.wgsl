@@ -9,7 +9,8 @@
 //   2 k_cache f16[n_pages, KVH, PAGE, HD] (read_write), 3 v_cache f16 (same layout, read_write),
 //   4 page_table u32[max_pages] (read), 5 inv_freq f32[ROT/2] (read), 6 step uniform (n_tokens, pos0),
 //   7 q_norm f16[HD], 8 k_norm f16[HD] (read; Qwen3's per-head RMSNorm before RoPE when QK_NORM, with EPS;
-//   bind any f16 buffer when QK_NORM is false).
+//   bind any f16 buffer when QK_NORM is false). Override NORM_OFFSET (default 0.0) is added to the q/k norm
+//   weights (1.0: zero-centred norms, x̂ · (1 + w), as Qwen3.5 defines them).
 #import step
 #import rope
 #import reduce
@@ -25,12 +26,14 @@
 @group(0) @binding(8) var<storage, read> k_norm: array<f16>;
 
 const HALF: u32 = ROT / 2u;
+// An override, not an injected const, so builds that never mention it keep compiling unchanged.
+override NORM_OFFSET: f32 = 0.0;
 
 // Element i of head slot j after the optional per-head RMSNorm (inv = that head's 1/rms).
 fn head_value(src: u32, i: u32, j: u32, inv: f32) -> f32 {
     let v = qkv[src + i];
     if (!QK_NORM || j >= H + KVH) { return v; }
-    return v * inv * f32(select(k_norm[i], q_norm[i], j < H));
+    return v * inv * (f32(select(k_norm[i], q_norm[i], j < H)) + NORM_OFFSET);
 }
 
 @compute @workgroup_size(WG)

@@ -1,4 +1,4 @@
-"""Tiny random Hugging Face checkpoints (phi3, llama, qwen3) for format, converter and model tests.
+"""Tiny random Hugging Face checkpoints (phi3, llama, qwen3, qwen3_5) for format, converter and model tests.
 
 `make_tiny_hf` builds one with transformers (float32, seeded) and saves it as safetensors, plus a small
 byte-level tokenizer; `cached_tiny_hf` keeps built copies under .cache/tiny-models so repeated runs
@@ -27,6 +27,16 @@ DEFAULTS = {
     "llama": dict(_COMMON, num_key_value_heads=2, rope_scaling=None, tie_word_embeddings=False),
     # Like Qwen3-0.6B: explicit head_dim, q/k norms, embedding shared with the LM head.
     "qwen3": dict(_COMMON, num_key_value_heads=2, head_dim=16, rope_scaling=None, tie_word_embeddings=True),
+    # Qwen3.5 text model (Qwen3_5ForCausalLM, model_type qwen3_5_text) shaped like Qwen3.5-4B in miniature:
+    # GDN layers around one gated full-attention layer, 2 value heads per key head (GVA), partial RoPE
+    # (25% of head_dim 32 = 8 dims), tied embeddings. Weights at std 0.1 rather than 0.02: at 0.02 the GDN
+    # layers moved the logits by only ~3% in all, too little for a logits test to notice a broken kernel.
+    "qwen3_5": dict(_COMMON, num_hidden_layers=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
+                    initializer_range=0.1,
+                    layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                    linear_value_head_dim=32, linear_conv_kernel_dim=4,
+                    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
 }
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -41,6 +51,7 @@ def _classes(model_type: str):
         "phi3": (tf.Phi3Config, tf.Phi3ForCausalLM),
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
+        "qwen3_5": (tf.Qwen3_5TextConfig, tf.Qwen3_5ForCausalLM),
     }[model_type]
 
 
@@ -63,12 +74,29 @@ def make_tiny_hf(model_type: str, out_dir: str | os.PathLike, seed: int = 0, tok
         for name, p in model.named_parameters():
             if p.ndim == 1 and name.endswith("norm.weight"):
                 p.copy_((0.5 + torch.rand(p.shape, generator=gen)).half().float())
+        if model_type == "qwen3_5":
+            _qwen3_5_init(model, gen)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     if tokenizer:
         write_tiny_tokenizer(out, config.vocab_size)
     return out
+
+
+def _qwen3_5_init(model, gen) -> None:
+    """Zero-centred norms (y = x̂·(1 + w)) get w in [-0.5, 0.5), so the baked-in +1 is exercised; slow
+    GDN decays (A = exp(A_log) in [0.05, 1), dt_bias ~ N(0, 0.5)) keep the state carrying information
+    across many tokens, unlike the default init's A up to 16."""
+    import torch
+
+    for name, p in model.named_parameters():
+        if p.ndim == 1 and name.endswith("norm.weight") and ".linear_attn." not in name:
+            p.copy_((torch.rand(p.shape, generator=gen) - 0.5).half().float())
+        elif name.endswith(".A_log"):
+            p.copy_(torch.log(0.05 + 0.95 * torch.rand(p.shape, generator=gen)))
+        elif name.endswith(".dt_bias"):
+            p.copy_(0.5 * torch.randn(p.shape, generator=gen))
 
 
 def write_tiny_tokenizer(out_dir: Path, vocab_size: int) -> None:

@@ -6,7 +6,9 @@ import importlib
 
 from engine.errors import UnsupportedModelError
 
-SUPPORTED = ("phi3", "llama", "qwen3")
+SUPPORTED = ("phi3", "llama", "qwen3", "qwen3_5", "qwen3_5_text")
+# model_type -> module when they differ: Qwen3.5's text-only config type shares the qwen3_5 module.
+_MODULES = {"qwen3_5_text": "qwen3_5"}
 
 
 def model_module(model_type: str | None, where: str = "config"):
@@ -15,4 +17,4 @@ def model_module(model_type: str | None, where: str = "config"):
         raise UnsupportedModelError(
             f"{where}: model_type {model_type!r} is not supported (supported: {', '.join(SUPPORTED)})"
         )
-    return importlib.import_module(f"engine.models.{model_type}")
+    return importlib.import_module(f"engine.models.{_MODULES.get(model_type, model_type)}")

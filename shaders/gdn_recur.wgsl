@@ -1,0 +1,68 @@
+// Gated delta rule, transformers' torch_recurrent_gated_delta_rule with use_qk_l2norm_in_kernel. Per value
+// head h, token by token: S ← S·exp(g); kv = Sᵀk̂; δ = β·(v − kv); S ← S + k̂·δᵀ; o = Sᵀq̂, where
+// k̂ = k / √(Σk² + 1e-6) and q̂ = q / √(Σq² + 1e-6) / √DK (l2norm's eps sits on the sum, as in transformers).
+// GVA: value head h reads q/k head h / (VH / KH), transformers' repeat_interleave. pos0 == 0 starts from
+// S = 0 whatever the state buffer holds (a reset needs no clearing).
+// Workgroup (h, y) owns the WG state columns y·WG .. of value head h, one column per thread, held in
+// registers for the whole dispatch, so the token loop runs inside one dispatch for decode (T = 1) and
+// prefill (T tokens) alike; columns are independent, so a head may spread over several workgroups (each
+// re-reads q/k and re-takes their norms). Per token: one workgroup reduction (the two norms) and O(DK)
+// work per thread. A chunked (UT-transform) prefill would turn the loop into matmuls, at the price of a
+// second algorithm to keep in step with decode; correctness first.
+// Constants: WG threads (a power of two without subgroups), KH key heads, VH value heads, DK, DV head dims,
+//   CONV row length of qkv (q in [0, KH·DK), k in [KH·DK, 2·KH·DK), v in [2·KH·DK, 2·KH·DK + VH·DV)).
+// Bindings: 0 qkv f32[T, CONV] (read; gdn_conv's output), 1 gates f32[T, 2·VH] (read; g then β),
+//   2 state f32[VH, DK, DV] (read_write; S[h, i, j] at (h·DK + i)·DV + j), 3 out f32[T, VH·DV] (write),
+//   4 step uniform (n_tokens, pos0).
+// Grid: (VH, ceil(DV / WG)).
+#import step
+#import reduce
+
+@group(0) @binding(0) var<storage, read> qkv: array<f32>;
+@group(0) @binding(1) var<storage, read> gates: array<f32>;
+@group(0) @binding(2) var<storage, read_write> state: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<uniform> step: Step;
+
+const KEY: u32 = KH * DK;
+
+var<workgroup> q_sh: array<f32, DK>;
+var<workgroup> k_sh: array<f32, DK>;
+
+@compute @workgroup_size(WG)
+fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let kh = h / (VH / KH);
+    let live = wid.y * WG + lane.lid < DV;
+    let col = min(wid.y * WG + lane.lid, DV - 1u);  // threads past DV shadow a real column but never write
+    let base = h * DK * DV + col;
+    let fresh = step.pos0 == 0u;
+    var s: array<f32, DK>;
+    for (var i = 0u; i < DK; i++) { s[i] = select(state[base + i * DV], 0.0, fresh); }
+    for (var t = 0u; t < step.n_tokens; t++) {
+        let row = t * CONV;
+        var sq = vec4<f32>(0.0);
+        for (var i = lane.lid; i < DK; i += WG) {
+            let qv = qkv[row + kh * DK + i];
+            let kv = qkv[row + KEY + kh * DK + i];
+            q_sh[i] = qv;
+            k_sh[i] = kv;
+            sq += vec4<f32>(qv * qv, kv * kv, 0.0, 0.0);
+        }
+        let sums = wg_sum4(sq, lane);  // its barriers also publish q_sh / k_sh
+        let iq = inverseSqrt(sums.x + 1e-6) * inverseSqrt(f32(DK));
+        let ik = inverseSqrt(sums.y + 1e-6);
+        let decay = exp(gates[t * 2u * VH + h]);
+        let beta = gates[t * 2u * VH + VH + h];
+        var kv = 0.0;
+        for (var i = 0u; i < DK; i++) { s[i] *= decay; kv += s[i] * k_sh[i]; }
+        let delta = (qkv[row + 2u * KEY + h * DV + col] - kv * ik) * beta * ik;
+        var o = 0.0;
+        for (var i = 0u; i < DK; i++) { s[i] += k_sh[i] * delta; o += s[i] * q_sh[i]; }
+        if (live) { out[(t * VH + h) * DV + col] = o * iq; }
+        workgroupBarrier();  // the next token overwrites q_sh / k_sh
+    }
+    if (live) {
+        for (var i = 0u; i < DK; i++) { state[base + i * DV] = s[i]; }
+    }
+}

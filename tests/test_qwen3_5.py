@@ -1,0 +1,368 @@
+"""Qwen3.5 hybrid end to end: tiny random Qwen3_5ForCausalLM → `zerotvm convert` → HybridTransformer vs
+transformers (on the dequantized weights), decode vs full forward, chunking, multi-turn reuse and rollback
+through the recurrent-state snapshots, and clear errors for bad checkpoints."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from engine.cli import main as cli_main
+from engine.convert import _bf16_bytes, convert_hf_to_mlc
+from engine.errors import ModelFormatError, UnsupportedModelError, ZeroTVMError
+from engine.formats.mlc import MlcCheckpoint
+from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
+from engine.hybrid import HybridTransformer
+from engine.model import load_model
+from engine.models import model_module
+from engine.sampling import SamplingParams
+from tests.tiny_models import cached_tiny_hf
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    hf = cached_tiny_hf("qwen3_5")
+    out = tmp_path_factory.mktemp("qwen3_5") / "mlc"
+    assert cli_main(["convert", str(hf), str(out), "--format", "q4f16_1"]) == 0
+    return hf, out
+
+
+@pytest.fixture(scope="module")
+def model(gpu, tiny):
+    # split_keys=48: decode attention goes split-K past 48 tokens; chunk 32: prompts span several chunks
+    return load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48)
+
+
+def reference_model(hf_dir):
+    """transformers on exactly the stored weights: q4f16_1-dequantized matrices, zero-centred norms as
+    f16(1 + w) − 1 (the converter bakes the +1), the gated norm and conv kernel f16, A_log / dt_bias bf16."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    for name, p in model.state_dict().items():
+        a = p.numpy().astype(np.float32)
+        if name.endswith((".A_log", ".dt_bias")):
+            a = (_bf16_bytes(a).astype(np.uint32) << 16).view(np.float32)
+        elif name.endswith("linear_attn.norm.weight") or a.ndim == 3:
+            a = a.astype(np.float16).astype(np.float32)
+        elif a.ndim == 1:
+            a = (a + 1).astype(np.float16).astype(np.float32) - 1
+        else:
+            a = dequantize_q4f16_1(*quantize_q4f16_1(a))
+        p.copy_(torch.from_numpy(np.ascontiguousarray(a)))
+    return model
+
+
+def compare(ours, ref):
+    rel = np.abs(ours - ref).max() / np.abs(ref).max()
+    assert rel <= 1e-2, f"max relative error {rel:.3g}"
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    sure = (top2[:, 1] - top2[:, 0]) > 1e-2
+    assert np.array_equal(ours.argmax(1)[sure], ref.argmax(1)[sure])
+
+
+def tokens_of(responses):
+    return [r.token for r in responses]
+
+
+# ---- numerics -------------------------------------------------------------------------------------------
+
+
+def test_logits_match_transformers_at_every_position(model, tiny):
+    ids = np.random.default_rng(0).integers(0, model.runtime.spec.vocab, 150)
+    ours = model.logits(ids)  # 150 tokens: 5 prefill chunks, 10 KV pages, GDN state carried across chunks
+    with torch.no_grad():
+        ref = reference_model(tiny[0])(torch.tensor(ids[None])).logits[0].numpy()
+    compare(ours, ref)
+
+
+def test_untied_lm_head(gpu, tmp_path):
+    hf = cached_tiny_hf("qwen3_5", seed=1, tie_word_embeddings=False)
+    assert cli_main(["convert", str(hf), str(tmp_path / "mlc")]) == 0
+    model = load_model(tmp_path / "mlc", gpu=gpu, max_context=64, prefill_chunk=16)
+    assert "lm_head.q_weight" in model.runtime.spec.names.values()
+    ids = np.random.default_rng(2).integers(0, model.runtime.spec.vocab, 24)
+    with torch.no_grad():
+        ref = reference_model(hf)(torch.tensor(ids[None])).logits[0].numpy()
+    compare(model.logits(ids), ref)
+
+
+def test_chunked_prefill_equals_per_token(model):
+    rt = model.runtime
+    ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 90)
+    full = model.logits(ids)
+    rt.reset()
+    per_token = rt.logits(ids, chunk=1)  # decode kernels: matvecs, split-K attention past 48 keys
+    rt.reset()
+    odd = rt.logits(ids, chunk=7)
+    scale = np.abs(full).max()
+    assert np.abs(per_token - full).max() / scale < 5e-3
+    assert np.abs(odd - full).max() / scale < 5e-3
+
+
+def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(model):
+    rt = model.runtime
+    rt.reset()
+    prompt = [3, 17, 42, 5, 9]
+    tokens = [r.token for r in model.generate(prompt, max_tokens=160)]
+    assert len(tokens) == 160
+    logits = model.logits(prompt + tokens[:-1])[len(prompt) - 1:]
+    picked = logits[np.arange(len(tokens)), tokens]
+    assert np.all(logits.max(1) - picked <= 1e-3 * np.abs(logits).max())
+    assert sum(t == a for t, a in zip(tokens, logits.argmax(1), strict=True)) >= len(tokens) - 2
+
+
+def test_dispatch_count(model):
+    rt = model.runtime
+    assert rt.dispatches_per_token == 4 + 10 * rt.spec.n_layers
+    from engine.gpu import Recorder
+
+    rt.reset()
+    rt.set_sampling(SamplingParams())  # greedy: argmax, no penalty dispatch
+    rec = Recorder(rt.gpu, "count")
+    rt._write_step(1, 0, 0, 1)
+    rt._record_body(rec, 1, 1)
+    rt._record_sample(rec)
+    rec.submit()
+    assert rec.dispatches == rt.dispatches_per_token
+
+
+def test_norm_offset_runs_raw_zero_centred_norms(gpu, tiny, model):
+    """The same model with the +1 taken out of its norm weights and NORM_OFFSET = 1 in the kernels."""
+    ckpt = MlcCheckpoint(tiny[1])
+    module = model_module(ckpt.model_type)
+    spec = module.spec(module.ModelArgs.from_dict(ckpt.model_config))
+    spec.norm_offset = 1.0
+    centred = ("layernorm.weight", "q_norm.weight", "k_norm.weight", "model.norm.weight")
+
+    def raw(weights):
+        for name, arr in weights:
+            yield name, (arr.astype(np.float32) - 1).astype(np.float16) if name.endswith(centred) else arr
+
+    rt = HybridTransformer(gpu, spec, raw(ckpt.load(list(spec.names.values()))), max_context=64, prefill_chunk=32)
+    ids = [5, 9, 200, 7, 31, 64, 2, 8]
+    np.testing.assert_array_equal(rt.logits(ids), model.logits(ids))
+
+
+# ---- multi-turn reuse and rollback ---------------------------------------------------------------------------
+
+
+def test_logits_after_rollback_equal_fresh_prefill(model):
+    rt = model.runtime
+    rng = np.random.default_rng(3)
+    seq = rng.integers(3, 250, 130).tolist()
+    fresh = model.logits(seq)
+    tol = 1e-5 * np.abs(fresh).max()
+    rt.reset()
+    rt.prefill(seq[:40])  # snapshot before position 39
+    list(rt.decode(0, 20, batch=4))  # state now past 60, on tokens that are not seq's
+    rt.truncate(40)  # no snapshot at 40: restore 39, replay one token
+    assert rt._lag == 39
+    np.testing.assert_allclose(rt.logits(seq[40:]), fresh[40:], rtol=0, atol=tol)
+    rt.truncate(77)  # behind the state again: back to 39, replay 38 tokens from cached_ids
+    assert rt._lag == 39
+    np.testing.assert_allclose(rt.logits(seq[77:]), fresh[77:], rtol=0, atol=tol)
+    rt.truncate(0)
+    np.testing.assert_allclose(rt.logits(seq[:10]), fresh[:10], rtol=0, atol=tol)
+
+
+def test_follow_up_turn_prefills_only_new_tokens(model):
+    rt = model.runtime
+    rt.reset()
+    prompt1 = [5, 6, 7, 8, 9, 10, 11]
+    answer = tokens_of(model.generate(prompt1, max_tokens=12))
+    prompt2 = prompt1 + answer + [20, 21, 22]
+    turn2 = list(model.generate(prompt2, max_tokens=10))
+    assert turn2[0].prompt_reused == len(prompt1) + len(answer) - 1
+    rt.reset()
+    fresh = list(model.generate(prompt2, max_tokens=10))
+    assert fresh[0].prompt_reused == 0
+    assert tokens_of(turn2) == tokens_of(fresh)
+
+
+def test_sampled_follow_up_equals_fresh(model):
+    """Seeded sampling draws by (seed, position): a reused cache must give the same text as a fresh one."""
+    rt, sampling = model.runtime, SamplingParams(temperature=0.9, top_p=0.95, repetition_penalty=1.1, seed=5)
+    rt.reset()
+    prompt1 = [12, 13, 14, 15, 16]
+    answer = tokens_of(model.generate(prompt1, max_tokens=20, sampling=sampling))
+    prompt2 = prompt1 + answer[:13] + [40, 41]  # as if the reply had stopped after 13 tokens
+    reused = list(model.generate(prompt2, max_tokens=15, sampling=sampling))
+    assert reused[0].prompt_reused == len(prompt1) + 13
+    rt.reset()
+    assert tokens_of(reused) == tokens_of(model.generate(prompt2, max_tokens=15, sampling=sampling))
+
+
+def test_regenerate_and_edit_equal_fresh(model):
+    rt = model.runtime
+    rt.reset()
+    prompt = [30, 31, 32, 33, 34, 35]
+    first = tokens_of(model.generate(prompt, max_tokens=40))
+    again = list(model.generate(prompt, max_tokens=40))  # resumes at the prompt snapshot
+    assert again[0].prompt_reused == len(prompt) - 1 and tokens_of(again) == first
+    edited = prompt[:3] + [99, 98] + first[:7]  # diverges inside the first prompt: replay from 0
+    ours = list(model.generate(edited, max_tokens=20))
+    assert ours[0].prompt_reused == 3
+    rt.reset()
+    assert tokens_of(ours) == tokens_of(model.generate(edited, max_tokens=20))
+
+
+def test_stopping_mid_batch_keeps_the_state_consistent(model):
+    """The Stop button (or a stop token) ends a reply while decode batches run ahead: settle() truncates
+    behind the recurrent state, which then comes back from a decode snapshot plus a short replay."""
+    rt = model.runtime
+    rt.reset()
+    prompt = list(range(40, 70))
+    gen = model.generate(prompt, max_tokens=100)
+    taken = [next(gen).token for _ in range(37)]
+    gen.close()
+    assert rt.cached_ids == prompt + taken[:-1] and rt.n_cached == len(prompt) + 36
+    assert rt._lag == 64  # the decode snapshot at position 64, two tokens to replay
+    follow = prompt + taken + [50, 51]
+    reused = list(model.generate(follow, max_tokens=12))
+    assert reused[0].prompt_reused == len(prompt) + 36
+    rt.reset()
+    assert tokens_of(reused) == tokens_of(model.generate(follow, max_tokens=12))
+
+
+def test_truncate_without_ids_fails_clearly(model):
+    rt = model.runtime
+    rt.reset()
+    rt.prefill([5, 6, 7, 8])
+    list(rt.decode(0, 10, batch=4))  # decoded ids are not in cached_ids until a caller sets them
+    rt.truncate(rt.n_cached - 2)
+    with pytest.raises(ZeroTVMError, match="token ids after 4 are unknown"):
+        rt.logits([9])
+    rt.reset()
+
+
+def test_snapshot_memory_is_bounded(model):
+    rt = model.runtime
+    rt.reset()
+    for turn in range(4):
+        list(model.generate([7 + turn] * 5 + list(range(20, 20 + 10 * turn)), max_tokens=40))
+    snaps = rt._snapshots()
+    assert len(snaps) <= sum(rt._caps.values()) and len(rt._free) + len(snaps) == sum(rt._caps.values())
+    assert all(q <= rt.n_cached for q, _ in snaps)
+
+
+# ---- config and bad input -------------------------------------------------------------------------------------
+
+
+def test_model_args_read_nested_and_interval_configs():
+    module = model_module("qwen3_5")
+    text = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=8, num_attention_heads=4, vocab_size=300,
+                num_key_value_heads=2, head_dim=32, full_attention_interval=4,
+                rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25))
+    spec = module.spec(module.ModelArgs.from_dict({"model_type": "qwen3_5", "tie_word_embeddings": True,
+                                                   "text_config": text}))
+    assert spec.attn_layers == (3, 7) and spec.rot_dim == 8 and spec.tied_embeddings
+    assert "lm_head.q_weight" not in spec.names.values()
+    with pytest.raises(UnsupportedModelError, match="layer_types"):
+        module.spec(module.ModelArgs.from_dict({**text, "layer_types": ["linear_attention"] * 3}))
+
+
+def test_missing_tensor_is_named(gpu, tiny, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny[1], bad)
+    manifest = bad / "ndarray-cache.json"
+    data = json.loads(manifest.read_text())
+    for shard in data["records"]:
+        shard["records"] = [r for r in shard["records"] if r["name"] != "model.layers.2.linear_attn.dt_bias"]
+    manifest.write_text(json.dumps(data))
+    with pytest.raises(ModelFormatError, match="model.layers.2.linear_attn.dt_bias"):
+        load_model(bad, gpu=gpu, max_context=32)
+
+
+def test_wrong_shape_is_named(gpu, tiny, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny[1], bad)
+    manifest = bad / "ndarray-cache.json"
+    text = manifest.read_text()
+    data = json.loads(text)
+    rec = next(r for s in data["records"] for r in s["records"] if r["name"].endswith("0.linear_attn.conv1d_weight"))
+    conv, _, k = rec["shape"]
+    rec["shape"] = [conv // 2, 1, 2 * k]  # same bytes, wrong shape
+    manifest.write_text(json.dumps(data))
+    expected = r"model.layers.0.linear_attn.conv1d_weight: expected float16\[256, 1, 4\], found float16\[128, 1, 8\]"
+    with pytest.raises(ModelFormatError, match=expected):
+        load_model(bad, gpu=gpu, max_context=32)
+
+
+def test_converter_names_a_missing_hf_tensor(tiny, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny[0], hf)
+    (st,) = hf.glob("*.safetensors")
+    tensors = load_file(st)
+    del tensors["model.layers.3.linear_attn.A_log"]
+    save_file(tensors, st, metadata={"format": "pt"})
+    with pytest.raises(ModelFormatError, match="model.layers.3.linear_attn.A_log"):
+        convert_hf_to_mlc(hf, tmp_path / "out")
+
+
+def test_converter_reads_multimodal_checkpoints(tiny, tmp_path):
+    """Qwen3_5ForConditionalGeneration layout: text under model.language_model., config under text_config,
+    vision tower and MTP weights left out; the result equals the text-only conversion byte for byte."""
+    from safetensors.numpy import load_file, save_file
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (st,) = tiny[0].glob("*.safetensors")
+    tensors = {k.replace("model.", "model.language_model.", 1): v for k, v in load_file(st).items()}
+    tensors["model.visual.patch_embed.proj.weight"] = np.zeros((4, 4), np.float32)
+    tensors["mtp.fc.weight"] = np.zeros((4, 4), np.float32)
+    save_file(tensors, hf / "model.safetensors", metadata={"format": "pt"})
+    text = json.loads((tiny[0] / "config.json").read_text())
+    config = {"model_type": "qwen3_5", "tie_word_embeddings": True, "text_config": text, "vision_config": {}}
+    (hf / "config.json").write_text(json.dumps(config))
+    out = convert_hf_to_mlc(hf, tmp_path / "out")
+    shards = sorted(p.name for p in out.glob("params_shard_*.bin"))
+    assert shards == sorted(p.name for p in tiny[1].glob("params_shard_*.bin"))
+    for name in shards:
+        assert (out / name).read_bytes() == (tiny[1] / name).read_bytes()
+    assert json.loads((out / "mlc-chat-config.json").read_text())["model_type"] == "qwen3_5"
+
+
+def test_real_qwen3_5_4b_layer_shapes_run(gpu):
+    """One GDN and one attention layer at Qwen3.5-4B's real widths (d 2560, GDN 16/32 heads × 128, attention
+    16/4 × 256 with 64 rotary dims; the MLP, which is the dense models' own, kept narrow to stay quick on a
+    software GPU), random weights: every kernel builds and binds at these sizes, and the decode kernels agree
+    with chunked prefill."""
+    from engine.hybrid import hybrid_tensor_shapes
+    from engine.models.qwen3_5 import ModelArgs
+    from engine.models.qwen3_5 import spec as make_spec
+
+    args = ModelArgs.from_dict(dict(
+        hidden_size=2560, intermediate_size=256, num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=4,
+        head_dim=256, vocab_size=1024, layer_types=["linear_attention", "full_attention"], max_position_embeddings=64,
+        rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25)))
+    spec = make_spec(args)
+    assert (spec.conv_dim, spec.rot_dim) == (8192, 64)
+    spec.names = {c: c for c in hybrid_tensor_shapes(spec)}
+    rng = np.random.default_rng(0)
+
+    def weights():
+        for name, (shape, dtype) in hybrid_tensor_shapes(spec).items():
+            if dtype == "uint32":
+                yield name, rng.integers(0, 2**32, size=shape, dtype=np.uint32)
+            elif name.endswith("q_scale"):
+                yield name, (rng.random(shape) * 0.5 / np.sqrt(shape[1] * 32)).astype(np.float16)
+            elif name.endswith("A_log"):
+                yield name, np.log(rng.uniform(0.05, 1, shape)).astype(np.float32)
+            elif name.endswith("dt_bias"):
+                yield name, rng.normal(0, 0.5, shape).astype(np.float32)
+            else:
+                yield name, rng.normal(1.0 if "norm" in name else 0.0, 0.3, shape).astype(np.float16)
+
+    rt = HybridTransformer(gpu, spec, weights(), max_context=64, prefill_chunk=16)
+    assert rt.dispatches_per_token == 24
+    ids = rng.integers(0, 1024, 6)  # the GEMM path is slow on a software GPU: one 6-row chunk
+    chunked = rt.logits(ids)
+    rt.reset()
+    per_token = rt.logits(ids, chunk=1)
+    assert np.isfinite(chunked).all()
+    assert np.abs(per_token - chunked).max() <= 5e-3 * np.abs(chunked).max()
