@@ -1,0 +1,431 @@
+"""Reader for MLX checkpoints (what mlx-lm's convert/save write): config, safetensors read by byte range,
+and the affine-quantized weights repacked, exactly, into the layouts our kernels read.
+
+A folder holds config.json (a vision-language model nests the language model's settings under
+`text_config`), model.safetensors.index.json ({"weight_map": {tensor: shard file}}) or a lone
+model.safetensors, and tokenizer files. A shard is an 8-byte little-endian header length, a JSON header
+{name: {dtype, shape, data_offsets}} and the data; we parse headers ourselves and read one tensor's byte
+range at a time, never a whole shard. Keys under `language_model.` lose that prefix and every other key of
+such a checkpoint (the vision tower) is ignored: its shards are never opened.
+
+A quantized module X is three tensors: X.weight (u32 codes), X.scales and X.biases; it is yielded once,
+as X.weight, in a PackedWeight. config.json `quantization` holds the defaults {group_size, bits, mode} and
+per-module overrides keyed by module path (mlx-lm writes {"bits": 8} for the MoE router and the
+shared-expert gate). Formats (engine/matmul.py FORMATS; N rows, K columns, G = K/64 groups):
+
+| MLX tensor | tag | arrays | value |
+|---|---|---|---|
+| affine 4-bit, group 64 | mlx4 | q_weight u32 [..., N, K/8], q_scale f16 [..., N, G, 2] = (s, b) | s·q + b |
+| affine 2- or 3-bit | mlx4 | the same: each code widened to a nibble | s·q + b |
+| affine 8-bit | mlx8 | q_weight u32 [..., N, K/4], q_scale f16 [..., N, G, 2] | s·q + b |
+| affine 5- or 6-bit | mlx8 | each code widened to a byte | s·q + b |
+| unquantized A_log, dt_bias | f32 | weight f32, shape as stored | as stored |
+| other unquantized tensors | f16 | weight f16 as stored (norms, conv1d [C, 4, 1], biases, matrices) | as stored |
+
+Stacked experts (`switch_mlp.*`, [E, N, K]) keep E leading. MLX packs each row as one LSB-first bitstream:
+code i sits at bits [b·i, b·i + b). At 4 and 8 bits that is exactly our order (code i at bits b·(i % (32/b))
+of word i·b/32), so the words are copied as they are. At 3 bits a 64-group is 6 words and a code may
+straddle two words; we widen every code to a nibble, which is exact but costs 33% more memory and
+bandwidth for those weights (Qwen3.6-35B-A3B's 3-bit experts: about 12 GB of codes become 16 GB). A native
+3-bit kernel would read the bitstream where it lies, but it needs its own word-straddling decode path in
+matvec and GEMM, its own tests and a tuning pass: a kernel project of its own, so it is not part of the reader.
+
+Scales and biases (bf16, f16 or f32) become f16: bf16 values in f16's normal range (|v| ≥ 2^-14) convert
+exactly, smaller ones round to the nearest f16 subnormal, and a value past f16's range is an error.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.formats.gguf import PackedWeight
+from engine.formats.mlc import ProgressFn
+
+CONFIG = "config.json"
+INDEX = "model.safetensors.index.json"
+SINGLE = "model.safetensors"
+PREFIX = "language_model."
+GROUP = 64  # the group size of the mlx4/mlx8 tags
+WIDE = {2: 4, 3: 4, 4: 4, 5: 8, 6: 8, 8: 8}  # stored bits -> the kernel layout's bits
+F32_PARAMS = ("A_log", "dt_bias")  # the GDN gates take these in f32; every other float tensor becomes f16
+MAX_HEADER = 100 << 20  # safetensors' own cap on the JSON header
+ELEMENTS_PER_PASS = 1 << 22  # bounds the temporaries while widening codes or converting floats
+_DTYPES = {"BF16": "<u2", "F16": "<f2", "F32": "<f4", "F64": "<f8", "U8": "u1", "I8": "i1", "U16": "<u2",
+           "I16": "<i2", "U32": "<u4", "I32": "<i4", "U64": "<u8", "I64": "<i8", "BOOL": "?"}
+_FLOATS = ("BF16", "F16", "F32")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor of a shard: its full key, dtype, shape and absolute byte range in `path`."""
+
+    key: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+    path: Path
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What reading one logical weight takes, checked from the headers alone."""
+
+    tensors: tuple[Tensor, ...]  # weight (, scales, biases)
+    format: str
+    shape: tuple[int, ...]  # logical shape: (..., N, K) for quantized matrices
+    bits: int  # stored bits (16/32 for float tensors)
+
+
+class MlxCheckpoint:
+    """An MLX model folder. Opening reads config.json, the index and the headers of the shards it needs."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise ModelFormatError(f"{self.path}: model folder not found (or not a folder)")
+        self.config_path = self.path / CONFIG
+        raw = _read_json(self.config_path)
+        text = raw.get("text_config", {})
+        if not isinstance(text, dict):
+            raise ModelFormatError(f"{self.config_path}: 'text_config' is not an object")
+        # The language model's settings; a VLM's text_config wins over the top level.
+        self.config: dict = {k: v for k, v in raw.items() if k != "text_config"} | text
+        self._defaults, self._overrides = _quantization(raw, text, self.config_path)
+
+        index = self.path / INDEX
+        if index.is_file():
+            self.source = index
+            weight_map = _read_json(index).get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                raise ModelFormatError(f"{index}: no 'weight_map' object of tensor -> shard file")
+        elif (self.path / SINGLE).is_file():
+            self.source = self.path / SINGLE
+            weight_map = {k: SINGLE for k in _read_header(self.source)}
+        else:
+            raise ModelFormatError(f"{self.path}: no {INDEX} or {SINGLE}; not an MLX checkpoint folder")
+
+        # Logical key -> (full key, shard). With a language_model. prefix anywhere, only those keys count.
+        prefixed = self._prefix = PREFIX if any(k.startswith(PREFIX) for k in weight_map) else ""
+        self._where: dict[str, tuple[str, str]] = {}
+        for key, shard in weight_map.items():
+            if prefixed and not key.startswith(PREFIX):
+                continue
+            if not prefixed and key.startswith(("vision_tower.", "model.visual.")):
+                continue
+            self._where[key[len(PREFIX):] if prefixed else key] = (key, shard)
+        self._tensors: dict[str, Tensor] = {}
+        for shard in dict.fromkeys(s for _, s in self._where.values()):
+            file = self.path / shard
+            if not file.is_file():
+                key = next(k for k, s in self._where.values() if s == shard)
+                raise ModelFormatError(f"{self.source}: tensor '{key}' is in shard '{shard}', which is missing")
+            header = _read_header(file)
+            for name, (key, s) in self._where.items():
+                if s != shard:
+                    continue
+                if key not in header:
+                    raise ModelFormatError(f"{file}: {self.source.name} puts tensor '{key}' here, but the shard's "
+                                           "header does not list it")
+                self._tensors[name] = header[key]
+
+    # -- names --------------------------------------------------------------------------------------
+
+    def tensor_names(self) -> list[str]:
+        """Logical weight names (prefix stripped; a quantized module's scales and biases fold into X.weight)."""
+        return [n for n in self._tensors if not self._folded(n)]
+
+    def _folded(self, name: str) -> bool:
+        module, _, leaf = name.rpartition(".")
+        return leaf in ("scales", "biases") and f"{module}.weight" in self._tensors
+
+    def _tensor(self, name: str) -> Tensor:
+        t = self._tensors.get(name)
+        if t is None:
+            close = difflib.get_close_matches(name, self._tensors, n=3, cutoff=0.6)
+            hint = f"; similar: {', '.join(close)}" if close else ""
+            raise ModelFormatError(f"{self.source}: no tensor '{self._prefix}{name}'{hint}")
+        return t
+
+    # -- plans --------------------------------------------------------------------------------------
+
+    def _quant(self, module: str) -> dict | None:
+        """{bits, group_size, mode} for a module, or None where config.json says it is not quantized."""
+        override = self._overrides.get(module)
+        if override is False or (override is None and self._defaults is None):
+            return None
+        return (self._defaults or {}) | (override if isinstance(override, dict) else {})
+
+    def _plan(self, name: str) -> _Plan:
+        w = self._tensor(name)
+        module = name[: -len(".weight")] if name.endswith(".weight") else None
+        if module is None or f"{module}.scales" not in self._tensors:
+            return self._float_plan(w, name)
+        s, b = self._tensor(f"{module}.scales"), self._tensor(f"{module}.biases")
+        q = self._quant(module)
+        if q is None:
+            raise ModelFormatError(f"{s.path}: tensor '{s.key}' says {module} is quantized, but config.json has "
+                                   "no quantization settings for it")
+        bits, group, mode = q.get("bits"), q.get("group_size"), q.get("mode", "affine")
+        if mode != "affine":
+            raise UnsupportedModelError(f"{w.path}: tensor '{w.key}' is quantized in MLX mode '{mode}'; only "
+                                        "affine (scale·q + bias) is supported")
+        if bits not in WIDE or group != GROUP:
+            raise UnsupportedModelError(
+                f"{w.path}: tensor '{w.key}' is {bits}-bit with group size {group}; supported: affine "
+                f"{', '.join(map(str, WIDE))}-bit with group size {GROUP}")
+        if w.dtype != "U32" or s.dtype not in _FLOATS or b.dtype not in _FLOATS:
+            raise ModelFormatError(f"{w.path}: quantized tensor '{w.key}' is {w.dtype} with {s.dtype} scales and "
+                                   f"{b.dtype} biases; expected U32 codes and BF16/F16/F32 scales and biases")
+        if len(w.shape) < 2 or s.shape != b.shape or w.shape[:-1] != s.shape[:-1]:
+            raise ModelFormatError(f"{w.path}: tensor '{w.key}' {list(w.shape)}, its scales {list(s.shape)} and "
+                                   f"biases {list(b.shape)} do not describe one quantized matrix")
+        k = s.shape[-1] * group
+        if w.shape[-1] * 32 != k * bits:
+            raise ModelFormatError(
+                f"{w.path}: tensor '{w.key}' has {w.shape[-1]} u32 words per row, but {k} columns ({s.shape[-1]} "
+                f"groups of {group}, from its scales) at {bits} bits need {k * bits / 32:g}: config.json's bit "
+                "width does not match the weights (or the tensor is damaged)")
+        tag = "mlx4" if WIDE[bits] == 4 else "mlx8"
+        return _Plan((w, s, b), tag, (*w.shape[:-1], k), bits)
+
+    def _float_plan(self, t: Tensor, name: str) -> _Plan:
+        if t.dtype not in _FLOATS:
+            raise ModelFormatError(f"{t.path}: tensor '{t.key}' is {t.dtype} without scales; expected a float "
+                                   "tensor or a quantized weight/scales/biases triple")
+        f32 = name.rpartition(".")[2] in F32_PARAMS
+        return _Plan((t,), "f32" if f32 else "f16", t.shape, 16 if t.dtype in ("BF16", "F16") else 32)
+
+    def formats(self, names: Iterable[str] | None = None) -> dict[str, str]:
+        """Logical name -> format tag, from the headers alone (for building pipelines up front)."""
+        return {n: self._plan(n).format for n in (self.tensor_names() if names is None else names)}
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The logical shape of a weight ((..., N, K) for quantized matrices), from the headers alone."""
+        return self._plan(name).shape
+
+    # -- reading ------------------------------------------------------------------------------------
+
+    def read(self, name: str) -> PackedWeight:
+        """One logical weight in our layout (see the module docstring)."""
+        return self._read(self._plan(name))
+
+    def load(self, names: Iterable[str] | None = None, on_progress: ProgressFn | None = None
+             ) -> Iterator[tuple[str, PackedWeight]]:
+        """Yield (name, PackedWeight), one weight in memory at a time; every name is checked first."""
+        wanted = self.tensor_names() if names is None else list(dict.fromkeys(names))
+        plans = {n: self._plan(n) for n in wanted}
+        return self._load(plans, on_progress)
+
+    def _load(self, plans: dict[str, _Plan], on_progress):
+        total = sum(t.nbytes for p in plans.values() for t in p.tensors)
+        done = 0
+        for i, (name, plan) in enumerate(plans.items()):
+            weight = self._read(plan)
+            done += sum(t.nbytes for t in plan.tensors)
+            yield name, weight
+            del weight  # at most one weight alive here while the caller uploads it
+            if on_progress is not None:
+                on_progress(i, len(plans), str(plan.tensors[0].path), done, total)
+
+    def _read(self, plan: _Plan) -> PackedWeight:
+        keys = tuple(t.key for t in plan.tensors)
+        if len(plan.tensors) == 1:
+            t = plan.tensors[0]
+            arr = _to_f16(_floats(t), t) if plan.format == "f16" else _floats(t)
+            weight = PackedWeight({"weight": arr}, plan.format, plan.shape, keys)
+        else:
+            w, s, b = plan.tensors
+            codes = _array(w)
+            if plan.bits != WIDE[plan.bits]:
+                codes = widen_codes(codes.reshape(-1, codes.shape[-1]), plan.bits).reshape(*w.shape[:-1], -1)
+            q_scale = np.stack([_to_f16(_floats(s), s), _to_f16(_floats(b), b)], axis=-1)
+            weight = PackedWeight({"q_weight": codes, "q_scale": q_scale}, plan.format, plan.shape, keys)
+        weight.bits = plan.bits
+        return weight
+
+    # -- MoE ----------------------------------------------------------------------------------------
+
+    def moe_weights(self, layer: int) -> dict[str, PackedWeight]:
+        """A MoE layer's weights keyed by their path under `model.layers.{layer}.mlp.` (gate,
+        switch_mlp.{gate,up,down}_proj, and shared_expert.{gate,up,down}_proj + shared_expert_gate when the
+        config has a shared expert), shapes checked against config.json before anything is read."""
+        cfg = self.config
+        e, d, i = (_int(cfg, k, self.config_path) for k in ("num_experts", "hidden_size", "moe_intermediate_size"))
+        want = {"gate": (e, d), "switch_mlp.gate_proj": (e, i, d), "switch_mlp.up_proj": (e, i, d),
+                "switch_mlp.down_proj": (e, d, i)}
+        shared = cfg.get("shared_expert_intermediate_size") or 0
+        if shared:
+            want |= {"shared_expert.gate_proj": (shared, d), "shared_expert.up_proj": (shared, d),
+                     "shared_expert.down_proj": (d, shared), "shared_expert_gate": (1, d)}
+        prefix = f"model.layers.{layer}.mlp."
+        plans = {}
+        for part, shape in want.items():
+            plan = self._plan(f"{prefix}{part}.weight")
+            if plan.shape != shape:
+                t = plan.tensors[0]
+                raise ModelFormatError(f"{t.path}: tensor '{t.key}' holds a {list(plan.shape)} matrix; config.json "
+                                       f"implies {list(shape)}")
+            plans[part] = plan
+        return {part: self._read(plan) for part, plan in plans.items()}
+
+
+# ---- layouts ---------------------------------------------------------------------------------------
+
+def widen_codes(words: np.ndarray, bits: int) -> np.ndarray:
+    """MLX rows of `bits`-bit codes (u32 [rows, K·bits/32], one LSB-first bitstream per row) -> our u32 rows
+    of 4-bit (bits ≤ 4) or 8-bit codes: code i at bits wide·(i % (32/wide)) of word i·wide/32."""
+    rows, per_row = words.shape
+    k = per_row * 32 // bits
+    out = np.empty((rows, k * WIDE[bits] // 32), np.uint32)
+    shifts = np.uint64(bits) * np.arange(8, dtype=np.uint64)
+    step = max(1, ELEMENTS_PER_PASS // k)
+    for r0 in range(0, rows, step):
+        # Eight codes fill exactly `bits` bytes: read them as one little-endian integer, then split it.
+        raw = np.ascontiguousarray(words[r0:r0 + step]).view(np.uint8).reshape(-1, k // 8, bits)
+        v = np.zeros(raw.shape[:2], np.uint64)
+        for j in range(bits):
+            v |= raw[..., j].astype(np.uint64) << np.uint64(8 * j)
+        codes = (v[..., None] >> shifts) & np.uint64((1 << bits) - 1)  # [rows, K/8, 8]
+        if WIDE[bits] == 4:
+            nibbles = codes.astype(np.uint32) << (np.uint32(4) * np.arange(8, dtype=np.uint32))
+            out[r0:r0 + step] = np.bitwise_or.reduce(nibbles, axis=-1)
+        else:
+            out[r0:r0 + step] = codes.astype(np.uint8).reshape(len(raw), k).view("<u4")
+    return out
+
+
+def dequantize(weight: PackedWeight) -> np.ndarray:
+    """float32 values of a PackedWeight from this reader: scale·q + bias in f32, as mx.dequantize computes it
+    with f32 scales (scale·q is exact in f32, so there is one rounding either way)."""
+    if "weight" in weight:
+        return weight["weight"].astype(np.float32)
+    bits = 4 if weight.format == "mlx4" else 8
+    q_weight = weight["q_weight"]
+    per_word = 32 // bits
+    shifts = np.arange(per_word, dtype=np.uint32) * np.uint32(bits)
+    q = ((q_weight[..., None] >> shifts) & np.uint32(2**bits - 1)).astype(np.float32)
+    q = q.reshape(*q_weight.shape[:-1], -1, GROUP)  # [..., N, G, 64]
+    s = weight["q_scale"].astype(np.float32)
+    out = s[..., 0:1] * q + s[..., 1:2]
+    return out.reshape(*q_weight.shape[:-1], -1)
+
+
+# ---- files -----------------------------------------------------------------------------------------
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        raise ModelFormatError(f"{path}: missing; an MLX model folder needs it")
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ModelFormatError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise ModelFormatError(f"{path}: expected a JSON object at the top level")
+    return value
+
+
+def _quantization(raw: dict, text: dict, where: Path) -> tuple[dict | None, dict]:
+    """(defaults {bits, group_size, mode} or None, overrides keyed by module path without the prefix)."""
+    q = raw.get("quantization", text.get("quantization", raw.get("quantization_config")))
+    if q is None:
+        return None, {}
+    if not isinstance(q, dict) or "bits" not in q or "group_size" not in q:
+        method = q.get("quant_method") if isinstance(q, dict) else None
+        raise UnsupportedModelError(f"{where}: 'quantization' is {q if method is None else method!r}; expected "
+                                    "MLX's {bits, group_size, mode}")
+    defaults = {k: q[k] for k in ("bits", "group_size", "mode") if k in q}
+    overrides = {}
+    for key, value in q.items():
+        if isinstance(value, (dict, bool)):
+            overrides[key[len(PREFIX):] if key.startswith(PREFIX) else key] = value
+    return defaults, overrides
+
+
+def _int(cfg: dict, key: str, where: Path) -> int:
+    value = cfg.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ModelFormatError(f"{where}: '{key}' is {value!r}, expected a positive integer")
+    return value
+
+
+def _read_header(path: Path) -> dict[str, Tensor]:
+    """A shard's tensors from its header, each checked to lie inside the file."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(8)
+        n = int.from_bytes(head, "little") if len(head) == 8 else -1
+        if n < 2 or n > min(size - 8, MAX_HEADER):
+            raise ModelFormatError(f"{path}: not a safetensors file, or truncated ({size} bytes; header length "
+                                   f"{n})")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ModelFormatError(f"{path}: unreadable safetensors header ({e})") from None
+    if not isinstance(header, dict):
+        raise ModelFormatError(f"{path}: the safetensors header is not a JSON object")
+    start, out = 8 + n, {}
+    for key, meta in header.items():
+        if key == "__metadata__":
+            continue
+        try:
+            dtype, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
+            nbytes = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
+        except (KeyError, TypeError, ValueError):
+            raise ModelFormatError(f"{path}: tensor '{key}' has a malformed header entry {meta!r}") from None
+        if not 0 <= begin <= end or end - begin != nbytes:
+            raise ModelFormatError(f"{path}: tensor '{key}' is {dtype} {list(shape)} ({nbytes} bytes) but its "
+                                   f"data_offsets span {end - begin} bytes")
+        out[key] = Tensor(key, dtype, shape, start + begin, nbytes, path)
+    # Name the first tensor (in file order) whose bytes run past the end.
+    for t in sorted(out.values(), key=lambda t: t.offset):
+        if t.offset + t.nbytes > size:
+            raise ModelFormatError(f"{path}: tensor '{t.key}' needs bytes up to {t.offset + t.nbytes} but the file "
+                                   f"is {size} bytes (truncated download?)")
+    return out
+
+
+def _array(t: Tensor) -> np.ndarray:
+    """The tensor's raw values (bf16 as u16) read from its byte range."""
+    dtype = np.dtype(_DTYPES[t.dtype])
+    count = t.nbytes // dtype.itemsize
+    with open(t.path, "rb") as f:
+        f.seek(t.offset)
+        arr = np.fromfile(f, dtype, count)
+    if arr.size != count:
+        raise ModelFormatError(f"{t.path}: tensor '{t.key}' ends past the end of the file (truncated?)")
+    return arr.reshape(t.shape)
+
+
+def _floats(t: Tensor) -> np.ndarray:
+    """A float tensor as f32 (bf16 is the top half of an f32: widen by shifting) or f16/f32 as stored."""
+    arr = _array(t)
+    if t.dtype == "BF16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr
+
+
+def _to_f16(arr: np.ndarray, t: Tensor) -> np.ndarray:
+    if arr.dtype == np.float16:
+        return arr
+    out = np.empty(arr.shape, np.float16)
+    flat_in, flat_out = arr.reshape(-1), out.reshape(-1)
+    for i in range(0, flat_in.size, ELEMENTS_PER_PASS):
+        part = flat_in[i:i + ELEMENTS_PER_PASS]
+        with np.errstate(over="ignore"):  # reported below, naming the tensor
+            half = part.astype(np.float16)
+        flat_out[i:i + ELEMENTS_PER_PASS] = half
+        bad = np.isinf(half) & np.isfinite(part)
+        if bad.any():
+            raise ModelFormatError(f"{t.path}: tensor '{t.key}' holds {part[bad][0]:g}, past f16's range "
+                                   "(±65504); the kernels read this tensor as f16")
+    return out
