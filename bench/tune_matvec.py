@@ -17,8 +17,8 @@ from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
 from engine.matmul import matvec_plan  # noqa: E402
 
 N_REPS = 100
-VARIANTS = [(8, 64), (4, 64), (2, 64), (16, 64), (8, 128), (4, 128), (8, 256), (4, 256), (2, 256), (1, 256),
-            (2, 128), (1, 64)]
+VARIANTS = [(4, 64), (2, 64), (8, 64), (4, 128), (2, 128), (8, 32), (4, 32), (2, 32), (1, 32), (16, 32), (4, 16),
+            (2, 16), (8, 16)]
 
 
 def main(shape: str) -> None:
@@ -54,4 +54,5 @@ def main(shape: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "phi3-mini")
+    for shape in sys.argv[1:] or ["phi3-mini"]:
+        main(shape)
