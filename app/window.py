@@ -623,6 +623,7 @@ class MainWindow(QMainWindow):
                 self.token_store.set(token) if action == "set" else self.token_store.clear()
             except Exception as e:
                 self.show_error(*_describe(e, "save the token"))
+        apply_environment(self.prefs)
         if self.prefs.theme != old.theme:
             from PySide6.QtWidgets import QApplication
 
@@ -651,6 +652,18 @@ class MainWindow(QMainWindow):
             self.downloads.close()
             self.engine.close()
         super().closeEvent(event)
+
+
+def apply_environment(prefs: AppPrefs) -> None:
+    """Prefs the engine reads from the environment: the models folder and offline mode (downloads refuse)."""
+    import os
+
+    if prefs.models_dir:
+        os.environ["ZEROTVM_MODELS"] = prefs.models_dir
+    if prefs.offline:
+        os.environ["ZEROTVM_OFFLINE"] = "1"
+    else:
+        os.environ.pop("ZEROTVM_OFFLINE", None)
 
 
 def _stats_text(stats: dict) -> str:
