@@ -12,7 +12,10 @@ STORE_FILE = "chats.sqlite3"
 
 
 def parse_args(argv: list[str] | None):
+    from engine import get_version
+
     p = argparse.ArgumentParser(prog="zerotvm-chat", description="Zero-TVM Desktop: private LLM chat on your GPU")
+    p.add_argument("--version", action="version", version=f"%(prog)s {get_version()}")
     p.add_argument("--self-test", action="store_true",
                    help="load the demo model without a window, answer one question, print it and exit")
     p.add_argument("--data-dir", help="keep chats, settings and models here instead of the per-user folder")
@@ -43,18 +46,22 @@ def run_app(qt_args: list[str], auto_setup: bool = True) -> int:
     from app.prefs import load_prefs
     from app.store import ConversationStore, StoreError
     from app.theme import apply_theme
-    from app.window import MainWindow
+    from app.window import MainWindow, apply_environment
     from engine.paths import data_dir
     from engine.settings import load_settings
 
     app = QApplication.instance() or QApplication(["zerotvm-chat", *qt_args])
     app.setApplicationName("ZeroTVM")
     app.setApplicationDisplayName("Zero-TVM")
+    from PySide6.QtGui import QIcon
+
+    from engine.resources import resource_path
+
+    app.setWindowIcon(QIcon(str(resource_path("icons/zerotvm-256.png"))))  # PNG: no SVG plugin needed
     data = data_dir()
     prefs_path = data / PREFS_FILE
     prefs = load_prefs(prefs_path)
-    if prefs.models_dir:
-        os.environ["ZEROTVM_MODELS"] = prefs.models_dir
+    apply_environment(prefs)
     apply_theme(app, prefs.theme)
     try:
         store = ConversationStore(data / STORE_FILE)
