@@ -14,15 +14,7 @@ import wgpu
 from engine.attention import attention_consts, qkv_fused_plan
 from engine.errors import ContextLimitError, ModelFormatError
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
-from engine.matmul import (
-    MATVEC_WG,
-    embedding_pipeline,
-    embedding_plan,
-    format_knobs,
-    gemm_plan,
-    matvec_plan,
-    packed_shapes,
-)
+from engine.matmul import embedding_pipeline, embedding_plan, format_knobs, gemm_plan, matvec_plan, packed_shapes
 from engine.models.base import DenseSpec
 from engine.sampling import GpuSampler, SamplingParams
 
@@ -69,13 +61,11 @@ def tensor_shapes(spec: DenseSpec, formats: dict[str, str] | None = None) -> dic
 class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
-                 formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None,
-                 lm_head_wg: int = 64):
+                 formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None):
         self.gpu, self.spec = gpu, spec
         # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
         # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
         self.fused_qkv, self.matvec_rows = fused_qkv, matvec_rows
-        self.lm_head_wg = lm_head_wg  # threads per LM-head workgroup (an H200 sweep favoured 32; A/B pending)
         self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
         self.max_context = min(max_context or spec.context_length, spec.context_length)
@@ -158,9 +148,7 @@ class DenseTransformer:
             k, n, gu = self.mats[role]
             knobs = format_knobs(tag)
             if kind == "mv":
-                wg = self.lm_head_wg if role == "lm" else MATVEC_WG
-                consts = matvec_plan(k, n, gate_up=gu, last_row=role == "lm", rows=self.matvec_rows, wg=wg,
-                                     **knobs)[0]
+                consts = matvec_plan(k, n, gate_up=gu, last_row=role == "lm", rows=self.matvec_rows, **knobs)[0]
             else:
                 consts = gemm_plan(k, n, 1, gate_up=gu, **knobs)[0]
             self.p[key] = self.gpu.pipeline("matvec_int4" if kind == "mv" else "matmul_int4", consts)
