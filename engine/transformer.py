@@ -14,7 +14,15 @@ import wgpu
 from engine.attention import attention_consts, qkv_fused_plan
 from engine.errors import ContextLimitError, ModelFormatError
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
-from engine.matmul import embedding_pipeline, embedding_plan, format_knobs, gemm_plan, matvec_plan, packed_shapes
+from engine.matmul import (
+    embedding_pipeline,
+    embedding_plan,
+    format_knobs,
+    gemm_plan,
+    matvec_plan,
+    matvec_sg_plan,
+    packed_shapes,
+)
 from engine.models.base import DenseSpec
 from engine.sampling import GpuSampler, SamplingParams
 
@@ -61,11 +69,14 @@ def tensor_shapes(spec: DenseSpec, formats: dict[str, str] | None = None) -> dic
 class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
-                 formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None):
+                 formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None,
+                 matvec_kernel: str = "wg"):
         self.gpu, self.spec = gpu, spec
         # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
         # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
         self.fused_qkv, self.matvec_rows = fused_qkv, matvec_rows
+        # "sg": decode matvecs split K over one subgroup (matvec_sg) instead of the workgroup; needs subgroups.
+        self.matvec_kernel = matvec_kernel if gpu.use_subgroups else "wg"
         self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
         self.max_context = min(max_context or spec.context_length, spec.context_length)
@@ -148,11 +159,21 @@ class DenseTransformer:
             k, n, gu = self.mats[role]
             knobs = format_knobs(tag)
             if kind == "mv":
-                consts = matvec_plan(k, n, gate_up=gu, last_row=role == "lm", rows=self.matvec_rows, **knobs)[0]
+                shader, consts = self._mv_plan(k, n, gu, role == "lm", knobs)[:2]
             else:
-                consts = gemm_plan(k, n, 1, gate_up=gu, **knobs)[0]
-            self.p[key] = self.gpu.pipeline("matvec_int4" if kind == "mv" else "matmul_int4", consts)
+                shader, consts = "matmul_int4", gemm_plan(k, n, 1, gate_up=gu, **knobs)[0]
+            self.p[key] = self.gpu.pipeline(shader, consts)
         return self.p[key]
+
+    def _mv_plan(self, k: int, n: int, gate_up: bool, last_row: bool = False, knobs: dict | None = None):
+        """(shader, constants, grid) of a decode matvec in the chosen kernel variant."""
+        knobs = knobs or {}
+        if self.matvec_kernel == "sg":
+            consts, grid = matvec_sg_plan(k, n, self.gpu.subgroup_size, gate_up=gate_up, last_row=last_row,
+                                          rows=self.matvec_rows, **knobs)
+            return "matvec_sg", consts, grid
+        consts, grid = matvec_plan(k, n, gate_up=gate_up, last_row=last_row, rows=self.matvec_rows, **knobs)
+        return "matvec_int4", consts, grid
 
     # ---- pipelines and bind groups (built once) ---------------------------------------------
     def _build(self) -> None:
@@ -181,7 +202,7 @@ class DenseTransformer:
             self.mats[name] = (k, n // 2, True) if name == "gate_up" else (k, n, False)
         self.mv_grid: dict[str, tuple] = {}  # decode grids are fixed: computed here, not per token
         for name, (k, n, gu) in self.mats.items():
-            self.mv_grid[name] = matvec_plan(k, n, gate_up=gu, rows=self.matvec_rows)[1]
+            self.mv_grid[name] = self._mv_plan(k, n, gu)[2]
 
         bind = g.bind
         self.bg["embed"] = bind(self.p["embed"], [self.tokens, *self._matrix("embed"), self.res[0], st], "embed")

@@ -18,6 +18,7 @@
 // Grid: fold_grid(ceil(N / ROWS)); the workgroup id is rebuilt from (x, y).
 #import step
 #import reduce
+#import matvec_body
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -25,107 +26,13 @@
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> step: Step;
 
-const QUANT: bool = BITS <= 8u;              // integer codes with scales (else plain f16)
-const CHUNKS: u32 = K / 32u;                 // 32-element chunks per row
-const WPC: u32 = BITS / 4u;                  // vec4<u32> words per chunk: 1 (4-bit), 2 (8-bit), 4 (f16)
-const GROUPS: u32 = K / GROUP;               // scale groups per row
-const CPG: u32 = GROUP / 32u;                // chunks per scale group
-const SPG: u32 = select(1u, 2u, AFFINE);     // f16 per group in s: scale, or (scale, min)
-const MATS: u32 = select(1u, 2u, GATE_UP);   // weight rows per output
-const SLOTS: u32 = ROWS * MATS;              // weight rows per workgroup: gate rows first, then up rows
-const SLOTS4: u32 = (SLOTS + 3u) / 4u * 4u;  // padded to whole wg_sum4 calls
-const N_GROUPS: u32 = (N + ROWS - 1u) / ROWS;
-const MAGIC: u32 = 0x4B000000u;              // bits of 2^23: a code OR-ed in is 2^23 + q exactly
-const MAGIC_PLUS_ZERO: f32 = 8388608.0 + f32(ZERO);
-
-// The code q goes into the mantissa of 2^23 instead of through an int→float conversion, and
-// subtracting 2^23 + ZERO leaves q − ZERO; both steps are exact.
-fn codes_minus_zero(q: vec4<u32>) -> vec4<f32> {
-    return bitcast<vec4<f32>>(q | vec4<u32>(MAGIC)) - MAGIC_PLUS_ZERO;
-}
-
-// Σ (q_i − ZERO)·x_i over the 8 nibbles of one word (element i at bits 4i).
-fn dot8(word: u32, lo: vec4<f32>, hi: vec4<f32>) -> f32 {
-    let q_lo = (vec4<u32>(word) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
-    let q_hi = (vec4<u32>(word) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u);
-    return dot(codes_minus_zero(q_lo), lo) + dot(codes_minus_zero(q_hi), hi);
-}
-
-// Σ (q_i − ZERO)·x_i over the 4 bytes of one word (element i at bits 8i).
-fn dot4(word: u32, xv: vec4<f32>) -> f32 {
-    return dot(codes_minus_zero((vec4<u32>(word) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(255u)), xv);
-}
-
-// Σ (q_e − ZERO)·x_e (or Σ w_e·x_e for f16) over the elements of word vector j of a chunk.
-fn vec_dot(v: vec4<u32>, j: u32, xs: ptr<function, array<vec4<f32>, 8>>) -> f32 {
-    if (BITS == 4u) {  // 32 nibbles: x vec4s 0..7
-        return dot8(v.x, (*xs)[0], (*xs)[1]) + dot8(v.y, (*xs)[2], (*xs)[3])
-             + dot8(v.z, (*xs)[4], (*xs)[5]) + dot8(v.w, (*xs)[6], (*xs)[7]);
-    } else if (BITS == 8u) {  // 16 bytes: x vec4s 4j..4j+3
-        let b = 4u * j;
-        return dot4(v.x, (*xs)[b]) + dot4(v.y, (*xs)[b + 1u]) + dot4(v.z, (*xs)[b + 2u]) + dot4(v.w, (*xs)[b + 3u]);
-    }
-    // f16: 8 halves, x vec4s 2j and 2j+1.
-    let a = vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
-    let c = vec4<f32>(unpack2x16float(v.z), unpack2x16float(v.w));
-    return dot(a, (*xs)[2u * j]) + dot(c, (*xs)[2u * j + 1u]);
-}
-
-fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
-
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let group_id = wid.y * nwg.x + wid.x;
     if (group_id >= N_GROUPS) { return; }  // the whole workgroup leaves, so reductions stay uniform
     let first = group_id * ROWS;
-    let x_row = select(0u, max(step.n_tokens, 1u) - 1u, LAST_ROW);
-    let x_base = x_row * (K / 4u);
-
-    // Rows past N are clamped to N-1: they load real data and join the reduction, but are not written.
-    var w_base: array<u32, SLOTS>;  // first vec4 of the row in w
-    var s_base: array<u32, SLOTS>;  // first group of the row in s
-    for (var i = 0u; i < SLOTS; i++) {
-        let row = (i / ROWS) * N + min(first + i % ROWS, N - 1u);
-        w_base[i] = row * CHUNKS * WPC;
-        s_base[i] = row * GROUPS;
-    }
-
-    var acc: array<f32, SLOTS4>;
-    for (var c = lane.lid; c < CHUNKS; c += WG) {
-        var words: array<vec4<u32>, SLOTS * WPC>;
-        var scales: array<f32, SLOTS>;
-        var mins: array<f32, SLOTS>;
-        for (var i = 0u; i < SLOTS; i++) {
-            for (var j = 0u; j < WPC; j++) {
-                words[i * WPC + j] = w[w_base[i] + c * WPC + j];
-            }
-            if (QUANT) {
-                let si = (s_base[i] + c / CPG) * SPG;
-                scales[i] = f32(s[si]);
-                if (AFFINE) { mins[i] = f32(s[si + 1u]); }
-            }
-        }
-        var xs: array<vec4<f32>, 8>;
-        for (var j = 0u; j < 8u; j++) { xs[j] = x[x_base + c * 8u + j]; }
-        // With AFFINE, Σ (s·q + m)·x = s·Σ q·x + m·Σ x: the minimum costs one multiply per chunk.
-        var xsum = 0.0;
-        if (AFFINE) {
-            let t = xs[0] + xs[1] + xs[2] + xs[3] + xs[4] + xs[5] + xs[6] + xs[7];
-            xsum = t.x + t.y + t.z + t.w;
-        }
-        for (var i = 0u; i < SLOTS; i++) {
-            var d = 0.0;
-            for (var j = 0u; j < WPC; j++) { d += vec_dot(words[i * WPC + j], j, &xs); }
-            if (!QUANT) {
-                acc[i] += d;
-            } else if (AFFINE) {
-                acc[i] += scales[i] * d + mins[i] * xsum;
-            } else {
-                acc[i] += scales[i] * d;
-            }
-        }
-    }
-
+    let x_base = select(0u, max(step.n_tokens, 1u) - 1u, LAST_ROW) * (K / 4u);
+    let acc = row_sums(first, x_base, lane.lid, WG);
     var total: array<f32, SLOTS4>;
     for (var i = 0u; i < SLOTS4; i += 4u) {
         let t = wg_sum4(vec4<f32>(acc[i], acc[i + 1u], acc[i + 2u], acc[i + 3u]), lane);
@@ -134,13 +41,5 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         total[i + 2u] = t.z;
         total[i + 3u] = t.w;
     }
-
-    let row = first + lane.lid;
-    if (lane.lid < ROWS && row < N) {
-        if (GATE_UP) {
-            y[row] = silu(total[lane.lid]) * total[ROWS + lane.lid];
-        } else {
-            y[row] = total[lane.lid];
-        }
-    }
+    write_row(first, lane.lid, total);
 }
