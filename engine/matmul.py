@@ -95,17 +95,6 @@ def matvec_plan(
     return consts, fold_grid(-(-N // rows))
 
 
-def matvec_sg_plan(K: int, N: int, subgroup_size: int, gate_up: bool = False, last_row: bool = False,
-                   rows: int | None = None, wg: int = MATVEC_WG, **fmt) -> tuple[dict, tuple[int, int]]:
-    """Constants and grid for shaders/matvec_sg.wgsl: ROWS outputs per subgroup (lanes 0..ROWS-1 write them),
-    WG / subgroup_size subgroups per workgroup."""
-    consts, _ = matvec_plan(K, N, gate_up=gate_up, last_row=last_row, rows=rows, wg=wg, **fmt)
-    if subgroup_size <= 0 or wg % subgroup_size or consts["ROWS"] > subgroup_size:
-        raise ValueError(f"subgroup size {subgroup_size} must divide WG={wg} and be ≥ ROWS={consts['ROWS']}")
-    groups = -(-N // consts["ROWS"])
-    return {**consts, "SG": subgroup_size}, fold_grid(-(-groups // (wg // subgroup_size)))
-
-
 def gemm_plan(
     K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_TM, tn: int | None = None,
     *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,

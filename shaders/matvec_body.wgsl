@@ -1,5 +1,5 @@
-// Shared body of the decode matvecs (matvec_int4: K split over a workgroup; matvec_sg: K split over one
-// subgroup): weight formats, dequantisation, the chunk loop and the output write. Layouts and constants are
+// The body of the decode matvec (matvec_int4): weight formats, dequantisation, the chunk loop over K and the
+// output write, kept apart from the reduction so a kernel can split K its own way. Layouts and constants are
 // documented in matvec_int4.wgsl; the including kernel declares the bindings x, w, s, y.
 
 const QUANT: bool = BITS <= 8u;              // integer codes with scales (else plain f16)

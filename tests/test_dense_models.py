@@ -130,17 +130,3 @@ def test_fused_qkv_decode_kernel_still_matches(gpu, tmp_path):
     fused.runtime.reset()
     per_token = fused.runtime.logits(ids, chunk=1)
     assert np.abs(per_token - ref).max() / np.abs(ref).max() < 5e-3
-
-
-def test_subgroup_matvec_variant_matches(gpu, tmp_path):
-    """matvec_kernel="sg" (K split over one subgroup) decodes the same logits as the workgroup variant."""
-    from tests.tiny_models import cached_tiny_hf
-
-    out = tmp_path / "qwen3"
-    assert cli_main(["convert", str(cached_tiny_hf("qwen3")), str(out)]) == 0
-    ids = np.random.default_rng(3).integers(0, 280, 30)
-    wg = load_model(out, gpu=gpu, max_context=64)
-    sg = load_model(out, gpu=gpu, max_context=64, matvec_kernel="sg")
-    ref = wg.runtime.logits(ids, chunk=1)
-    got = sg.runtime.logits(ids, chunk=1)
-    assert np.abs(got - ref).max() / np.abs(ref).max() < 1e-4

@@ -319,18 +319,3 @@ def test_gemm_formats(gpu, rng, variant, T, K, N, gate_up):
     consts, grid = gemm_plan(K, N, T, gate_up=gate_up, **fmt)
     out = run_int4(gpu, "matmul_int4", consts, grid, x, w, s, (T, N), T)
     assert_close(out, reference_fmt(x, w, s, N, gate_up, fmt))
-
-
-@pytest.mark.parametrize("K,N,T,gate_up,last_row,rows", [(64, 37, 1, False, False, 4), (1024, 1003, 2, False, False, 4),
-                                                         (256, 37, 3, False, True, 8), (96, 45, 1, True, False, 2),
-                                                         (2080, 6, 1, False, False, 1)])
-def test_matvec_subgroup_variant(gpu, rng, K, N, T, gate_up, last_row, rows):
-    """matvec_sg: each subgroup owns ROWS outputs and reduces with one subgroupAdd (probed subgroup size)."""
-    from engine.matmul import matvec_sg_plan
-
-    q_weight, q_scale = random_q4(rng, 2 * N if gate_up else N, K)
-    x = rng.standard_normal((T, K)).astype(np.float32)
-    sg = gpu.subgroup_size
-    consts, grid = matvec_sg_plan(K, N, sg, gate_up=gate_up, last_row=last_row, rows=min(rows, sg), wg=max(64, sg))
-    out = run_int4(gpu, "matvec_sg", consts, grid, x, q_weight, q_scale, (N,), T)
-    assert_close(out, reference(x[T - 1 if last_row else 0], q_weight, q_scale, N, gate_up))
