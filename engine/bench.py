@@ -189,6 +189,11 @@ def _git_commit() -> str:
 def run_bench(shape: str = "phi3-mini", decode_tokens: int = 128, prompt_tokens: int = 512, runs: int = 5,
               gpu: Gpu | None = None, long_prompt: int = 2048, timestamps: bool = False, **runtime_options) -> dict:
     """One shape's numbers; runtime_options go to DenseTransformer (for A/B runs of a runtime switch)."""
+    from engine.bench_hybrid import HYBRID_SHAPES, run_hybrid_bench
+
+    if shape in HYBRID_SHAPES:  # Qwen3.5 / Qwen3.6: engine/bench_hybrid.py
+        return run_hybrid_bench(shape, decode_tokens, prompt_tokens, runs, gpu, long_prompt, timestamps,
+                                **runtime_options)
     gpu = gpu or Gpu()
     spec = shape_spec(shape)
     chunk = min(prompt_tokens, 512)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine import demo
 from engine.errors import ModelFormatError
-from engine.models import SUPPORTED
+from engine.models import SUPPORTED, model_module
 from engine.paths import data_dir, models_dir
 from engine.resources import resource_path
 
@@ -286,8 +286,8 @@ def local_key(model: Path) -> str:
 
 def supported_runtime(fmt: str, model_type: str) -> str | None:
     """None when the engine runs this format and architecture, else the reason it does not."""
-    if fmt == "mlx":
-        return "MLX checkpoints are not supported yet (only MLC q4f16_1 folders and GGUF files run)."
+    if fmt == "mlx" and (model_type not in SUPPORTED or not hasattr(model_module(model_type), "mlx_layout")):
+        return f"MLX checkpoints of model_type {model_type!r} are not supported yet (the Qwen3.5 family's are)."
     if fmt == "hf":
         return "an unconverted Hugging Face checkpoint; convert it with `zerotvm convert` first."
     if model_type not in SUPPORTED:

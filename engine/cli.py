@@ -443,7 +443,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_prompt)
 
     s = sub.add_parser("bench", help="benchmark a random-weight model of a real model's shapes")
-    s.add_argument("--shape", default="phi3-mini", help="phi3-mini or qwen3-4b")
+    s.add_argument("--shape", default="phi3-mini", help="phi3-mini, qwen3-4b, qwen3.5-4b, qwen3.6-35b-a3b-4bit or "
+                   "qwen3.6-35b-a3b-3bit (tiny-hybrid and tiny-hybrid-moe for a quick check)")
     s.add_argument("--decode-tokens", type=int, default=128)
     s.add_argument("--prompt-tokens", type=int, default=512)
     s.add_argument("--long-prompt-tokens", type=int, default=2048, help="second prefill length (0 = skip)")

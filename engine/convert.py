@@ -4,8 +4,9 @@ and `gen_config` write (params_shard_*.bin, ndarray-cache.json, mlc-chat-config.
 Every linear weight (embedding and LM head included) becomes `<name>.q_weight` u32 [N, K/8] and
 `<name>.q_scale` f16 [N, K/32]; norm weights become f16 (zero-centred ones with their +1 baked in, as
 mlc-llm does for Qwen3.5); Qwen3.5's GDN gate parameters stay float32 (stored as bf16 "f32-to-bf16"
-records, like mlc-llm's) and its conv kernel f16. Tensors are read, converted and written one at a time,
-so host memory peaks near the largest tensor. Usage:
+records, like mlc-llm's) and its conv kernel f16. Qwen3.5-MoE's routed experts become one stacked q4f16_1
+matrix per layer and projection ([E, N, K/8] words, [E, N, K/32] scales). Tensors are read, converted and
+written one at a time (an expert stack as a whole), so host memory peaks near the largest of them. Usage:
 
     python -m engine.convert HF_DIR OUT_DIR
 """
@@ -38,7 +39,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 EXTRA_FILES = ("generation_config.json", "chat_template.jinja", "chat_template.json")
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # buffers some old checkpoints saved; recomputed at load
 # Per model_type, checkpoint tensors that are not part of the text model (Qwen3.5: vision tower, MTP head).
-IGNORED_PREFIXES = {"qwen3_5": ("model.visual.", "mtp."), "qwen3_5_text": ("mtp.",)}
+IGNORED_PREFIXES = {"qwen3_5": ("model.visual.", "mtp."), "qwen3_5_text": ("mtp.",),
+                    "qwen3_5_moe": ("model.visual.", "mtp."), "qwen3_5_moe_text": ("mtp.",)}
 NESTED_TEXT = "model.language_model."  # where multimodal checkpoints (Qwen3_5ForConditionalGeneration) keep it
 LM_HEAD = "lm_head"
 
@@ -102,13 +104,32 @@ _QWEN3_5 = {
     },
 }
 NAME_MAPS["qwen3_5"] = NAME_MAPS["qwen3_5_text"] = _QWEN3_5
+# Qwen3.5-MoE (mlc-llm's Qwen2-MoE loader names): a layer takes "moe" (or "mlp" where the config makes its MLP
+# dense). Sources with "{e}" are per expert: the target stacks them, each expert's rows joined as listed.
+_MOE = "model.layers.{i}.mlp."
+NAME_MAPS["qwen3_5_moe"] = NAME_MAPS["qwen3_5_moe_text"] = {
+    **_QWEN3_5,
+    "layer": {k: v for k, v in _QWEN3_5["layer"].items() if ".mlp." not in k},
+    "mlp": {k: v for k, v in _QWEN3_5["layer"].items() if ".mlp." in k},
+    "moe": {
+        _MOE + "gate": [_MOE + "gate.weight"],
+        _MOE + "moe_gate_up_proj": [_MOE + "experts.{e}.gate_proj.weight", _MOE + "experts.{e}.up_proj.weight"],
+        _MOE + "moe_down_proj": [_MOE + "experts.{e}.down_proj.weight"],
+        _MOE + "shared_expert.gate_up_proj": [_MOE + f"shared_expert.{p}_proj.weight" for p in ("gate", "up")],
+        _MOE + "shared_expert.down_proj": [_MOE + "shared_expert.down_proj.weight"],
+        _MOE + "shared_expert_gate": [_MOE + "shared_expert_gate.weight"],
+    },
+}
+# The one [E, N, K] tensor a checkpoint may hold instead of per-expert ones (transformers 5's in-memory layout).
+FUSED_EXPERTS = {"moe_gate_up_proj": "experts.gate_up_proj", "moe_down_proj": "experts.down_proj"}
 # Targets kept unquantized in a dtype of their own, by suffix: float32 ones go out as bf16 records.
 RAW_TARGETS = {".A_log": np.float32, ".dt_bias": np.float32, ".conv1d_weight": np.float16}
 # Zero-centred RMSNorms (y = x̂·(1 + w)) get the 1 baked in, as mlc-llm's qwen35_loader does; the GDN
 # gated norm (linear_attn.norm.weight, y = x̂·w·silu(z)) is a plain weight and is left alone.
 ZERO_CENTRED = {t: ("layernorm.weight", ".q_norm.weight", ".k_norm.weight", "model.norm.weight")
-                for t in ("qwen3_5", "qwen3_5_text")}
-CONV_TEMPLATES = {"phi3": "phi-3", "llama": "llama-3", "qwen3": "qwen2", "qwen3_5": "qwen2"}  # informational
+                for t in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")}
+CONV_TEMPLATES = {"phi3": "phi-3", "llama": "llama-3", "qwen3": "qwen2", "qwen3_5": "qwen2",
+                  "qwen3_5_moe": "qwen2"}  # informational
 # mlc-chat-config fields taken from generation_config.json, then config.json, then mlc's system default.
 _GENERATION_DEFAULTS = {
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "temperature": 1.0, "presence_penalty": 0.0,
@@ -123,6 +144,8 @@ class _Param:
     target: str
     sources: list[str]
     offset: float = 0.0  # added before storing (the baked +1 of a zero-centred norm)
+    stacked: bool = False  # an expert stack [E, N, K]
+    experts: int = 0  # sources are per expert (experts × parts, expert-major); 0: one [E, N, K] source
 
     @property
     def raw_dtype(self):
@@ -161,6 +184,7 @@ def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, qua
     params = _plan(model_type, config, config_path)
     for p in params:  # multimodal checkpoints nest the text model one level down
         p.sources = [_nested(n, weights) for n in p.sources]
+        _fused_experts(p, weights)
     _check_sources(params, weights, model_type, config)
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -175,7 +199,8 @@ def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, qua
         w = _gather(param, weights)
         n_params += w.size
         if param.quantized:
-            q_weight, q_scale = quantize_q4f16_1(w)
+            q_weight, q_scale = quantize_q4f16_1(w.reshape(-1, w.shape[-1]))  # a stack: every expert's rows
+            q_weight, q_scale = q_weight.reshape(*w.shape[:-1], -1), q_scale.reshape(*w.shape[:-1], -1)
             if not np.isfinite(q_scale).all():
                 raise ModelFormatError(f"{_where(param, weights)}: a weight is too large for an f16 scale")
             writer.add(f"{param.target}.q_weight", q_weight)
@@ -230,16 +255,40 @@ def _plan(model_type: str, config: dict, config_path: Path) -> list[_Param]:
     tied = bool(config.get("tie_word_embeddings", False))
     params = [_Param(t, list(s)) for t, s in spec["embed"].items()]
     hybrid = any(k not in ("embed", "layer", "final") for k in spec)  # per-layer-type maps (Qwen3.5)
+    experts, moe_layers = _moe_layers(model_type, config) if "moe" in spec else (0, ())
     for i, kind in enumerate(_layer_types(config, layers, config_path) if hybrid else [None] * layers):
         if kind is not None and kind not in spec:
             raise UnsupportedModelError(f"{config_path}: layer {i} has layer type {kind!r}, which cannot be converted")
         layer = {**spec["layer"], **spec.get(kind, {})}
-        params += [_Param(t.format(i=i), [n.format(i=i) for n in s]) for t, s in layer.items()]
+        if "moe" in spec:
+            layer |= spec["moe"] if i in moe_layers else spec["mlp"]
+        for t, s in layer.items():
+            per_expert = any("{e}" in n for n in s)
+            sources = [n.format(i=i, e=e) for e in range(experts if per_expert else 1) for n in s]
+            params.append(_Param(t.format(i=i), sources, stacked=per_expert, experts=experts if per_expert else 0))
     params += [_Param(t, list(s)) for t, s in spec["final"].items() if not (tied and t == LM_HEAD)]
     for p in params:
         if p.target.endswith(ZERO_CENTRED.get(model_type, ())):
             p.offset = 1.0
     return params
+
+
+def _moe_layers(model_type: str, config: dict) -> tuple[int, tuple[int, ...]]:
+    """(experts, the layers whose MLP is a MoE block), as the runtime's ModelArgs reads the config."""
+    from engine.models import model_module
+
+    args = model_module(model_type).ModelArgs.from_dict(config)
+    return args.num_experts, args.moe_layers()
+
+
+def _fused_experts(param: _Param, weights: _HfWeights) -> None:
+    """Read an expert stack from the checkpoint's one [E, N, K] tensor when it has no per-expert tensors."""
+    if not param.experts or param.sources[0] in weights.index:
+        return
+    layer, _, proj = param.target.rpartition(".mlp.")
+    fused = _nested(f"{layer}.mlp.{FUSED_EXPERTS[proj]}", weights)
+    if fused in weights.index:
+        param.sources, param.experts = [fused], 0
 
 
 def _nested(name: str, weights: _HfWeights) -> str:
@@ -276,19 +325,23 @@ def _check_shapes(param: _Param, weights: _HfWeights) -> None:
         path, dtype, shape = weights.index[name][:3]
         if dtype not in _HfWeights.DTYPES:
             raise ModelFormatError(f"{path}: tensor '{name}' has dtype {dtype}; expected F32, F16 or BF16")
-        if param.quantized and (len(shape) != 2 or shape[1] % GROUP):
+        dims = 3 if param.stacked and not param.experts else 2
+        if param.quantized and (len(shape) != dims or shape[-1] % GROUP):
             raise ModelFormatError(
-                f"{path}: tensor '{name}' has shape {list(shape)}; q4f16_1 needs a 2-D weight whose K "
+                f"{path}: tensor '{name}' has shape {list(shape)}; q4f16_1 needs a {dims}-D weight whose K "
                 f"(input dim) is a multiple of {GROUP}"
             )
         if param.raw_dtype is np.float16 and not param.target.endswith(".conv1d_weight") and len(shape) != 1:
             raise ModelFormatError(f"{path}: tensor '{name}' has shape {list(shape)}; a norm weight is 1-D")
-    if param.quantized and len({s[1] for s in shapes}) > 1:
+    if param.quantized and len({s[-1] for s in shapes}) > 1:
         raise ModelFormatError(f"{_where(param, weights)}: fused weights differ in K ({shapes})")
 
 
 def _gather(param: _Param, weights: _HfWeights) -> np.ndarray:
     parts = [weights.read(n) for n in param.sources]
+    if param.experts:  # per expert: its parts' rows joined, then the experts stacked
+        per = len(parts) // param.experts
+        return np.stack([np.concatenate(parts[e * per:(e + 1) * per], axis=0) for e in range(param.experts)])
     # Row concatenation (q, k, v rows; gate then up rows) is what the fused kernels index into.
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 

@@ -13,6 +13,12 @@ before n (or position 0: the kernels start from a zero state when pos0 == 0) and
 logits or decode) first replays cached_ids[snapshot:n] through the prefill path. So after truncate(n) the
 cache is logically n tokens long (n_cached == n, stream_generate's prefix reuse sees exactly that), and
 cached_ids must hold those n ids by the next forward; stream_generate's settle() assigns them.
+
+Weight formats: MLC q4f16_1 by default, or per matrix (`formats`, MLX's mlx4/mlx8/f16) keyed by the
+checkpoint's matrices (c_attn, in_proj_*, ...); c_attn's format carries over to qkv and gate, and the four GDN
+input projections, fused into one matrix, must share theirs. A layer listed in spec.moe_layers has a MoeBlock
+(engine/moe.py) for its MLP, built as soon as the layer's expert weights have arrived (so the host holds one
+layer's stacks at a time); all blocks share one set of scratch buffers.
 """
 
 from __future__ import annotations
@@ -24,14 +30,17 @@ from collections.abc import Iterable
 import numpy as np
 
 from engine.attention import attention_consts
-from engine.errors import ModelFormatError, ZeroTVMError
+from engine.errors import GpuError, ModelFormatError, UnsupportedModelError, ZeroTVMError
+from engine.formats.gguf import PackedWeight
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
 from engine.matmul import embedding_pipeline, embedding_plan, format_knobs, matvec_plan, packed_shapes
 from engine.models.qwen3_5 import FULL, HybridSpec
+from engine.moe import MoeBlock
 from engine.shaders import build_source
 from engine.transformer import MAX_SPLITS, PAGE, RING, SPLIT_KEYS, DenseTransformer
 
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b")  # fused at load, rows in this order
+Q4 = "q4f16_1"
 
 # ---- kernel plans (constants + grid), shared by the runtime and the kernel tests --------------------------
 
@@ -90,14 +99,27 @@ def pipeline(gpu: Gpu, shader: str, consts: dict, overrides: dict | None = None)
 # ---- weights ------------------------------------------------------------------------------------------------
 
 
-def hybrid_tensor_shapes(spec: HybridSpec) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Canonical tensor name -> (shape, dtype), one entry per checkpoint tensor (all matrices q4f16_1)."""
+def moe_matrices(spec: HybridSpec) -> dict[str, tuple[int, ...]]:
+    """A MoE layer's matrices (canonical suffix after `layers.N.moe.`) -> logical shape ([E,] N, K). gate_up
+    stacks hold each expert's gate rows then its up rows; the shared gate is the router's extra row."""
     s = spec
+    E, D, F, Fs = s.n_experts, s.dim, s.moe_ffn_dim, s.shared_ffn_dim
+    out = {"router": (E, D), "gate_up": (E, 2 * F, D), "down": (E, D, F)}
+    if Fs:
+        out |= {"shared_gate_up": (2 * Fs, D), "shared_down": (D, Fs), "shared_gate": (1, D)}
+    return out
+
+
+def hybrid_tensor_shapes(spec: HybridSpec, formats: dict[str, str] | None = None
+                         ) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Canonical tensor name -> (shape, dtype), one entry per checkpoint tensor; `formats` maps a checkpoint
+    matrix (embed, layers.N.c_attn, layers.N.moe.gate_up, ...) to its format tag, q4f16_1 where absent."""
+    s, formats = spec, formats or {}
     shapes: dict[str, tuple[tuple[int, ...], str]] = {"norm": ((s.dim,), "float16")}
 
-    def matrix(name, n, k):
-        for key, value in packed_shapes("q4f16_1", n, k).items():
-            shapes[f"{name}.{key}"] = value
+    def matrix(name, n, k, lead=()):
+        for key, (shape, dtype) in packed_shapes(formats.get(name, Q4), n, k).items():
+            shapes[f"{name}.{key}"] = ((*lead, *shape), dtype)
 
     matrix("embed", s.vocab, s.dim)
     if not s.tied_embeddings:
@@ -107,8 +129,12 @@ def hybrid_tensor_shapes(spec: HybridSpec) -> dict[str, tuple[tuple[int, ...], s
     for i, kind in enumerate(s.layer_types):
         c = f"layers.{i}"
         shapes[f"{c}.attn_norm"] = shapes[f"{c}.mlp_norm"] = ((s.dim,), "float16")
-        matrix(f"{c}.gate_up", 2 * s.ffn_dim, s.dim)
-        matrix(f"{c}.down", s.dim, s.ffn_dim)
+        if i in s.moe_layers:
+            for part, (*lead, n, k) in moe_matrices(s).items():
+                matrix(f"{c}.moe.{part}", n, k, tuple(lead))
+        else:
+            matrix(f"{c}.gate_up", 2 * s.ffn_dim, s.dim)
+            matrix(f"{c}.down", s.dim, s.ffn_dim)
         if kind == FULL:
             matrix(f"{c}.c_attn", 2 * q_dim + 2 * kv_dim, s.dim)
             matrix(f"{c}.o", s.dim, q_dim)
@@ -123,7 +149,25 @@ def hybrid_tensor_shapes(spec: HybridSpec) -> dict[str, tuple[tuple[int, ...], s
     return shapes
 
 
-_FUSED = re.compile(r"layers\.(\d+)\.(c_attn|in_proj_qkv|in_proj_z|in_proj_a|in_proj_b)\.(q_weight|q_scale)$")
+_FUSED = re.compile(r"layers\.(\d+)\.(c_attn|in_proj_qkv|in_proj_z|in_proj_a|in_proj_b)\.(q_weight|q_scale|weight)$")
+_MOE = re.compile(r"layers\.(\d+)\.moe\.(\w+)\.(q_weight|q_scale|weight)$")
+
+
+def runtime_formats(spec: HybridSpec, formats: dict[str, str] | None) -> dict[str, str]:
+    """`formats` plus the matrices the runtime splits or fuses at load: qkv and gate take c_attn's format,
+    in_proj the one its four parts share."""
+    out = dict(formats or {})
+    for i, kind in enumerate(spec.layer_types):
+        c = f"layers.{i}"
+        if kind == FULL:
+            out[f"{c}.qkv"] = out[f"{c}.gate"] = out.get(f"{c}.c_attn", Q4)
+            continue
+        tags = [out.get(f"{c}.{p}", Q4) for p in IN_PROJ]
+        if len(set(tags)) > 1:
+            raise UnsupportedModelError(f"layer {i}: the GDN input projections run as one matrix and must share a "
+                                        f"weight format; found {dict(zip(IN_PROJ, tags, strict=True))}")
+        out[f"{c}.in_proj"] = tags[0]
+    return out
 
 
 class HybridTransformer(DenseTransformer):
@@ -131,21 +175,23 @@ class HybridTransformer(DenseTransformer):
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
                  formats: dict[str, str] | None = None, snapshots: tuple[int, int] = (2, 3),
                  snapshot_every: int = 16, **dense_options):
-        if formats:
-            raise ModelFormatError("the Qwen3.5 runtime reads MLC q4f16_1 weights only")
+        self.moe: dict[int, MoeBlock] = {}  # layer -> its MoE block (spec.moe_layers)
         self.snap_every = snapshot_every
         self._caps = {"prompt": snapshots[0], "decode": snapshots[1]}
         self._snaps: dict[str, list[tuple[int, object]]] = {"prompt": [], "decode": []}  # (position, buffer)
         self._lag: int | None = None  # position the GDN state is at when behind n_cached (replay pending)
         # dense_options: DenseTransformer's tuning knobs (e.g. matvec_rows), passed through unchanged.
-        super().__init__(gpu, spec, weights, max_context, prefill_chunk, split_keys, **dense_options)
+        super().__init__(gpu, spec, weights, max_context, prefill_chunk, split_keys,
+                         formats=runtime_formats(spec, formats), **dense_options)
 
     # ---- weights -------------------------------------------------------------------------------
     def _upload_weights(self, weights) -> dict:
         s, g = self.spec, self.gpu
-        expected = hybrid_tensor_shapes(s)
+        self.step = g.buffer("step", 16, UNIFORM)  # here, not in _alloc: the MoE blocks bind it when built
+        expected = hybrid_tensor_shapes(s, self.formats)
         canonical = {s.names[c]: c for c in expected}
-        out, seen, parts = {}, set(), {}
+        moe_left = {i: {c for c in expected if c.startswith(f"layers.{i}.moe.")} for i in s.moe_layers}
+        out, seen, parts, moe_parts = {}, set(), {}, {}
         for src, arr in weights:
             c = canonical.get(src)
             if c is None:
@@ -157,31 +203,65 @@ class HybridTransformer(DenseTransformer):
                 raise ModelFormatError(
                     f"tensor {src}: expected {dtype}{list(shape)}, found {arr.dtype}{list(arr.shape)}")
             seen.add(c)
-            m = _FUSED.match(c)
-            if m is None:
-                out[c] = g.upload(src, arr)
+            m, moe = _FUSED.match(c), _MOE.match(c)
+            if moe is not None:  # held until the layer's last MoE tensor arrives, then uploaded as a block
+                layer = int(moe[1])
+                moe_parts.setdefault(layer, {}).setdefault(moe[2], {})[moe[3]] = arr
+                moe_left[layer].discard(c)
+                if not moe_left[layer]:
+                    self.moe[layer] = self._moe_block(layer, moe_parts.pop(layer))
+            elif m is None:
+                out[c] = self._upload(src, arr)
             elif m[2] == "c_attn":  # per-head [Q | gate] rows ++ K ++ V -> qkv (Q ++ K ++ V) and gate
                 qkv, gate = self._split_c_attn(arr)
-                out[f"layers.{m[1]}.qkv.{m[3]}"] = g.upload(f"{src}:qkv", qkv)
-                out[f"layers.{m[1]}.gate.{m[3]}"] = g.upload(f"{src}:gate", gate)
+                out[f"layers.{m[1]}.qkv.{m[3]}"] = self._upload(f"{src}:qkv", qkv)
+                out[f"layers.{m[1]}.gate.{m[3]}"] = self._upload(f"{src}:gate", gate)
             else:  # one in_proj matrix (one matvec) for q|k|v, z, a, b: rows are independent in q4f16_1
                 group = parts.setdefault((m[1], m[3]), {})
                 group[m[2]] = arr
                 if len(group) == len(IN_PROJ):
-                    out[f"layers.{m[1]}.in_proj.{m[3]}"] = g.upload(f"layers.{m[1]}.in_proj.{m[3]}",
-                                                                  np.concatenate([group[p] for p in IN_PROJ]))
+                    out[f"layers.{m[1]}.in_proj.{m[3]}"] = self._upload(f"layers.{m[1]}.in_proj.{m[3]}",
+                                                                       np.concatenate([group[p] for p in IN_PROJ]))
                     del parts[(m[1], m[3])]
         missing = [s.names[c] for c in expected if c not in seen]
         if missing:
             raise ModelFormatError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}")
         return out
 
+    def _upload(self, label: str, arr: np.ndarray):
+        if arr.nbytes > self.gpu.max_binding:  # caught here: binding it later fails with a less helpful message
+            raise GpuError(f"tensor {label} is {arr.nbytes:,} bytes, but this GPU binds at most "
+                           f"{self.gpu.max_binding:,} (max-storage-buffer-binding-size)")
+        return self.gpu.upload(label, arr)
+
+    def _moe_block(self, i: int, parts: dict[str, dict[str, np.ndarray]]) -> MoeBlock:
+        """A layer's MoeBlock from its canonical matrices, keyed and split the way MoeBlock takes them."""
+        s, c = self.spec, f"layers.{i}.moe"
+        F, Fs = s.moe_ffn_dim, s.shared_ffn_dim
+
+        def packed(part, rows=slice(None)):
+            *lead, n, k = moe_matrices(s)[part]
+            arrays = {key: a[(slice(None),) * len(lead) + (rows,)] for key, a in parts[part].items()}
+            n = len(range(n)[rows])
+            return PackedWeight(arrays, self._fmt(f"{c}.{part}"), (*lead, n, k), ())
+
+        weights = {"gate": packed("router"), "switch_mlp.gate_proj": packed("gate_up", slice(0, F)),
+                   "switch_mlp.up_proj": packed("gate_up", slice(F, 2 * F)), "switch_mlp.down_proj": packed("down")}
+        if Fs:
+            weights |= {"shared_expert.gate_proj": packed("shared_gate_up", slice(0, Fs)),
+                        "shared_expert.up_proj": packed("shared_gate_up", slice(Fs, 2 * Fs)),
+                        "shared_expert.down_proj": packed("shared_down"), "shared_expert_gate": packed("shared_gate")}
+        first = next(iter(self.moe.values()), None)
+        return MoeBlock(self.gpu, weights, self.step, top_k=s.top_k, norm_topk_prob=s.norm_topk_prob,
+                        max_tokens=self.chunk, label=c, share_scratch=first)
+
     def _split_c_attn(self, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s = self.spec
         q_rows = 2 * s.n_heads * s.head_dim
-        pairs = arr[:q_rows].reshape(s.n_heads, 2, s.head_dim, -1)
-        qkv = np.concatenate([pairs[:, 0].reshape(s.n_heads * s.head_dim, -1), arr[q_rows:]])
-        return np.ascontiguousarray(qkv), np.ascontiguousarray(pairs[:, 1].reshape(s.n_heads * s.head_dim, -1))
+        rest = arr.shape[1:]  # [K/8] words, or [groups, 2] affine (scale, bias) pairs
+        pairs = arr[:q_rows].reshape(s.n_heads, 2, s.head_dim, *rest)
+        qkv = np.concatenate([pairs[:, 0].reshape(s.n_heads * s.head_dim, *rest), arr[q_rows:]])
+        return np.ascontiguousarray(qkv), np.ascontiguousarray(pairs[:, 1].reshape(s.n_heads * s.head_dim, *rest))
 
     # ---- buffers ----------------------------------------------------------------------------------
     def _alloc(self) -> None:
@@ -193,7 +273,6 @@ class HybridTransformer(DenseTransformer):
         self.v_cache = {i: g.buffer(f"v-cache-{i}", self.n_pages * page_bytes) for i in s.attn_layers}
         self.page_table = g.upload("page-table", np.arange(self.n_pages, dtype=np.uint32))
         self.inv_freq = g.upload("rope-inv-freq", s.inv_freq.astype(np.float32))
-        self.step = g.buffer("step", 16, UNIFORM)
         self.tokens = g.buffer("tokens", C * 4)
         self.ring = g.buffer("sampled-ring", RING * 4)
         self.res = [g.buffer("residual-a", C * s.dim * f32), g.buffer("residual-b", C * s.dim * f32)]
@@ -234,7 +313,7 @@ class HybridTransformer(DenseTransformer):
         self.p = p
         offset = {"NORM_OFFSET": s.norm_offset} if s.norm_offset else None
         embed_consts, embed_overrides, (self.embed_groups, _) = embedding_plan(s.dim, s.vocab,
-                                                                              **format_knobs("q4f16_1"))
+                                                                              **format_knobs(self._fmt("embed")))
         p["embed"] = embedding_pipeline(g, embed_consts, embed_overrides)
         p["norm0"] = pipeline(g, "rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)), offset)
         p["add_norm"] = pipeline(g, "add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)), offset)
@@ -261,8 +340,9 @@ class HybridTransformer(DenseTransformer):
         # role -> (K, N, gate_up); N counts outputs (gate_up's weight has 2N rows)
         self.mats = {"lm": (s.dim, s.vocab, False), "qkv": (s.dim, self.qkv_dim, False),
                      "gate": (s.dim, self.q_dim, False), "o": (self.q_dim, s.dim, False),
-                     "in_proj": (s.dim, d["ROW"], False), "out": (d["VD"], s.dim, False),
-                     "gate_up": (s.dim, s.ffn_dim, True), "down": (s.ffn_dim, s.dim, False)}
+                     "in_proj": (s.dim, d["ROW"], False), "out": (d["VD"], s.dim, False)}
+        if len(self.moe) < s.n_layers:  # some dense MLP (an all-MoE config may have no intermediate_size)
+            self.mats |= {"gate_up": (s.dim, s.ffn_dim, True), "down": (s.ffn_dim, s.dim, False)}
         rows = getattr(self, "matvec_rows", None)  # the decode grids must match _mat_pipeline's constants
         self.mv_grid = {name: matvec_plan(k, n, gate_up=gu, **({"rows": rows} if rows else {}))[1]
                         for name, (k, n, gu) in self.mats.items()}
@@ -273,7 +353,7 @@ class HybridTransformer(DenseTransformer):
         self.bg["combine"] = bind(p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
         lm = "embed" if s.tied_embeddings else "lm_head"
         for kind in ("mv", "mm"):
-            pipe = self._mat_pipeline(kind, "lm", "q4f16_1")
+            pipe = self._mat_pipeline(kind, "lm", self._fmt(lm))
             self.bg[f"{kind}_lm"] = pipe, bind(pipe, [self.hidden, *self._matrix(lm), self.logits_buf, st],
                                                f"lm-head-{kind}")
         self.bg["argmax"] = bind(p["argmax"], [self.logits_buf, self.tokens, self.ring, st], "argmax")
@@ -282,7 +362,7 @@ class HybridTransformer(DenseTransformer):
     def _bind_layer(self, i: int) -> dict:
         g, s, w, p, st = self.gpu, self.spec, self.w, self.p, self.step
         c, b = f"layers.{i}", {}
-        ios = {"gate_up": (self.hidden, self.ffn), "down": (self.ffn, self.delta)}
+        ios = {} if i in self.moe else {"gate_up": (self.hidden, self.ffn), "down": (self.ffn, self.delta)}
         if s.layer_types[i] == FULL:
             kc, vc = self.k_cache[i], self.v_cache[i]
             ios.update(qkv=(self.hidden, self.qkv), gate=(self.hidden, self.gate), o=(self.gated, self.delta))
@@ -305,7 +385,7 @@ class HybridTransformer(DenseTransformer):
                                    f"{c}.gdn_norm")
         for name, (src, dst) in ios.items():
             for kind in ("mv", "mm"):
-                pipe = self._mat_pipeline(kind, name, "q4f16_1")
+                pipe = self._mat_pipeline(kind, name, self._fmt(f"{c}.{name}"))
                 b[f"{kind}_{name}"] = pipe, g.bind(pipe, [src, *self._matrix(f"{c}.{name}"), dst, st],
                                                    f"{c}.{kind}_{name}")
         next_norm = w[f"layers.{i + 1}.attn_norm"] if i + 1 < s.n_layers else w["norm"]
@@ -323,7 +403,7 @@ class HybridTransformer(DenseTransformer):
             self._snapshot("decode", rec)  # before this token touches the state
         rec.dispatch(p["embed"], self.bg["embed"], self.embed_groups, T)
         rec.dispatch(p["norm0"], self.bg["norm0"], T)
-        for kind, b in zip(s.layer_types, self.layer_bg, strict=True):
+        for i, (kind, b) in enumerate(zip(s.layer_types, self.layer_bg, strict=True)):
             if kind == FULL:
                 self._mm(rec, b, "qkv", T)
                 self._mm(rec, b, "gate", T)
@@ -343,13 +423,19 @@ class HybridTransformer(DenseTransformer):
                 rec.dispatch(p["gdn_norm"], b["gdn_norm"], v, T)
                 self._mm(rec, b, "out", T)
             rec.dispatch(p["add_norm"], b["add_norm1"], T)
-            self._mm(rec, b, "gate_up", T)
-            self._mm(rec, b, "down", T)
+            if i in self.moe:
+                self.moe[i].record(rec, self.hidden, self.delta, T)
+            else:
+                self._mm(rec, b, "gate_up", T)
+                self._mm(rec, b, "down", T)
             rec.dispatch(p["add_norm"], b["add_norm2"], T)
 
     def _count_decode_dispatches(self) -> int:
-        """Dispatches in one greedy decode step without split attention (the sampler adds one)."""
-        return 2 + 10 * self.spec.n_layers + 2  # each layer: 6 for its mixer, 4 for the residual adds and MLP
+        """Dispatches in one greedy decode step without split attention (the sampler adds one): per layer 6 for
+        its mixer, 2 residual add+norms, then 2 for a dense MLP or the MoE block's (5 with the shared expert
+        stacked, 7 without)."""
+        mlp = sum(b.dispatch_count() for b in self.moe.values()) + 2 * (self.spec.n_layers - len(self.moe))
+        return 2 + 8 * self.spec.n_layers + mlp + 2
 
     # ---- state snapshots --------------------------------------------------------------------------------
     def _snapshots(self) -> list[tuple[int, object]]:

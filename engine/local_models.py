@@ -51,7 +51,8 @@ def _entry(path: Path, fmt: str, model_type: str, dims: dict, context: int, weig
 
 def _spec_dims(spec: DenseSpec) -> dict:
     return dict(hidden_size=spec.dim, num_layers=spec.n_layers, num_heads=spec.n_heads, num_kv_heads=spec.n_kv_heads,
-                head_dim=spec.head_dim, ffn_dim=spec.ffn_dim, vocab_size=spec.vocab, kv_layers=spec.n_layers,
+                head_dim=spec.head_dim, ffn_dim=spec.ffn_dim, vocab_size=spec.vocab,
+                kv_layers=len(getattr(spec, "attn_layers", ())) or spec.n_layers,  # hybrids: attention layers only
                 tied_embeddings=spec.tied_embeddings)
 
 

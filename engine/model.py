@@ -1,4 +1,4 @@
-"""load_model(): a checkpoint (MLC q4f16_1 folder or .gguf file) → a Model on the GPU with its tokenizer."""
+"""load_model(): a checkpoint (MLC q4f16_1 folder, MLX folder or .gguf file) → a Model on the GPU with its tokenizer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.errors import ModelFormatError
+from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.gpu import Gpu
 from engine.models import model_module
 from engine.sampling import SamplingParams
@@ -46,7 +46,7 @@ class Model:
 
 def load_model(path: str | Path, gpu: Gpu | None = None, max_context: int | None = None,
                on_progress: ProgressFn | None = None, **runtime_options) -> Model:
-    """Load an MLC q4f16_1 folder or a .gguf file; runtime_options go to DenseTransformer
+    """Load an MLC q4f16_1 folder, an MLX folder or a .gguf file; runtime_options go to the runtime
     (prefill_chunk, split_keys). Reads local files only: no network call is made (or allowed) on this path."""
     from engine.hub.offline import no_network
 
@@ -57,7 +57,10 @@ def load_model(path: str | Path, gpu: Gpu | None = None, max_context: int | None
 def _load(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
     if path.suffix.lower() == ".gguf":
         return _load_gguf(path, gpu, max_context, on_progress, runtime_options)
-    from engine.formats.mlc import MlcCheckpoint
+    from engine.formats.mlc import CHAT_CONFIG, MlcCheckpoint
+
+    if path.is_dir() and not (path / CHAT_CONFIG).exists() and (path / "config.json").is_file():
+        return _load_mlx(path, gpu, max_context, on_progress, runtime_options)
 
     ckpt = MlcCheckpoint(path)
     module = model_module(ckpt.model_type, where=str(path / "mlc-chat-config.json"))
@@ -100,6 +103,29 @@ def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Mo
     runtime = DenseTransformer(gpu or Gpu(), spec, _flatten(ckpt.load(on_progress=on_progress), formats),
                                max_context, formats=formats, **runtime_options)
     return Model(runtime, tokenizer, path, cfg["model_type"], _gguf_sampling(ckpt.metadata))
+
+
+def _load_mlx(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
+    """An MLX folder (config.json with `quantization`, safetensors): per-matrix formats, read by byte range."""
+    from engine.formats import mlx_layout
+    from engine.formats.mlx import MlxCheckpoint
+
+    ckpt = MlxCheckpoint(path)
+    model_type = ckpt.config.get("model_type")
+    module = model_module(model_type, where=str(ckpt.config_path))
+    if "quantization" not in ckpt.config and "quantization_config" not in ckpt.config:
+        raise ModelFormatError(f"{ckpt.config_path}: no 'quantization' field, so not an MLX model; an unconverted "
+                               "Hugging Face checkpoint runs after `zerotvm convert`")
+    if not hasattr(module, "mlx_layout"):
+        raise UnsupportedModelError(f"{ckpt.config_path}: MLX checkpoints of model_type {model_type!r} are not "
+                                    "supported yet (only the Qwen3.5 family)")
+    spec = module.spec(module.ModelArgs.from_dict(ckpt.config))
+    matrices, tensors = module.mlx_layout(spec)
+    formats, spec.names = mlx_layout.plan(ckpt, matrices, tensors)
+    tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
+    weights = mlx_layout.stream(ckpt, matrices, tensors, spec.names, on_progress)
+    runtime = module.runtime()(gpu or Gpu(), spec, weights, max_context, formats=formats, **runtime_options)
+    return Model(runtime, tokenizer, path, model_type, SamplingParams.from_generation_config(path))
 
 
 def _flatten(weights, formats: dict[str, str]) -> Iterator[tuple[str, np.ndarray]]:

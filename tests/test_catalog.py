@@ -77,9 +77,9 @@ def test_formats_architectures_and_what_runs(catalog):
     expected = {  # repo -> (format, model_type, runs)
         "mlc-ai/Phi-3-mini-4k-instruct-q4f16_1-MLC": ("mlc", "phi3", True),
         "mlc-ai/Qwen3-4B-q4f16_1-MLC": ("mlc", "qwen3", True),
-        "mlc-ai/Qwen3.5-4B-q4f16_1-MLC": ("mlc", "qwen3_5", False),
-        "lmstudio-community/Qwen3.6-35B-A3B-MLX-4bit": ("mlx", "qwen3_5_moe", False),
-        "abgunaydin/Qwen3.6-35B-A3B-MLX-q3exp": ("mlx", "qwen3_5_moe", False),
+        "mlc-ai/Qwen3.5-4B-q4f16_1-MLC": ("mlc", "qwen3_5", True),
+        "lmstudio-community/Qwen3.6-35B-A3B-MLX-4bit": ("mlx", "qwen3_5_moe", True),
+        "abgunaydin/Qwen3.6-35B-A3B-MLX-q3exp": ("mlx", "qwen3_5_moe", True),
     }
     for repo, (fmt, arch, runs) in expected.items():
         e = by_repo(catalog, repo)
@@ -111,12 +111,24 @@ def spec_from_dims(e: CatalogEntry):
 
 def test_dense_mlc_weight_bytes_are_exact(catalog):
     for e in catalog.values():
-        if e.format != "mlc" or not e.runs:
+        if e.format != "mlc" or not e.runs or "linear_attention" in e.dims:  # hybrids: the test below
             continue
         sizes = [int(np.prod(s)) * np.dtype(t).itemsize for s, t in tensor_shapes(spec_from_dims(e)).values()]
         assert e.weights_bytes == sum(sizes), e.key
         assert e.largest_tensor_bytes == max(sizes), e.key
         assert not e.weights_approximate
+
+
+def test_hybrid_mlc_weight_bytes_are_exact(catalog):
+    from engine.hybrid import hybrid_tensor_shapes
+
+    e = by_repo(catalog, "mlc-ai/Qwen3.5-4B-q4f16_1-MLC")
+    spec = spec_from_dims(e)
+    sizes = {n: int(np.prod(s)) * np.dtype(t).itemsize for n, (s, t) in hybrid_tensor_shapes(spec).items()}
+    assert e.weights_bytes == sum(sizes.values()) and e.largest_tensor_bytes == max(sizes.values())
+    # The shards store A_log / dt_bias as bf16 records: exactly the third-party download size.
+    assert e.total_bytes == sum(n // 2 if k.endswith(("A_log", "dt_bias")) else n for k, n in sizes.items())
+    assert not e.weights_approximate
 
 
 def test_generation_defaults(catalog):
@@ -174,7 +186,7 @@ def write_catalog(tmp_path, edit) -> Path:
     (lambda m: m[0].update(format="safetensors"), "format"),
     (lambda m: m[0].update(kv_bytes_per_token=12345), "kv_bytes_per_token"),
     (lambda m: m[0]["dims"].pop("head_dim"), "dims.head_dim"),
-    (lambda m: m[2].update(runs_reason=None), "runs_reason"),
+    (lambda m: m[2].update(runs=False, runs_reason=None), "runs_reason"),
     (lambda m: m[0].update(key="Phi 3"), "key"),
     (lambda m: m[0].update(colour="blue"), "colour"),
     (lambda m: m[1].update(key=m[0]["key"]), "key"),

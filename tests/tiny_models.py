@@ -1,4 +1,5 @@
-"""Tiny random Hugging Face checkpoints (phi3, llama, qwen3, qwen3_5) for format, converter and model tests.
+"""Tiny random Hugging Face checkpoints (phi3, llama, qwen3, qwen3_5, qwen3_5_moe) for format, converter and model
+tests.
 
 `make_tiny_hf` builds one with transformers (float32, seeded) and saves it as safetensors, plus a small
 byte-level tokenizer; `cached_tiny_hf` keeps built copies under .cache/tiny-models so repeated runs
@@ -37,6 +38,16 @@ DEFAULTS = {
                     linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
                     linear_value_head_dim=32, linear_conv_kernel_dim=4,
                     rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
+    # Qwen3.5-MoE text model (Qwen3_5MoeForCausalLM, model_type qwen3_5_moe_text): the qwen3_5 hybrid above with
+    # every MLP a MoE block of 8 experts (width 32), top-2, and a shared expert twice as wide (64), which keeps it
+    # out of the expert stack (its own dispatches); two attention layers. Untied LM head, like Qwen3.6.
+    "qwen3_5_moe": dict(_COMMON, num_hidden_layers=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=False,
+                        initializer_range=0.1,
+                        layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                        linear_value_head_dim=32, linear_conv_kernel_dim=4, num_experts=8, num_experts_per_tok=2,
+                        moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                        rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25)),
 }
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
@@ -52,6 +63,7 @@ def _classes(model_type: str):
         "llama": (tf.LlamaConfig, tf.LlamaForCausalLM),
         "qwen3": (tf.Qwen3Config, tf.Qwen3ForCausalLM),
         "qwen3_5": (tf.Qwen3_5TextConfig, tf.Qwen3_5ForCausalLM),
+        "qwen3_5_moe": (tf.Qwen3_5MoeTextConfig, tf.Qwen3_5MoeForCausalLM),
     }[model_type]
 
 
@@ -74,7 +86,7 @@ def make_tiny_hf(model_type: str, out_dir: str | os.PathLike, seed: int = 0, tok
         for name, p in model.named_parameters():
             if p.ndim == 1 and name.endswith("norm.weight"):
                 p.copy_((0.5 + torch.rand(p.shape, generator=gen)).half().float())
-        if model_type == "qwen3_5":
+        if model_type in ("qwen3_5", "qwen3_5_moe"):
             _qwen3_5_init(model, gen)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

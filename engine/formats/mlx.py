@@ -144,6 +144,10 @@ class MlxCheckpoint:
         """Logical weight names (prefix stripped; a quantized module's scales and biases fold into X.weight)."""
         return [n for n in self._tensors if not self._folded(n)]
 
+    def key(self, name: str) -> str:
+        """A weight's full key in its shard (language_model.-prefixed where the checkpoint is)."""
+        return self._tensor(name).key
+
     def _folded(self, name: str) -> bool:
         module, _, leaf = name.rpartition(".")
         return leaf in ("scales", "biases") and f"{module}.weight" in self._tensors

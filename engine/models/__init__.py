@@ -6,9 +6,9 @@ import importlib
 
 from engine.errors import UnsupportedModelError
 
-SUPPORTED = ("phi3", "llama", "qwen3", "qwen3_5", "qwen3_5_text")
-# model_type -> module when they differ: Qwen3.5's text-only config type shares the qwen3_5 module.
-_MODULES = {"qwen3_5_text": "qwen3_5"}
+SUPPORTED = ("phi3", "llama", "qwen3", "qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+# model_type -> module when they differ: the text-only config types share their model's module.
+_MODULES = {"qwen3_5_text": "qwen3_5", "qwen3_5_moe_text": "qwen3_5_moe"}
 
 
 def model_module(model_type: str | None, where: str = "config"):

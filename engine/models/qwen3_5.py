@@ -33,6 +33,13 @@ class HybridSpec(DenseSpec):
     gdn_v_dim: int = 0
     conv_kernel: int = 4
     norm_offset: float = 0.0  # added to zero-centred norm weights at run time (0.0: the +1 is baked in)
+    # Mixture-of-experts MLPs (Qwen3.5-MoE / Qwen3.6, engine/models/qwen3_5_moe.py); none: dense MLPs everywhere.
+    moe_layers: tuple[int, ...] = ()
+    n_experts: int = 0
+    top_k: int = 0
+    moe_ffn_dim: int = 0  # per routed expert
+    shared_ffn_dim: int = 0  # 0: no shared expert
+    norm_topk_prob: bool = True
     attn_layers: tuple[int, ...] = field(init=False, default=())
 
     def __post_init__(self) -> None:
@@ -114,6 +121,35 @@ def spec(args: ModelArgs) -> HybridSpec:
         gdn_k_dim=args.linear_key_head_dim, gdn_v_dim=args.linear_value_head_dim,
         conv_kernel=args.linear_conv_kernel_dim,
     )
+
+
+def mlx_layout(spec: HybridSpec) -> tuple[dict[str, list[str]], dict[str, str]]:
+    """mlx-lm's names (qwen3_5.py, prefix stripped) for an MLX checkpoint: (canonical matrix -> the MLX weights
+    whose rows it joins, in order; canonical tensor -> its MLX tensor). q_proj's rows are per head [Q | gate],
+    so q_proj ++ k_proj ++ v_proj is the c_attn matrix of the MLC builds; norms carry their +1 (norm_offset 0)."""
+    matrices = {"embed": ["model.embed_tokens.weight"]}
+    if not spec.tied_embeddings:
+        matrices["lm_head"] = ["lm_head.weight"]
+    tensors = {"norm": "model.norm.weight"}
+    for i, kind in enumerate(spec.layer_types):
+        p, c = f"model.layers.{i}", f"layers.{i}"
+        tensors[f"{c}.attn_norm"] = f"{p}.input_layernorm.weight"
+        tensors[f"{c}.mlp_norm"] = f"{p}.post_attention_layernorm.weight"
+        matrices[f"{c}.gate_up"] = [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"]
+        matrices[f"{c}.down"] = [f"{p}.mlp.down_proj.weight"]
+        if kind == FULL:
+            matrices[f"{c}.c_attn"] = [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"]
+            matrices[f"{c}.o"] = [f"{p}.self_attn.o_proj.weight"]
+            tensors[f"{c}.q_norm"] = f"{p}.self_attn.q_norm.weight"
+            tensors[f"{c}.k_norm"] = f"{p}.self_attn.k_norm.weight"
+            continue
+        g = f"{p}.linear_attn"
+        for proj in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b"):
+            matrices[f"{c}.{proj}"] = [f"{g}.{proj}.weight"]
+        matrices[f"{c}.out"] = [f"{g}.out_proj.weight"]
+        tensors |= {f"{c}.A_log": f"{g}.A_log", f"{c}.dt_bias": f"{g}.dt_bias", f"{c}.conv1d": f"{g}.conv1d.weight",
+                    f"{c}.gdn_norm": f"{g}.norm.weight"}
+    return matrices, tensors
 
 
 def runtime():

@@ -1,0 +1,535 @@
+"""Qwen3.5-MoE / Qwen3.6 end to end: tiny random Qwen3_5MoeForCausalLM → `zerotvm convert` → HybridTransformer
+with MoE blocks vs transformers (on the dequantized weights); tiny MLX checkpoints written by mlx-lm itself
+(4-bit with the 8-bit router, 3-bit experts, and a dense Qwen3.5) → load_model vs mlx-lm's own forward; decode,
+chunking, multi-turn reuse and rollback; bad checkpoints fail naming the tensor; the hybrid bench harness."""
+
+import copy
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from engine.cli import main as cli_main
+from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
+from engine.gpu import Recorder
+from engine.model import load_model
+from engine.models import model_module
+from engine.sampling import SamplingParams
+from tests.test_qwen3_5 import compare, tokens_of
+from tests.tiny_models import cached_tiny_hf
+
+CACHE = Path(__file__).resolve().parents[1] / ".cache" / "test-mlx"
+
+
+# ---- HF → MLC q4f16_1 ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    hf = cached_tiny_hf("qwen3_5_moe")
+    out = tmp_path_factory.mktemp("qwen3_5_moe") / "mlc"
+    assert cli_main(["convert", str(hf), str(out)]) == 0
+    return hf, out
+
+
+@pytest.fixture(scope="module")
+def mlc_model(gpu, tiny):
+    return load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48)
+
+
+def q4_values(a: np.ndarray) -> np.ndarray:
+    """What the converter stores for a matrix or expert stack (q4f16_1 rows along the last axis)."""
+    flat = a.reshape(-1, a.shape[-1])
+    return dequantize_q4f16_1(*quantize_q4f16_1(flat)).reshape(a.shape)
+
+
+def reference_model(hf_dir):
+    """transformers on exactly the stored weights: q4f16_1-dequantized matrices and expert stacks, zero-centred
+    norms as f16(1 + w) − 1, the gated norm and conv kernel f16, A_log / dt_bias bf16."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.convert import _bf16_bytes
+
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    for name, p in model.state_dict().items():
+        a = p.numpy().astype(np.float32)
+        if name.endswith((".A_log", ".dt_bias")):
+            a = (_bf16_bytes(a).astype(np.uint32) << 16).view(np.float32)
+        elif name.endswith(("linear_attn.norm.weight", "conv1d.weight")):
+            a = a.astype(np.float16).astype(np.float32)
+        elif a.ndim == 1:
+            a = (a + 1).astype(np.float16).astype(np.float32) - 1
+        else:
+            a = q4_values(a)
+        p.copy_(torch.from_numpy(np.ascontiguousarray(a)))
+    return model
+
+
+def test_converter_stacks_experts(tiny):
+    from engine.formats.mlc import MlcCheckpoint
+
+    ckpt = MlcCheckpoint(tiny[1])
+    assert ckpt.model_type == "qwen3_5_moe_text"
+    assert ckpt.record("model.layers.2.mlp.moe_gate_up_proj.q_weight").shape == (8, 64, 8)  # [E, 2F, D/8]
+    assert ckpt.record("model.layers.2.mlp.moe_down_proj.q_scale").shape == (8, 64, 1)  # [E, D, F/32]
+    assert ckpt.record("model.layers.0.mlp.shared_expert_gate.q_weight").shape == (1, 8)
+    assert "model.layers.0.mlp.gate_up_proj.q_weight" not in ckpt
+
+
+def test_logits_match_transformers_at_every_position(mlc_model, tiny):
+    rt = mlc_model.runtime
+    assert sorted(rt.moe) == [0, 1, 2, 3] and not any(b.stacked for b in rt.moe.values())  # shared 64 ≠ 32
+    ids = np.random.default_rng(0).integers(0, rt.spec.vocab, 150)
+    ours = mlc_model.logits(ids)  # 5 prefill chunks: MoE for T = 32 and T = 22
+    with torch.no_grad():
+        ref = reference_model(tiny[0])(torch.tensor(ids[None])).logits[0].numpy()
+    compare(ours, ref)
+
+
+def test_converter_reads_fused_expert_tensors(tiny, tmp_path):
+    """A checkpoint holding experts.gate_up_proj [E, 2F, D] / experts.down_proj [E, D, F] (transformers 5's
+    in-memory layout) converts to the same bytes as the per-expert one."""
+    from safetensors.numpy import load_file, save_file
+
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny[0], hf)
+    (st,) = hf.glob("*.safetensors")
+    t = load_file(st)
+    for i in range(4):
+        p = f"model.layers.{i}.mlp.experts."
+        t[p + "gate_up_proj"] = np.stack([np.concatenate([t.pop(f"{p}{e}.gate_proj.weight"),
+                                                          t.pop(f"{p}{e}.up_proj.weight")]) for e in range(8)])
+        t[p + "down_proj"] = np.stack([t.pop(f"{p}{e}.down_proj.weight") for e in range(8)])
+    save_file(t, st, metadata={"format": "pt"})
+    from engine.convert import convert_hf_to_mlc
+
+    out = convert_hf_to_mlc(hf, tmp_path / "out")
+    for shard in tiny[1].glob("params_shard_*.bin"):
+        assert (out / shard.name).read_bytes() == shard.read_bytes()
+
+
+def test_converter_names_a_missing_expert(tiny, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    from engine.convert import convert_hf_to_mlc
+
+    hf = tmp_path / "hf"
+    shutil.copytree(tiny[0], hf)
+    (st,) = hf.glob("*.safetensors")
+    t = load_file(st)
+    del t["model.layers.2.mlp.experts.5.up_proj.weight"]
+    save_file(t, st, metadata={"format": "pt"})
+    with pytest.raises(ModelFormatError, match=r"model.layers.2.mlp.experts.5.up_proj.weight.*moe_gate_up_proj"):
+        convert_hf_to_mlc(hf, tmp_path / "out")
+
+
+def test_dispatch_count(mlc_model):
+    rt = mlc_model.runtime
+    assert all(b.dispatch_count() == 7 for b in rt.moe.values())  # shared expert apart: 7
+    assert rt.dispatches_per_token == 4 + (8 + 7) * rt.spec.n_layers
+    rt.reset()
+    rt.set_sampling(SamplingParams())
+    rec = Recorder(rt.gpu, "count")
+    rt._write_step(1, 0, 0, 1)
+    rt._record_body(rec, 1, 1)
+    rt._record_sample(rec)
+    rec.submit()
+    assert rec.dispatches == rt.dispatches_per_token
+
+
+def test_qwen3_6_real_config_dispatches():
+    """Qwen3.6-35B-A3B's config (text_config of the MLX build): 40 MoE layers, 10 of them attention; the shared
+    expert (512 = moe_intermediate_size) is stacked with the routed ones, so each MoE block is 5 dispatches."""
+    module = model_module("qwen3_5_moe")
+    text = dict(model_type="qwen3_5_moe_text", hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
+                num_key_value_heads=2, head_dim=256, vocab_size=248320, num_experts=256, num_experts_per_tok=8,
+                moe_intermediate_size=512, shared_expert_intermediate_size=512, full_attention_interval=4,
+                rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25))
+    spec = module.spec(module.ModelArgs.from_dict({"model_type": "qwen3_5_moe", "text_config": text}))
+    assert spec.moe_layers == tuple(range(40)) and len(spec.attn_layers) == 10 and spec.ffn_dim == 0
+    assert (spec.n_experts, spec.top_k, spec.moe_ffn_dim, spec.shared_ffn_dim, spec.rot_dim) == (256, 8, 512, 512, 64)
+    assert 2 + 40 * (8 + 5) + 2 == 524
+    dense = module.spec(module.ModelArgs.from_dict({**text, "mlp_only_layers": [0, 5], "intermediate_size": 1024}))
+    assert 0 not in dense.moe_layers and 5 not in dense.moe_layers and len(dense.moe_layers) == 38
+    assert "layers.0.gate_up.q_weight" in dense.names and "layers.1.moe.router.q_weight" in dense.names
+    with pytest.raises(UnsupportedModelError, match="intermediate_size"):
+        module.spec(module.ModelArgs.from_dict({**text, "decoder_sparse_step": 2}))
+
+
+# ---- MLX checkpoints written by mlx-lm ------------------------------------------------------------------------
+
+# Both tiny models: 4 layers alternating GDN and attention (full_attention_interval 2, which mlx-lm reads),
+# widths multiples of MLX's group of 64. The MoE one: 8 experts of 64, top-2, a shared expert of 64 (stacked
+# as expert 8, as in Qwen3.6), untied LM head; the dense one (Qwen3.5-4B-like): tied embeddings.
+_TEXT = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+             rms_norm_eps=1e-6, vocab_size=256, linear_num_value_heads=2, linear_num_key_heads=1,
+             linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, full_attention_interval=2,
+             max_position_embeddings=512,
+             rope_parameters=dict(rope_type="default", rope_theta=100000.0, partial_rotary_factor=0.25))
+MLX_CONFIGS = {
+    "moe": ("qwen3_5_moe", dict(_TEXT, model_type="qwen3_5_moe_text", num_experts=8, num_experts_per_tok=2,
+                                moe_intermediate_size=64, shared_expert_intermediate_size=64, norm_topk_prob=True,
+                                tie_word_embeddings=False)),
+    "dense": ("qwen3_5", dict(_TEXT, model_type="qwen3_5_text", intermediate_size=192, tie_word_embeddings=True)),
+}
+GENERATION = {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8}
+
+
+def build_mlx(path: Path, variant: str) -> None:
+    """q4: mlx-lm's own predicate (router and shared-expert gate 8-bit, the rest 4-bit), like lmstudio-community's
+    build; q3exp: routed experts 3-bit (zero-tvm's q3 build); dense: a 4-bit Qwen3.5. bf16 like real checkpoints;
+    norms, GDN decays and dt_bias drawn the way tests/tiny_models.py draws them, so every part matters."""
+    mx = pytest.importorskip("mlx.core")
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3_5, qwen3_5_moe
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    from tests.tiny_models import write_tiny_tokenizer
+
+    model_type, text = MLX_CONFIGS["dense" if variant == "dense" else "moe"]
+    config = {"model_type": model_type, "text_config": copy.deepcopy(text)}
+    module = qwen3_5_moe if model_type == "qwen3_5_moe" else qwen3_5
+    mx.random.seed(1)
+    model = module.Model(module.ModelArgs.from_dict(copy.deepcopy(config)))
+    updates = []
+    for name, p in tree_flatten(model.parameters()):
+        if name.endswith("norm.weight"):
+            updates.append((name, mx.random.uniform(0.5, 1.5, p.shape)))
+        elif name.endswith("A_log"):
+            updates.append((name, mx.log(mx.random.uniform(0.05, 1.0, p.shape))))
+        elif name.endswith("dt_bias"):
+            updates.append((name, 0.5 * mx.random.normal(p.shape)))
+        elif p.ndim >= 2 and "embed" not in name:
+            updates.append((name, p * 2))  # mlx's ±1/sqrt(K) init leaves the mixers too quiet to test
+    model.load_weights(updates, strict=False)
+    model.set_dtype(mx.bfloat16)
+    base = model.quant_predicate
+
+    def predicate(p, m):
+        if variant == "q3exp" and ".switch_mlp." in p:
+            return {"group_size": 64, "bits": 3}
+        return base(p, m) if base else True
+
+    model, config = quantize_model(model, config, 64, 4, quant_predicate=predicate)
+    save_model(path, model)
+    save_config(config, path / "config.json")
+    write_tiny_tokenizer(path, text["vocab_size"])
+    (path / "generation_config.json").write_text(json.dumps(GENERATION))
+
+
+def cached_mlx(variant: str) -> Path:
+    mx = pytest.importorskip("mlx.core")
+    pytest.importorskip("mlx_lm")
+    path = CACHE / f"e2e-{variant}-mlx{mx.__version__}-{_source_hash()}"
+    if not (path / "config.json").is_file():
+        tmp = CACHE / f".{path.name}.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_mlx(tmp, variant)
+        shutil.rmtree(path, ignore_errors=True)
+        os.replace(tmp, path)
+    return path
+
+
+def _source_hash() -> str:
+    import hashlib
+    import inspect
+
+    return hashlib.sha1((inspect.getsource(build_mlx) + repr(MLX_CONFIGS)).encode()).hexdigest()[:8]
+
+
+def mlx_reference(path: Path):
+    """mlx-lm's own model (the same class and config) with every weight dequantized exactly as stored, in f32:
+    a function ids -> logits [T, vocab]."""
+    import mlx.core as mx
+    from mlx_lm.models import qwen3_5, qwen3_5_moe
+
+    cfg = json.loads((path / "config.json").read_text())
+    module = qwen3_5_moe if cfg["model_type"] == "qwen3_5_moe" else qwen3_5
+    model = module.Model(module.ModelArgs.from_dict(cfg))
+    raw = {}
+    for f in sorted(path.glob("*.safetensors")):
+        raw |= mx.load(str(f))
+    weights = []
+    for key, v in raw.items():
+        base = key.removesuffix(".weight")
+        if key.endswith((".scales", ".biases")):
+            continue
+        if base + ".scales" in raw:
+            s, b = raw[base + ".scales"], raw[base + ".biases"]
+            bits = v.shape[-1] * 32 // (s.shape[-1] * 64)
+            v = mx.dequantize(v, s.astype(mx.float32), b.astype(mx.float32), 64, bits)
+        weights.append((key, v.astype(mx.float32)))
+    model.load_weights(weights)
+    return lambda ids: np.array(model(mx.array(np.asarray(ids))[None]))[0]
+
+
+@pytest.fixture(scope="module", params=["q4", "q3exp", "dense"])
+def mlx_variant(request):
+    return request.param, cached_mlx(request.param)
+
+
+@pytest.fixture(scope="module")
+def mlx_model(gpu):
+    """The 4-bit MoE checkpoint, loaded once for the decode / chunking / multi-turn tests."""
+    return load_model(cached_mlx("q4"), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48)
+
+
+def test_mlx_logits_match_mlx_lm_at_every_position(gpu, mlx_variant):
+    variant, path = mlx_variant
+    model = load_model(path, gpu=gpu, max_context=160, prefill_chunk=32, split_keys=48)
+    rt = model.runtime
+    if variant == "dense":
+        assert not rt.moe and rt.formats["embed"] == "mlx4" and rt.spec.tied_embeddings
+    else:
+        assert sorted(rt.moe) == [0, 1, 2, 3] and all(b.stacked for b in rt.moe.values())
+        assert rt.formats["layers.0.moe.router"] == rt.formats["layers.0.moe.shared_gate"] == "mlx8"
+        assert rt.formats["layers.1.moe.gate_up"] == "mlx4"  # 3-bit experts widened to nibbles
+        assert rt.dispatches_per_token == 4 + 13 * 4
+    ids = np.random.default_rng(5).integers(0, rt.spec.vocab, 150)
+    compare(model.logits(ids), mlx_reference(path)(ids))
+
+
+def test_mlx_folder_brings_tokenizer_and_sampling_defaults(mlx_model):
+    assert mlx_model.tokenizer is not None and mlx_model.tokenizer.decode(mlx_model.tokenizer.encode("hi")) == "hi"
+    s = mlx_model.default_sampling
+    assert (s.temperature, s.top_k, s.top_p) == (0.7, 20, 0.8)  # generation_config.json
+    assert mlx_model.model_type == "qwen3_5_moe_text"
+
+
+# ---- decode, chunking, multi-turn (the 4-bit MoE checkpoint) ----------------------------------------------------
+
+
+def test_gpu_resident_greedy_decode_matches_full_forward(mlx_model):
+    rt = mlx_model.runtime
+    rt.reset()
+    prompt = [3, 17, 42, 5, 9]
+    tokens = tokens_of(mlx_model.generate(prompt, max_tokens=160, sampling=SamplingParams()))
+    assert len(tokens) == 160
+    logits = mlx_model.logits(prompt + tokens[:-1])[len(prompt) - 1:]
+    picked = logits[np.arange(len(tokens)), tokens]
+    assert np.all(logits.max(1) - picked <= 1e-3 * np.abs(logits).max())
+    assert sum(t == a for t, a in zip(tokens, logits.argmax(1), strict=True)) >= len(tokens) - 2
+
+
+def test_chunked_prefill_equals_per_token(mlx_model):
+    rt = mlx_model.runtime
+    ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 90)
+    full = mlx_model.logits(ids)
+    rt.reset()
+    per_token = rt.logits(ids, chunk=1)  # decode kernels: router matvec, split-K attention past 48 keys
+    rt.reset()
+    odd = rt.logits(ids, chunk=7)
+    scale = np.abs(full).max()
+    assert np.abs(per_token - full).max() / scale < 5e-3
+    assert np.abs(odd - full).max() / scale < 5e-3
+
+
+def test_logits_after_rollback_equal_fresh_prefill(mlx_model):
+    rt = mlx_model.runtime
+    seq = np.random.default_rng(3).integers(3, 250, 130).tolist()
+    fresh = mlx_model.logits(seq)
+    tol = 1e-5 * np.abs(fresh).max()
+    rt.reset()
+    rt.prefill(seq[:40])
+    list(rt.decode(0, 20, batch=4))
+    rt.truncate(40)  # restore the snapshot before 39, replay one token
+    np.testing.assert_allclose(rt.logits(seq[40:]), fresh[40:], rtol=0, atol=tol)
+    rt.truncate(77)
+    np.testing.assert_allclose(rt.logits(seq[77:]), fresh[77:], rtol=0, atol=tol)
+    rt.truncate(0)
+    np.testing.assert_allclose(rt.logits(seq[:10]), fresh[:10], rtol=0, atol=tol)
+
+
+def test_follow_up_turn_and_regenerate_equal_fresh(mlx_model):
+    rt, greedy = mlx_model.runtime, SamplingParams()
+    rt.reset()
+    prompt1 = [5, 6, 7, 8, 9, 10, 11]
+    answer = tokens_of(mlx_model.generate(prompt1, max_tokens=12, sampling=greedy))
+    prompt2 = prompt1 + answer + [20, 21, 22]
+    turn2 = list(mlx_model.generate(prompt2, max_tokens=10, sampling=greedy))
+    assert turn2[0].prompt_reused == len(prompt1) + len(answer) - 1
+    again = list(mlx_model.generate(prompt2, max_tokens=10, sampling=greedy))  # regenerate: the prompt snapshot
+    assert again[0].prompt_reused == len(prompt2) - 1
+    rt.reset()
+    fresh = list(mlx_model.generate(prompt2, max_tokens=10, sampling=greedy))
+    assert fresh[0].prompt_reused == 0 and tokens_of(turn2) == tokens_of(again) == tokens_of(fresh)
+
+
+def test_sampled_follow_up_equals_fresh(mlx_model):
+    rt, sampling = mlx_model.runtime, SamplingParams(temperature=0.9, top_p=0.95, repetition_penalty=1.1, seed=7)
+    rt.reset()
+    prompt1 = [12, 13, 14, 15, 16]
+    answer = tokens_of(mlx_model.generate(prompt1, max_tokens=20, sampling=sampling))
+    assert len(answer) == 20  # (no end-of-text drawn with this seed)
+    prompt2 = prompt1 + answer[:13] + [40, 41]  # as if the reply had stopped after 13 tokens
+    reused = list(mlx_model.generate(prompt2, max_tokens=15, sampling=sampling))
+    assert reused[0].prompt_reused == len(prompt1) + 13
+    rt.reset()
+    assert tokens_of(reused) == tokens_of(mlx_model.generate(prompt2, max_tokens=15, sampling=sampling))
+
+
+# ---- bad MLX checkpoints, through load_model --------------------------------------------------------------------
+
+
+def mlx_copy(variant: str, tmp_path: Path) -> Path:
+    dst = tmp_path / "model"
+    shutil.copytree(cached_mlx(variant), dst)
+    return dst
+
+
+def drop_tensor(path: Path, key: str) -> None:
+    import mlx.core as mx
+
+    tensors = mx.load(str(path / "model.safetensors"))
+    del tensors[key]
+    mx.save_safetensors(str(path / "model.safetensors"), tensors, metadata={"format": "mlx"})
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    del index["weight_map"][key]
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def edit_quantization(path: Path, change) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    change(cfg["quantization"])
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+def test_missing_expert_tensor_is_named(gpu, tmp_path):
+    path = mlx_copy("q4", tmp_path)
+    key = "language_model.model.layers.2.mlp.switch_mlp.up_proj.weight"
+    drop_tensor(path, key)
+    with pytest.raises(ModelFormatError, match=rf"model.safetensors.index.json: no tensor '{key}'"):
+        load_model(path, gpu=gpu, max_context=32)
+
+
+def test_wrong_bit_width_is_named(gpu, tmp_path):
+    # The 3-bit build's config claims 4 bits for one expert stack: its words do not add up.
+    path = mlx_copy("q3exp", tmp_path)
+    module = "language_model.model.layers.1.mlp.switch_mlp.down_proj"
+    edit_quantization(path, lambda q: q[module].update(bits=4))
+    with pytest.raises(ModelFormatError, match=rf"model.safetensors: tensor '{module}.weight' has 6 u32 words per row, "
+                       r"but 64 columns .* at 4 bits need 8: config.json's bit width does not match"):
+        load_model(path, gpu=gpu, max_context=32)
+    edit_quantization(path, lambda q: q[module].update(bits=7))
+    with pytest.raises(UnsupportedModelError, match=rf"tensor '{module}.weight' is 7-bit"):
+        load_model(path, gpu=gpu, max_context=32)
+
+
+def test_truncated_shard_is_named(gpu, tmp_path):
+    path = mlx_copy("q4", tmp_path)
+    shard = path / "model.safetensors"
+    shard.write_bytes(shard.read_bytes()[:-1000])
+    with pytest.raises(ModelFormatError, match=r"model.safetensors: tensor 'language_model\..*' needs bytes up to "
+                       r"\d+ but the file is \d+ bytes \(truncated download\?\)"):
+        load_model(path, gpu=gpu, max_context=32)
+
+
+def test_mixed_formats_in_one_fused_matrix_are_named(gpu, tmp_path):
+    # k_proj 8-bit while q_proj and v_proj are 4-bit: they cannot run as the one c_attn matrix.
+    import mlx.core as mx
+
+    path = mlx_copy("dense", tmp_path)
+    key = "language_model.model.layers.1.self_attn.k_proj"
+    tensors = mx.load(str(path / "model.safetensors"))
+    w = mx.dequantize(tensors[key + ".weight"], tensors[key + ".scales"], tensors[key + ".biases"], 64, 4)
+    tensors[key + ".weight"], tensors[key + ".scales"], tensors[key + ".biases"] = mx.quantize(w, 64, 8)
+    mx.save_safetensors(str(path / "model.safetensors"), tensors, metadata={"format": "mlx"})
+    edit_quantization(path, lambda q: q.update({key: {"group_size": 64, "bits": 8}}))
+    with pytest.raises(UnsupportedModelError, match=rf"'language_model.model.layers.1.self_attn.q_proj.weight' "
+                       rf"\(mlx4, \[256, 128\]\) and '{key}.weight' \(mlx8, \[64, 128\]\) run as one matrix"):
+        load_model(path, gpu=gpu, max_context=32)
+
+
+def test_tensors_past_the_binding_limit_are_named(gpu):
+    """As on a GPU whose storage bindings stop at 128 MiB, where Qwen3.6's LM head (254 MB) and expert stacks
+    (269 MB) do not fit: a GpuError with the numbers, before any bind group fails."""
+    from engine.errors import GpuError
+
+    path, saved = cached_mlx("q4"), gpu.max_binding
+    try:
+        gpu.max_binding = 8192
+        with pytest.raises(GpuError, match=r"tensor language_model.model.embed_tokens.weight \[q_weight\] is 16,384 "
+                           r"bytes, but this GPU binds at most 8,192"):
+            load_model(path, gpu=gpu, max_context=32)
+        gpu.max_binding = 32768  # every matrix fits, the first expert stack (9 experts' gate_up) does not
+        with pytest.raises(GpuError, match=r"layers.0.moe.gate_up needs a 73728-byte binding; this GPU allows 32768"):
+            load_model(path, gpu=gpu, max_context=32)
+    finally:
+        gpu.max_binding = saved
+
+
+def test_unquantized_hf_folder_is_refused(gpu):
+    with pytest.raises(ModelFormatError, match="no 'quantization' field.*zerotvm convert"):
+        load_model(cached_tiny_hf("qwen3_5_moe"), gpu=gpu, max_context=32)
+
+
+# ---- bench harness --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", ["tiny-hybrid", "tiny-hybrid-moe"])
+def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
+    from engine.bench import run_bench
+
+    r = run_bench(shape, decode_tokens=8, prompt_tokens=24, runs=1, gpu=gpu, long_prompt=0)
+    moe = shape.endswith("moe")
+    assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and 0 < r["pct_of_ceiling"]
+    assert r["dispatches_per_token"] == 4 + (13 if moe else 10) * 4 and r["moe_layers"] == (4 if moe else 0)
+    assert r["active_gb_per_token"] > 0 and "pct_of_ceiling" in r["table"]
+
+
+def test_bench_active_bytes_count_top_k_experts():
+    from engine.bench_hybrid import active_bytes_per_token, hybrid_spec
+    from engine.hybrid import hybrid_tensor_shapes
+
+    spec, formats = hybrid_spec("qwen3.6-35b-a3b-4bit")
+    assert formats["layers.0.moe.router"] == formats["layers.0.moe.shared_gate"] == "mlx8"
+    sizes = {n: int(np.prod(s)) * np.dtype(t).itemsize for n, (s, t) in hybrid_tensor_shapes(spec, formats).items()}
+    routed = sum(n for k, n in sizes.items() if ".moe.gate_up." in k or ".moe.down." in k)
+    embed = sizes["embed.q_weight"] + sizes["embed.q_scale"]
+    assert active_bytes_per_token(spec, formats) == sum(sizes.values()) - routed + routed * 8 // 256 - embed + (
+        embed // spec.vocab)
+    assert 1.6e9 < active_bytes_per_token(spec, formats) < 1.7e9 < 19e9 < sum(sizes.values())
+
+
+@pytest.mark.parametrize("shape", ["qwen3.5-4b", "qwen3.6-35b-a3b-4bit", "qwen3.6-35b-a3b-3bit"])
+def test_bench_real_shapes_say_when_a_binding_is_too_small(gpu, shape):
+    from engine.bench import run_bench
+    from engine.errors import GpuError
+
+    need = 317_849_600 if shape == "qwen3.5-4b" else 269_484_032  # the embedding; 257 experts' gate_up stack
+    if gpu.max_binding >= need:
+        pytest.skip("this GPU binds the real shapes; run `zerotvm bench --shape ...` on it instead")
+    what = "tensor embed.q_weight" if shape == "qwen3.5-4b" else "expert stack layers.0.moe.gate_up.q_weight"
+    with pytest.raises(GpuError, match=rf"--shape {shape}: the {what} needs a {need:,}-byte storage binding, but "
+                       rf"this GPU allows {gpu.max_binding:,}"):
+        run_bench(shape, gpu=gpu)
+
+
+def test_real_qwen3_6_layer_widths_run(gpu):
+    """One GDN and one attention layer at Qwen3.6-35B-A3B's real widths (d 2048, GDN 16/32 heads × 128, attention
+    16/2 × 256, experts of 512 with a shared one of 512, top-8, MLX 4-bit with the 8-bit router), 16 experts
+    instead of 256 so the stacks bind on a software GPU: every kernel builds and binds at these sizes, and the
+    decode kernels agree with chunked prefill."""
+    from engine.bench_hybrid import make_spec, random_weights
+    from engine.hybrid import HybridTransformer
+
+    config = dict(hidden_size=2048, num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                  vocab_size=1024, layer_types=["linear_attention", "full_attention"], num_experts=16,
+                  num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+                  max_position_embeddings=64,
+                  rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25))
+    spec, formats = make_spec("qwen3_5_moe", config, "mlx")
+    rt = HybridTransformer(gpu, spec, random_weights(spec, formats), max_context=64, prefill_chunk=8,
+                           formats=formats)
+    assert all(b.stacked for b in rt.moe.values()) and rt.dispatches_per_token == 4 + 2 * 13
+    ids = np.random.default_rng(0).integers(0, 1024, 6)
+    chunked = rt.logits(ids)
+    rt.reset()
+    per_token = rt.logits(ids, chunk=1)
+    assert np.isfinite(chunked).all() and np.abs(chunked).max() > 0
+    assert np.abs(per_token - chunked).max() <= 5e-3 * np.abs(chunked).max()
