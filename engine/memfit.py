@@ -2,9 +2,9 @@
 
 GPU bytes = weights + KV cache + working buffers. For the dense models (phi3, llama, qwen3) the KV cache and
 buffers mirror engine/transformer.py `_alloc` exactly (tests compare against a real allocation). For the
-Qwen3.5/3.6 hybrids, which the engine does not run yet, it is a documented approximation: KV only on the
-full-attention layers, a fixed recurrent state per Gated DeltaNet layer, and the dense buffer formula over
-the widest projection.
+Qwen3.5/3.6 hybrids (engine/hybrid.py) it is an approximation: KV only on the full-attention layers, the
+recurrent + conv state per Gated DeltaNet layer times (1 + STATE_SNAPSHOTS) for the multi-turn snapshots, and
+the dense buffer formula over the widest projection.
 
 Host RAM at load: the loaders stream one tensor at a time, so the peak is a baseline (Python, numpy, wgpu
 and the GPU driver) plus LOAD_COPIES of the largest tensor. On a GPU that shares system RAM (integrated,
@@ -126,7 +126,7 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
         qkv_rows = max(qkv_rows, 2 * k_dim + 2 * v_dim + 2 * lin["v_heads"])
         state_f32 = lin["v_heads"] * lin["head_k"] * lin["head_v"] * 4
         per_layer = state_f32 + (lin["conv_kernel"] - 1) * (2 * k_dim + v_dim) * 2  # + f16 conv ring
-        state = lin["layers"] * per_layer
+        state = lin["layers"] * per_layer * (1 + STATE_SNAPSHOTS)
     ffn_rows = d["ffn_dim"] * ((moe["top_k"] + moe.get("shared_experts", 0)) if moe else 1)
     scratch = _scratch(d["hidden_size"], q_dim, qkv_rows, ffn_rows, d["num_heads"], d["vocab_size"], _pages(ctx),
                        d["head_dim"], prefill_chunk, max_binding)
@@ -134,6 +134,9 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
         scratch += _buf(prefill_chunk * (moe["experts"] + 1) * 4)  # router logits for a chunk
     return MemoryEstimate(ctx, e.weights_bytes, kv, state, scratch, load, True,
                           "hybrid approximation: KV on full-attention layers only, recurrent state per linear layer")
+
+
+STATE_SNAPSHOTS = 5  # engine/hybrid.py keeps 2 prompt + 3 decode copies of the GDN state for rollback
 
 
 def _spec_estimate(spec: DenseSpec, context, formats, chunk, max_binding) -> MemoryEstimate:
