@@ -1,6 +1,6 @@
-// The body of the decode matvec (matvec_int4): weight formats, dequantisation, the chunk loop over K and the
-// output write, kept apart from the reduction so a kernel can split K its own way. Layouts and constants are
-// documented in matvec_int4.wgsl; the including kernel declares the bindings x, w, s, y.
+// The body of the decode matvecs (matvec_int4, moe_matvec): weight formats, dequantisation, the chunk loop over K
+// and the output write, apart from the reduction and the indexing each kernel does its own way. Layouts and
+// constants are documented in matvec_int4.wgsl; the including kernel declares the bindings x, w, s, y.
 
 const QUANT: bool = BITS <= 8u;              // integer codes with scales (else plain f16)
 const CHUNKS: u32 = K / 32u;                 // 32-element chunks per row
@@ -9,8 +9,8 @@ const GROUPS: u32 = K / GROUP;               // scale groups per row
 const CPG: u32 = GROUP / 32u;                // chunks per scale group
 const SPG: u32 = select(1u, 2u, AFFINE);     // f16 per group in s: scale, or (scale, min)
 const MATS: u32 = select(1u, 2u, GATE_UP);   // weight rows per output
-const SLOTS: u32 = ROWS * MATS;              // weight rows per workgroup: gate rows first, then up rows
-const SLOTS4: u32 = (SLOTS + 3u) / 4u * 4u;  // padded to whole wg_sum4 calls
+const WROWS: u32 = ROWS * MATS;              // weight rows per workgroup: gate rows first, then up rows
+const WROWS4: u32 = (WROWS + 3u) / 4u * 4u;  // padded to whole wg_sum4 calls
 const N_GROUPS: u32 = (N + ROWS - 1u) / ROWS;
 const MAGIC: u32 = 0x4B000000u;              // bits of 2^23: a code OR-ed in is 2^23 + q exactly
 const MAGIC_PLUS_ZERO: f32 = 8388608.0 + f32(ZERO);
@@ -50,23 +50,24 @@ fn vec_dot(v: vec4<u32>, j: u32, xs: ptr<function, array<vec4<f32>, 8>>) -> f32 
 
 fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 
-// Partial sums of this thread for the SLOTS weight rows from `first`, over chunks c0, c0 + stride, ...
-fn row_sums(first: u32, x_base: u32, c0: u32, stride: u32) -> array<f32, SLOTS4> {
+// Partial sums of this thread for the WROWS weight rows of outputs first.. (row0: the first weight row of the
+// matrix in w, e.g. an expert's in a stack), over chunks c0, c0 + stride, ...; x_base: the activation row's vec4.
+fn row_sums(first: u32, row0: u32, x_base: u32, c0: u32, stride: u32) -> array<f32, WROWS4> {
     // Rows past N are clamped to N-1: they load real data and join the reduction, but are not written.
-    var w_base: array<u32, SLOTS>;  // first vec4 of the row in w
-    var s_base: array<u32, SLOTS>;  // first group of the row in s
-    for (var i = 0u; i < SLOTS; i++) {
-        let row = (i / ROWS) * N + min(first + i % ROWS, N - 1u);
+    var w_base: array<u32, WROWS>;  // first vec4 of the row in w
+    var s_base: array<u32, WROWS>;  // first group of the row in s
+    for (var i = 0u; i < WROWS; i++) {
+        let row = row0 + (i / ROWS) * N + min(first + i % ROWS, N - 1u);
         w_base[i] = row * CHUNKS * WPC;
         s_base[i] = row * GROUPS;
     }
 
-    var acc: array<f32, SLOTS4>;
+    var acc: array<f32, WROWS4>;
     for (var c = c0; c < CHUNKS; c += stride) {
-        var words: array<vec4<u32>, SLOTS * WPC>;
-        var scales: array<f32, SLOTS>;
-        var mins: array<f32, SLOTS>;
-        for (var i = 0u; i < SLOTS; i++) {
+        var words: array<vec4<u32>, WROWS * WPC>;
+        var scales: array<f32, WROWS>;
+        var mins: array<f32, WROWS>;
+        for (var i = 0u; i < WROWS; i++) {
             for (var j = 0u; j < WPC; j++) {
                 words[i * WPC + j] = w[w_base[i] + c * WPC + j];
             }
@@ -84,7 +85,7 @@ fn row_sums(first: u32, x_base: u32, c0: u32, stride: u32) -> array<f32, SLOTS4>
             let t = xs[0] + xs[1] + xs[2] + xs[3] + xs[4] + xs[5] + xs[6] + xs[7];
             xsum = t.x + t.y + t.z + t.w;
         }
-        for (var i = 0u; i < SLOTS; i++) {
+        for (var i = 0u; i < WROWS; i++) {
             var d = 0.0;
             for (var j = 0u; j < WPC; j++) { d += vec_dot(words[i * WPC + j], j, &xs); }
             if (!QUANT) {
@@ -100,14 +101,14 @@ fn row_sums(first: u32, x_base: u32, c0: u32, stride: u32) -> array<f32, SLOTS4>
     return acc;
 }
 
-// Output `slot` of the rows from `first`, given the full sums of all SLOTS weight rows.
-fn write_row(first: u32, slot: u32, total: array<f32, SLOTS4>) {
-    let row = first + slot;
-    if (slot < ROWS && row < N) {
+// Writes output first + i to y[y_base + first + i], given the full sums of all WROWS weight rows.
+fn write_row(first: u32, y_base: u32, i: u32, total: array<f32, WROWS4>) {
+    let row = first + i;
+    if (i < ROWS && row < N) {
         if (GATE_UP) {
-            y[row] = silu(total[slot]) * total[ROWS + slot];
+            y[y_base + row] = silu(total[i]) * total[ROWS + i];
         } else {
-            y[row] = total[slot];
+            y[y_base + row] = total[i];
         }
     }
 }
