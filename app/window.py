@@ -7,7 +7,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import (
     QComboBox,
@@ -40,6 +40,7 @@ from engine.settings import save_settings, settings_to_dict
 log = logging.getLogger("zerotvm.app")
 ADD_LOCAL = "__add_local__"
 SAVE_EVERY_S = 0.5  # how often a streaming reply is written to the database
+RENDER_EVERY_MS = 40  # streamed text is laid out at most this often: re-parsing markdown per token stalls at 100+ tok/s
 
 
 class InputBox(QPlainTextEdit):
@@ -92,6 +93,10 @@ class MainWindow(QMainWindow):
         self._reply_msg_id: int | None = None
         self._reply_text = ["", ""]  # thinking, answer
         self._last_save = 0.0
+        self._render_timer = QTimer(self)
+        self._render_timer.setSingleShot(True)
+        self._render_timer.setInterval(RENDER_EVERY_MS)
+        self._render_timer.timeout.connect(self._render_reply)
         self._build()
         self._connect()
         self.refresh_models()
@@ -523,10 +528,15 @@ class MainWindow(QMainWindow):
             return  # a stopped reply's late tokens
         self._reply_text[0] += thinking
         self._reply_text[1] += answer
-        self._reply_widget.append(thinking, answer)
-        self._reply_widget.set_status("")
+        if not self._render_timer.isActive():
+            self._render_timer.start()
         if time.monotonic() - self._last_save > SAVE_EVERY_S:
             self._save_reply()
+
+    def _render_reply(self) -> None:
+        if self._reply_widget is not None:
+            self._reply_widget.set_content(self._reply_text[1], self._reply_text[0])
+            self._reply_widget.set_status("")
 
     def _save_reply(self, stats: dict | None = None) -> None:
         if self._reply_msg_id is not None:
@@ -539,6 +549,8 @@ class MainWindow(QMainWindow):
         self.finish_reply(stats)
 
     def finish_reply(self, stats: dict) -> None:
+        self._render_timer.stop()
+        self._render_reply()  # whatever arrived since the last frame
         self._save_reply(stats)
         if self._reply_widget is not None:
             self._reply_widget.set_status(_stats_text(stats))
