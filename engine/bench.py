@@ -220,7 +220,7 @@ def run_bench(shape: str = "phi3-mini", decode_tokens: int = 128, prompt_tokens:
         "driver": gpu.info.driver, "commit": _git_commit(), "shape": shape, "options": runtime_options,
         "subgroups": gpu.use_subgroups, "subgroup_size": gpu.subgroup_size,
         "decode_tok_s": round(decode, 1), "prefill_tok_s": round(prefill, 1), "prompt_tokens": prompt_tokens,
-        f"prefill_{long_prompt}_tok_s": round(prefill_long, 1) if prefill_long else None,
+        **({f"prefill_{long_prompt}_tok_s": round(prefill_long, 1)} if prefill_long else {}),
         "decode_tokens": decode_tokens, "ttft_35_ms": round(ttft * 1000, 1),
         "dispatches_per_token": rt.dispatches_per_token, "host_us_per_dispatch": round(host_us, 2),
         "weight_gb_per_token": round(per_token / 1e9, 3), "achieved_gb_s": round(decode * per_token / 1e9, 1),

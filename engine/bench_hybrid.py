@@ -165,7 +165,7 @@ def run_hybrid_bench(shape: str, decode_tokens: int = 128, prompt_tokens: int = 
         "weights": "MLC q4f16_1" if not formats else
         f"MLX affine: mlx4, 8-bit router, experts stored at {HYBRID_SHAPES[shape][3]} bits",
         "decode_tok_s": round(decode, 1), "prefill_tok_s": round(prefill, 1), "prompt_tokens": prompt_tokens,
-        f"prefill_{long_prompt}_tok_s": round(prefill_long, 1) if prefill_long else None,
+        **({f"prefill_{long_prompt}_tok_s": round(prefill_long, 1)} if prefill_long else {}),
         "decode_tokens": decode_tokens, "dispatches_per_token": rt.dispatches_per_token,
         "moe_layers": len(rt.moe), "experts": f"{spec.top_k} of {spec.n_experts} + shared" if rt.moe else None,
         "active_gb_per_token": round(active / 1e9, 4), "state_mb_per_token": round(state / 1e6, 1),
