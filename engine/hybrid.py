@@ -33,7 +33,7 @@ from engine.attention import attention_consts
 from engine.errors import GpuError, ModelFormatError, UnsupportedModelError, ZeroTVMError
 from engine.formats.gguf import PackedWeight
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
-from engine.matmul import embedding_pipeline, embedding_plan, format_knobs, matvec_plan, packed_shapes
+from engine.matmul import embedding_pipeline, embedding_plan, format_knobs, packed_shapes
 from engine.models.qwen3_5 import FULL, HybridSpec
 from engine.moe import MoeBlock
 from engine.shaders import build_source
@@ -343,9 +343,8 @@ class HybridTransformer(DenseTransformer):
                      "in_proj": (s.dim, d["ROW"], False), "out": (d["VD"], s.dim, False)}
         if len(self.moe) < s.n_layers:  # some dense MLP (an all-MoE config may have no intermediate_size)
             self.mats |= {"gate_up": (s.dim, s.ffn_dim, True), "down": (s.ffn_dim, s.dim, False)}
-        rows = getattr(self, "matvec_rows", None)  # the decode grids must match _mat_pipeline's constants
-        self.mv_grid = {name: matvec_plan(k, n, gate_up=gu, **({"rows": rows} if rows else {}))[1]
-                        for name, (k, n, gu) in self.mats.items()}
+        # The decode grids come from the same plan as _mat_pipeline's constants.
+        self.mv_grid = {name: self._mv_plan(k, n, gu)[2] for name, (k, n, gu) in self.mats.items()}
 
         bind = g.bind
         self.bg["embed"] = bind(p["embed"], [self.tokens, *self._matrix("embed"), self.res[0], st], "embed")
