@@ -32,12 +32,12 @@ import numpy as np
 from engine.attention import attention_consts
 from engine.errors import GpuError, ModelFormatError, UnsupportedModelError, ZeroTVMError
 from engine.formats.gguf import PackedWeight
-from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
+from engine.gpu import UNIFORM, Gpu, Recorder
 from engine.matmul import embedding_pipeline, embedding_plan, format_knobs, packed_shapes
 from engine.models.qwen3_5 import FULL, HybridSpec
 from engine.moe import MoeBlock
 from engine.shaders import build_source
-from engine.transformer import MAX_SPLITS, PAGE, RING, SPLIT_KEYS, DenseTransformer
+from engine.transformer import PAGE, SPLIT_KEYS, DenseTransformer
 
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b")  # fused at load, rows in this order
 Q4 = "q4f16_1"
@@ -267,31 +267,13 @@ class HybridTransformer(DenseTransformer):
     def _alloc(self) -> None:
         g, s, C, f32 = self.gpu, self.spec, self.chunk, 4
         d = self.gdn = gdn_dims(s)
-        self.n_pages = -(-self.max_context // PAGE)
-        page_bytes = s.n_kv_heads * PAGE * s.head_dim * 2
-        self.k_cache = {i: g.buffer(f"k-cache-{i}", self.n_pages * page_bytes) for i in s.attn_layers}
-        self.v_cache = {i: g.buffer(f"v-cache-{i}", self.n_pages * page_bytes) for i in s.attn_layers}
-        self.page_table = g.upload("page-table", np.arange(self.n_pages, dtype=np.uint32))
-        self.inv_freq = g.upload("rope-inv-freq", s.inv_freq.astype(np.float32))
-        self.tokens = g.buffer("tokens", C * 4)
-        self.ring = g.buffer("sampled-ring", RING * 4)
-        self.res = [g.buffer("residual-a", C * s.dim * f32), g.buffer("residual-b", C * s.dim * f32)]
-        self.hidden = g.buffer("normed-hidden", C * s.dim * f32)
-        self.delta = g.buffer("block-out", C * s.dim * f32)
-        self.qkv = g.buffer("qkv", C * self.qkv_dim * f32)
+        self._alloc_shared(s.attn_layers)
         self.gate = g.buffer("attn-gate", C * self.q_dim * f32)
-        self.q = g.buffer("q-roped", C * self.q_dim * f32)
-        self.attn = g.buffer("attn-out", C * self.q_dim * f32)
         self.gated = g.buffer("mixer-out", C * max(self.q_dim, d["VD"]) * f32)  # o_proj / out_proj input
         self.proj = g.buffer("gdn-in-proj", C * d["ROW"] * f32)
         self.conv_out = g.buffer("gdn-conv-out", C * d["CONV"] * f32)
         self.gates = g.buffer("gdn-gates", C * 2 * s.gdn_v_heads * f32)
         self.recur = g.buffer("gdn-recur-out", C * d["VD"] * f32)
-        self.ffn = g.buffer("ffn-act", C * s.ffn_dim * f32)
-        self.logits_buf = g.buffer("logits", self.logit_rows * s.vocab * f32)
-        self.part_o = g.buffer("attn-part-o", MAX_SPLITS * self.q_dim * f32)
-        self.part_ml = g.buffer("attn-part-ml", MAX_SPLITS * s.n_heads * 2 * f32)
-        self.readback = [g.buffer(f"readback-{i}", RING * 4, READBACK) for i in range(2)]
         # Per GDN layer: recurrent state then conv state, each at a bindable (aligned) offset.
         align = g.limits.get("min-storage-buffer-offset-alignment", 256)
         recur_bytes = s.gdn_v_heads * s.gdn_k_dim * s.gdn_v_dim * f32

@@ -115,15 +115,20 @@ class DenseTransformer:
 
     # ---- buffers ---------------------------------------------------------------------------
     def _alloc(self) -> None:
+        self.step = self.gpu.buffer("step", 16, UNIFORM)
+        self._alloc_shared(range(self.spec.n_layers))
+
+    def _alloc_shared(self, kv_layers) -> None:
+        """What every runtime of this family allocates: paged K/V for `kv_layers`, the token ring, a chunk of
+        activations, logits, split-attention partials and the readback staging buffers."""
         g, s, C = self.gpu, self.spec, self.chunk
         f32 = 4
         self.n_pages = -(-self.max_context // PAGE)
         page_bytes = s.n_kv_heads * PAGE * s.head_dim * 2
-        self.k_cache = [g.buffer(f"k-cache-{i}", self.n_pages * page_bytes) for i in range(s.n_layers)]
-        self.v_cache = [g.buffer(f"v-cache-{i}", self.n_pages * page_bytes) for i in range(s.n_layers)]
+        self.k_cache = {i: g.buffer(f"k-cache-{i}", self.n_pages * page_bytes) for i in kv_layers}
+        self.v_cache = {i: g.buffer(f"v-cache-{i}", self.n_pages * page_bytes) for i in kv_layers}
         self.page_table = g.upload("page-table", np.arange(self.n_pages, dtype=np.uint32))
         self.inv_freq = g.upload("rope-inv-freq", s.inv_freq.astype(np.float32))
-        self.step = g.buffer("step", 16, UNIFORM)
         self.tokens = g.buffer("tokens", C * 4)
         self.ring = g.buffer("sampled-ring", RING * 4)
         self.res = [g.buffer("residual-a", C * s.dim * f32), g.buffer("residual-b", C * s.dim * f32)]
