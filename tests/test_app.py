@@ -240,3 +240,34 @@ def test_download_flow_progress_cancel_resume_then_selectable(qtbot, tiny_repo, 
     qtbot.waitUntil(lambda: w.facts is not None, timeout=LOAD_MS)  # a finished download loads by itself
     assert w.action.text() == "Unload"
     w.close()
+
+
+def test_tight_memory_asks_before_loading(qtbot, data_dir, monkeypatch):
+    """A model whose fit check warns (Qwen3.6 on a machine short of RAM) is loaded only after "Load anyway"."""
+    from PySide6.QtWidgets import QMessageBox
+
+    from engine.memfit import SystemMemory, check_fit
+
+    w = open_window(qtbot, data_dir, auto_setup=False)
+    row = next(r for r in w.rows if r.entry.key.startswith("qwen3.6"))
+    row.fit = check_fit(row.entry, system=SystemMemory(total_bytes=16 * 2**30, available_bytes=8 * 2**30))
+    row.installed = True
+    assert row.fit.ram_warning  # GPU memory unknown, but the 24 GB RAM warning fires
+    asked, loads = [], []
+    monkeypatch.setattr(w, "request_load", type("S", (), {"emit": lambda self, *a: loads.append(a)})())
+
+    def answer(choice):
+        def exec_(box):
+            asked.append(box.text())
+            box._clicked = next(b for b in box.buttons() if b.text() == choice)
+            return 0
+        return exec_
+
+    monkeypatch.setattr(QMessageBox, "exec", answer("Cancel"))
+    monkeypatch.setattr(QMessageBox, "clickedButton", lambda box: box._clicked)
+    w.load(row)
+    assert loads == [] and "GB" in asked[0] and row.entry.name in asked[0]
+    monkeypatch.setattr(QMessageBox, "exec", answer("Load anyway"))
+    w.load(row)
+    assert len(loads) == 1
+    w.close()
