@@ -40,9 +40,9 @@ def main() -> None:
         "mv_gate_up": (*b["mv_gate_up"], rt.mv_grid["gate_up"]),
         "mv_down": (*b["mv_down"], rt.mv_grid["down"]),
         "add_norm": (p["add_norm"], b["add_norm1"], (1,)),
-        "lm_head": (*rt.bg["mv_lm"], rt.mv_grid["lm"]),
+        "lm_head": rt.lm_parts["mv"][0],
         "argmax": (p["argmax"], rt.bg["argmax"], (1,)),
-        "embed": (p["embed"], rt.bg["embed"], (rt.embed_groups, 1)),
+        "embed": (*rt.embed_parts[0][:2], (rt.embed_parts[0][2], 1)),
     }
     for name, item in items.items():
         if item is None:

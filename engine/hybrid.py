@@ -30,10 +30,10 @@ from collections.abc import Iterable
 import numpy as np
 
 from engine.attention import attention_consts
-from engine.errors import GpuError, ModelFormatError, UnsupportedModelError, ZeroTVMError
+from engine.errors import ModelFormatError, UnsupportedModelError, ZeroTVMError
 from engine.formats.gguf import PackedWeight
 from engine.gpu import UNIFORM, Gpu, Recorder
-from engine.matmul import embedding_pipeline, embedding_plan, format_knobs, packed_shapes
+from engine.matmul import packed_shapes
 from engine.models.qwen3_5 import FULL, HybridSpec
 from engine.moe import MoeBlock
 from engine.shaders import build_source
@@ -211,7 +211,7 @@ class HybridTransformer(DenseTransformer):
                 if not moe_left[layer]:
                     self.moe[layer] = self._moe_block(layer, moe_parts.pop(layer))
             elif m is None:
-                out[c] = self._upload(src, arr)
+                out[c] = self._upload(src, arr, vocab=c.startswith(("embed.", "lm_head.")))
             elif m[2] == "c_attn":  # per-head [Q | gate] rows ++ K ++ V -> qkv (Q ++ K ++ V) and gate
                 qkv, gate = self._split_c_attn(arr)
                 out[f"layers.{m[1]}.qkv.{m[3]}"] = self._upload(f"{src}:qkv", qkv)
@@ -227,12 +227,6 @@ class HybridTransformer(DenseTransformer):
         if missing:
             raise ModelFormatError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}")
         return out
-
-    def _upload(self, label: str, arr: np.ndarray):
-        if arr.nbytes > self.gpu.max_binding:  # caught here: binding it later fails with a less helpful message
-            raise GpuError(f"tensor {label} is {arr.nbytes:,} bytes, but this GPU binds at most "
-                           f"{self.gpu.max_binding:,} (max-storage-buffer-binding-size)")
-        return self.gpu.upload(label, arr)
 
     def _moe_block(self, i: int, parts: dict[str, dict[str, np.ndarray]]) -> MoeBlock:
         """A layer's MoeBlock from its canonical matrices, keyed and split the way MoeBlock takes them."""
@@ -294,9 +288,6 @@ class HybridTransformer(DenseTransformer):
         p, self.bg = {}, {}
         self.p = p
         offset = {"NORM_OFFSET": s.norm_offset} if s.norm_offset else None
-        embed_consts, embed_overrides, (self.embed_groups, _) = embedding_plan(s.dim, s.vocab,
-                                                                              **format_knobs(self._fmt("embed")))
-        p["embed"] = embedding_pipeline(g, embed_consts, embed_overrides)
         p["norm0"] = pipeline(g, "rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)), offset)
         p["add_norm"] = pipeline(g, "add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)), offset)
         p["argmax"] = g.pipeline("argmax", dict(WG=256, VOCAB=s.vocab))
@@ -320,7 +311,7 @@ class HybridTransformer(DenseTransformer):
                                                                  d["Z_OFF"]))
 
         # role -> (K, N, gate_up); N counts outputs (gate_up's weight has 2N rows)
-        self.mats = {"lm": (s.dim, s.vocab, False), "qkv": (s.dim, self.qkv_dim, False),
+        self.mats = {"qkv": (s.dim, self.qkv_dim, False),
                      "gate": (s.dim, self.q_dim, False), "o": (self.q_dim, s.dim, False),
                      "in_proj": (s.dim, d["ROW"], False), "out": (d["VD"], s.dim, False)}
         if len(self.moe) < s.n_layers:  # some dense MLP (an all-MoE config may have no intermediate_size)
@@ -329,14 +320,9 @@ class HybridTransformer(DenseTransformer):
         self.mv_grid = {name: self._mv_plan(k, n, gu)[2] for name, (k, n, gu) in self.mats.items()}
 
         bind = g.bind
-        self.bg["embed"] = bind(p["embed"], [self.tokens, *self._matrix("embed"), self.res[0], st], "embed")
+        self._build_vocab_ends()
         self.bg["norm0"] = bind(p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st], "norm0")
         self.bg["combine"] = bind(p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
-        lm = "embed" if s.tied_embeddings else "lm_head"
-        for kind in ("mv", "mm"):
-            pipe = self._mat_pipeline(kind, "lm", self._fmt(lm))
-            self.bg[f"{kind}_lm"] = pipe, bind(pipe, [self.hidden, *self._matrix(lm), self.logits_buf, st],
-                                               f"lm-head-{kind}")
         self.bg["argmax"] = bind(p["argmax"], [self.logits_buf, self.tokens, self.ring, st], "argmax")
         self.layer_bg = [self._bind_layer(i) for i in range(s.n_layers)]
 
@@ -382,7 +368,7 @@ class HybridTransformer(DenseTransformer):
         s, p, v = self.spec, self.p, self.spec.gdn_v_heads
         if T == 1 and self.n_cached % self.snap_every == 0:
             self._snapshot("decode", rec)  # before this token touches the state
-        rec.dispatch(p["embed"], self.bg["embed"], self.embed_groups, T)
+        self._record_embed(rec, T)
         rec.dispatch(p["norm0"], self.bg["norm0"], T)
         for i, (kind, b) in enumerate(zip(s.layer_types, self.layer_bg, strict=True)):
             if kind == FULL:

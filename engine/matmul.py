@@ -97,7 +97,7 @@ def matvec_plan(
 
 def gemm_plan(
     K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_TM, tn: int | None = None,
-    *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
+    *, y_stride: int | None = None, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
 ) -> tuple[dict, tuple[int, int, int]]:
     """Constants and grid for shaders/matmul_int4.wgsl: Y[T, N]. The constants do not depend on T."""
     fmt = _format_consts(K, bits, zero, affine, group)
@@ -106,7 +106,8 @@ def gemm_plan(
     staged_rows = tm + tn * (2 if gate_up else 1)
     if tm % 4 or tn % 4 or 128 * staged_rows > WORKGROUP_BYTES:
         raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4 and 128·(TM + staged W rows) ≤ {WORKGROUP_BYTES}")
-    consts = dict(K=K, N=N, TM=tm, TN=tn, GATE_UP=gate_up, **fmt)
+    # y_stride: floats per row of Y (default N); a part of the vocabulary writes its columns of a wider Y.
+    consts = dict(K=K, N=N, TM=tm, TN=tn, GATE_UP=gate_up, YS=y_stride or N, **fmt)
     # Output-column tiles fold into (x, z); y walks the token tiles.
     x, z = fold_grid(-(-N // tn))
     return consts, (x, max(-(-T // tm), 1), z)
@@ -135,7 +136,8 @@ _override_pipelines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def embedding_pipeline(gpu, consts: dict, overrides: dict):
     """The embedding pipeline for embedding_plan's (consts, overrides), built once per Gpu."""
-    if {k: overrides.get(k, v) for k, v in _EMBED_DEFAULTS.items()} == _EMBED_DEFAULTS:
+    if set(overrides) <= set(_EMBED_DEFAULTS) and {k: overrides.get(k, v) for k, v in _EMBED_DEFAULTS.items()} \
+            == _EMBED_DEFAULTS:
         return gpu.pipeline("embedding", consts)  # the q4f16_1 build the runtime already shares
     cache = _override_pipelines.setdefault(gpu, {})
     key = (tuple(sorted(consts.items())), tuple(sorted(overrides.items())))

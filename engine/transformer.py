@@ -6,13 +6,14 @@ recorded compute pass and no CPU round trip (the sampled id feeds the next embed
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 import wgpu
 
 from engine.attention import attention_consts, qkv_fused_plan
-from engine.errors import ContextLimitError, ModelFormatError
+from engine.errors import ContextLimitError, GpuError, ModelFormatError
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
 from engine.matmul import (
     embedding_pipeline,
@@ -107,11 +108,19 @@ class DenseTransformer:
                 raise ModelFormatError(
                     f"tensor {src}: expected {dtype}{list(shape)}, found {arr.dtype}{list(arr.shape)}"
                 )
-            out[c] = self.gpu.upload(src, arr)
+            out[c] = self._upload(src, arr, vocab=c.startswith(("embed.", "lm_head.")))
         missing = [self.spec.names[c] for c in expected if c not in out]
         if missing:
             raise ModelFormatError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}")
         return out
+
+    def _upload(self, label: str, arr: np.ndarray, vocab: bool = False):
+        """Upload one tensor. Only the vocabulary matrices are bound in parts, so any other tensor must fit one
+        binding: caught here, with the numbers, rather than as a validation error when it is bound."""
+        if arr.nbytes > self.gpu.max_binding and not vocab:
+            raise GpuError(f"tensor {label} is {arr.nbytes:,} bytes, but this GPU binds at most "
+                           f"{self.gpu.max_binding:,} (max-storage-buffer-binding-size)")
+        return self.gpu.upload(label, arr)
 
     # ---- buffers ---------------------------------------------------------------------------
     def _alloc(self) -> None:
@@ -172,15 +181,78 @@ class DenseTransformer:
         consts, grid = matvec_plan(k, n, gate_up=gate_up, last_row=last_row, rows=self.matvec_rows, **knobs)
         return "matvec_int4", consts, grid
 
+    # ---- the vocabulary-sized matrices: embedding and LM head ----------------------------------
+    def _vocab_parts(self, matrix: str) -> list[tuple[int, int]]:
+        """Row ranges [r0, r0 + n) of the embedding or LM-head matrix that each fit one storage binding: a
+        151,936 × 2560 q4 table (Qwen3-4B) is 194 MB, over the 128 MiB some GPUs bind at once."""
+        s, tag = self.spec, self._fmt(matrix)
+        row_bytes = [int(np.prod(shape[1:])) * np.dtype(dtype).itemsize
+                     for shape, dtype in packed_shapes(tag, s.vocab, s.dim).values()] + [4]  # + the logits row
+        align = max(256 // math.gcd(256, b) for b in row_bytes)  # every part starts on a 256-byte offset
+        rows = self.gpu.max_binding // max(row_bytes) // align * align
+        if rows >= s.vocab:
+            return [(0, s.vocab)]
+        if rows == 0:
+            raise GpuError(f"one row of {matrix} needs {max(row_bytes)} bytes; this GPU binds at most "
+                           f"{self.gpu.max_binding} (max-storage-buffer-binding-size)")
+        return [(r0, min(rows, s.vocab - r0)) for r0 in range(0, s.vocab, rows)]
+
+    def _row_ranges(self, matrix: str, r0: int, n: int) -> list:
+        """Bindings 1-2 for rows [r0, r0 + n) of a packed vocabulary matrix, as (buffer, offset, size)."""
+        s, tag = self.spec, self._fmt(matrix)
+        out = []
+        for key, (shape, dtype) in packed_shapes(tag, s.vocab, s.dim).items():
+            row = int(np.prod(shape[1:])) * np.dtype(dtype).itemsize
+            out.append((self.w[f"{matrix}.{key}"], r0 * row, n * row))
+        return out if len(out) == 2 else [out[0], self.w["norm"]]  # f16: binding 2 is bound but never read
+
+    def _build_vocab_ends(self) -> None:
+        """Embedding and LM-head pipelines and bind groups, one per binding-sized part of the vocabulary."""
+        g, s, st = self.gpu, self.spec, self.step
+        parts = self._vocab_parts("embed")
+        self.embed_parts = []  # (pipeline, bind group, x groups)
+        for r0, n in parts:
+            consts, overrides, (groups, _) = embedding_plan(s.dim, s.vocab, **format_knobs(self._fmt("embed")))
+            if len(parts) > 1:
+                overrides = {**overrides, "ROW0": r0, "NROWS": n}
+            pipe = embedding_pipeline(g, consts, overrides)
+            whole = len(parts) == 1
+            table = self._matrix("embed") if whole else self._row_ranges("embed", r0, n)
+            self.embed_parts.append((pipe, g.bind(pipe, [self.tokens, *table, self.res[0], st], f"embed-{r0}"),
+                                     groups))
+        lm = "embed" if s.tied_embeddings else "lm_head"
+        knobs = format_knobs(self._fmt(lm))
+        self.lm_parts: dict[str, list] = {"mv": [], "mm": []}  # (pipeline, bind group, grid or None)
+        parts = self._vocab_parts(lm)
+        for r0, n in parts:
+            whole = len(parts) == 1
+            table = self._matrix(lm) if whole else self._row_ranges(lm, r0, n)
+            y = self.logits_buf if whole else (self.logits_buf, 4 * r0, self.logits_buf.size - 4 * r0)
+            shader, consts, grid = self._mv_plan(s.dim, n, False, True, knobs)
+            pipe = g.pipeline(shader, consts)
+            self.lm_parts["mv"].append((pipe, g.bind(pipe, [self.hidden, *table, y, st], f"lm-head-{r0}"), grid))
+            pipe = g.pipeline("matmul_int4", gemm_plan(s.dim, n, 1, y_stride=s.vocab, **knobs)[0])
+            self.lm_parts["mm"].append((pipe, g.bind(pipe, [self.hidden, *table, y, st], f"lm-head-all-{r0}"), n))
+
+    def _record_embed(self, rec: Recorder, T: int) -> None:
+        for pipe, bg, groups in self.embed_parts:
+            rec.dispatch(pipe, bg, groups, T)
+
+    def _record_lm(self, rec: Recorder, T: int) -> None:
+        """Logits of the last row (T == 1 or sampling: the decode matvec) or of all T rows (the GEMM)."""
+        if T == 1:
+            for pipe, bg, grid in self.lm_parts["mv"]:
+                rec.dispatch(pipe, bg, *grid)
+        else:
+            for pipe, bg, n in self.lm_parts["mm"]:
+                rec.dispatch(pipe, bg, *gemm_plan(self.spec.dim, n, T)[1])
+
     # ---- pipelines and bind groups (built once) ---------------------------------------------
     def _build(self) -> None:
         g, s, w = self.gpu, self.spec, self.w
         self.p: dict[str, object] = {}
         self.bg: dict[str, object] = {}
         st = self.step
-        embed_consts, embed_overrides, (self.embed_groups, _) = embedding_plan(
-            s.dim, s.vocab, **format_knobs(self._fmt("embed")))
-        self.p["embed"] = embedding_pipeline(g, embed_consts, embed_overrides)
         self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
         self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
         self.p["argmax"] = g.pipeline("argmax", dict(WG=256, VOCAB=s.vocab))
@@ -194,7 +266,7 @@ class DenseTransformer:
         qkv_consts, self.qkv_fused_grid = qkv_fused_plan(s.dim, rope) if self.fused_qkv else (None, None)
 
         # role -> (K, N, gate_up); N counts outputs (gate_up's weight has 2N rows)
-        self.mats = {"lm": (s.dim, s.vocab, False)}
+        self.mats = {}
         for name, (n, k) in matrix_dims(s).items():
             self.mats[name] = (k, n // 2, True) if name == "gate_up" else (k, n, False)
         self.mv_grid: dict[str, tuple] = {}  # decode grids are fixed: computed here, not per token
@@ -202,14 +274,9 @@ class DenseTransformer:
             self.mv_grid[name] = self._mv_plan(k, n, gu)[2]
 
         bind = g.bind
-        self.bg["embed"] = bind(self.p["embed"], [self.tokens, *self._matrix("embed"), self.res[0], st], "embed")
+        self._build_vocab_ends()
         self.bg["norm0"] = bind(self.p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st], "norm0")
         self.bg["combine"] = bind(self.p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
-        lm = "embed" if s.tied_embeddings else "lm_head"
-        for kind in ("mv", "mm"):
-            pipe = self._mat_pipeline(kind, "lm", self._fmt(lm))
-            self.bg[f"{kind}_lm"] = pipe, bind(pipe, [self.hidden, *self._matrix(lm), self.logits_buf, st],
-                                               f"lm-head-{kind}")
         self.bg["argmax"] = bind(self.p["argmax"], [self.logits_buf, self.tokens, self.ring, st], "argmax")
         ins = {"qkv": self.hidden, "o": self.attn, "gate_up": self.hidden, "down": self.ffn}
         outs = {"qkv": self.qkv, "o": self.delta, "gate_up": self.ffn, "down": self.delta}
@@ -252,7 +319,7 @@ class DenseTransformer:
         """Embedding through the final norm for T rows; T == 1 takes the decode kernels."""
         s, p = self.spec, self.p
         decode = T == 1
-        rec.dispatch(p["embed"], self.bg["embed"], self.embed_groups, T)
+        self._record_embed(rec, T)
         rec.dispatch(p["norm0"], self.bg["norm0"], T)
         for b in self.layer_bg:
             if decode and "qkv_fused" in b:
@@ -280,7 +347,7 @@ class DenseTransformer:
 
     def _record_sample(self, rec: Recorder) -> None:
         """LM head on the last row, then the next token into tokens[0] and ring[out_index]."""
-        rec.dispatch(*self.bg["mv_lm"], *self.mv_grid["lm"])
+        self._record_lm(rec, 1)
         if self._greedy:
             rec.dispatch(self.p["argmax"], self.bg["argmax"], 1)
         else:
@@ -334,10 +401,7 @@ class DenseTransformer:
         self._record_body(rec, T, splits)
         s = self.spec
         if then == "logits":
-            if T == 1:
-                rec.dispatch(*self.bg["mv_lm"], *self.mv_grid["lm"])
-            else:
-                rec.dispatch(*self.bg["mm_lm"], *gemm_plan(s.dim, s.vocab, T)[1])
+            self._record_lm(rec, T)
         elif then == "sample":
             self._record_sample(rec)
         rec.submit()

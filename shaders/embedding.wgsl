@@ -20,6 +20,10 @@ override BITS: u32 = 4u;
 override ZERO: u32 = 7u;
 override AFFINE: bool = false;
 override GROUP: u32 = 32u;
+// A table too big for one binding is bound in parts: this dispatch holds rows [ROW0, ROW0 + NROWS) and embeds only
+// the tokens among them (NROWS 0 = the whole vocabulary).
+override ROW0: u32 = 0u;
+override NROWS: u32 = 0u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -31,10 +35,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let token = tokens[t];
     let out = t * D + word * per_word;
     if (token >= VOCAB) {  // an id outside the vocabulary embeds as zeros instead of reading garbage
-        for (var i = 0u; i < per_word; i++) { x[out + i] = 0.0; }
+        if (ROW0 == 0u) { for (var i = 0u; i < per_word; i++) { x[out + i] = 0.0; } }
         return;
     }
-    let packed = q_weight[token * words + word];
+    let rows = select(NROWS, VOCAB, NROWS == 0u);
+    if (token < ROW0 || token >= ROW0 + rows) { return; }  // another part's row
+    let row = token - ROW0;
+    let packed = q_weight[row * words + word];
     if (BITS == 16u) {
         let h = unpack2x16float(packed);
         x[out] = h.x;
@@ -42,7 +49,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     // A word never straddles two groups (GROUP is a multiple of 32).
-    let si = (token * (D / GROUP) + word * per_word / GROUP) * select(1u, 2u, AFFINE);
+    let si = (row * (D / GROUP) + word * per_word / GROUP) * select(1u, 2u, AFFINE);
     let scale = f32(q_scale[si]);
     var mn = 0.0;
     if (AFFINE) { mn = f32(q_scale[si + 1u]); }

@@ -10,11 +10,12 @@
 //     w = (q − ZERO)·scale[k / GROUP] (+ min with AFFINE); GROUP a multiple of 32 (one scale per K step
 //     at 32, shared by GROUP/32 steps above). BITS 16: f16 weights, two per word; binding 2 is not read.
 // Constants: K (multiple of GROUP), N outputs, TM, TN (multiples of 4), GATE_UP (W has 2N rows, gate [0, N)
-//   then up [N, 2N); Y[t, j] = silu(gate)·up), BITS, ZERO, AFFINE, GROUP.
+//   then up [N, 2N); Y[t, j] = silu(gate)·up), YS (floats per row of Y, ≥ N: a slice of the vocabulary writes
+//   its columns of the full logits), BITS, ZERO, AFFINE, GROUP.
 //   Workgroup memory: 128·(TM + TN·MATS) bytes.
 // Bindings: 0 x f32[T, K] (read), 1 w u32[N or 2N, K·BITS/32] (read),
 //   2 s f16[N or 2N, K/GROUP] (read; with AFFINE (scale, min) pairs f16[N or 2N, K/GROUP, 2]),
-//   3 y f32[T, N] (write), 4 step uniform (n_tokens).
+//   3 y f32[T, YS] (write), 4 step uniform (n_tokens).
 // Grid: (x, ceil(T/TM), z) with (x, z) = fold_grid(ceil(N/TN)); rows t ≥ n_tokens are never written.
 #import step
 
@@ -121,12 +122,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         let v = accs[r];
         if (GATE_UP) {
             let j = j0 + 2u * tx;
-            if (j < N) { y[t * N + j] = silu(v.x) * v.z; }
-            if (j + 1u < N) { y[t * N + j + 1u] = silu(v.y) * v.w; }
+            if (j < N) { y[t * YS + j] = silu(v.x) * v.z; }
+            if (j + 1u < N) { y[t * YS + j + 1u] = silu(v.y) * v.w; }
         } else {
             for (var c = 0u; c < 4u; c++) {
                 let j = j0 + 4u * tx + c;
-                if (j < N) { y[t * N + j] = v[c]; }
+                if (j < N) { y[t * YS + j] = v[c]; }
             }
         }
     }

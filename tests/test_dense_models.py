@@ -130,3 +130,28 @@ def test_fused_qkv_decode_kernel_still_matches(gpu, tmp_path):
     fused.runtime.reset()
     per_token = fused.runtime.logits(ids, chunk=1)
     assert np.abs(per_token - ref).max() / np.abs(ref).max() < 5e-3
+
+
+@pytest.mark.parametrize("model_type", ["qwen3", "phi3"])  # tied embedding (one table, two uses) and untied
+def test_vocabulary_matrices_split_across_bindings(gpu, tmp_path, monkeypatch, model_type):
+    """An embedding / LM head bigger than one storage binding (Qwen3-4B's is 194 MB; some GPUs bind 128 MiB) is
+    bound in row parts: logits, decode and sampling equal the single-binding run."""
+    from tests.tiny_models import cached_tiny_hf
+
+    out = tmp_path / model_type
+    assert cli_main(["convert", str(cached_tiny_hf(model_type)), str(out)]) == 0
+    ids = np.random.default_rng(4).integers(0, 288, 24).tolist()
+    assert max(ids) >= 256  # some tokens live in the second part of the table
+    whole = load_model(out, gpu=gpu, max_context=64)
+    ref = whole.logits(ids)
+    ref_tokens = [r.token for r in whole.generate(ids[:5], max_tokens=8)]
+    monkeypatch.setattr(gpu, "max_binding", 8192)  # 256-row parts of the 64-wide q4 tables (K/2 = 32 B per row)
+    split = load_model(out, gpu=gpu, max_context=64, prefill_chunk=8)
+    assert len(split.runtime.embed_parts) == 2 and len(split.runtime.lm_parts["mv"]) == 2
+    got = split.logits(ids)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-3 * np.abs(ref).max())
+    split.runtime.reset()
+    assert [r.token for r in split.generate(ids[:5], max_tokens=8)] == ref_tokens
+    split.runtime.reset()
+    per_token = split.runtime.logits(ids, chunk=1)
+    np.testing.assert_allclose(per_token, ref, rtol=0, atol=5e-3 * np.abs(ref).max())
