@@ -13,12 +13,8 @@ from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
     QHBoxLayout,
-    QInputDialog,
     QLabel,
-    QListWidget,
-    QListWidgetItem,
     QMainWindow,
-    QMenu,
     QMessageBox,
     QPlainTextEdit,
     QProgressBar,
@@ -32,6 +28,7 @@ from app.chat_view import ChatView
 from app.downloads import DownloadThread
 from app.model_list import ModelRow, model_rows
 from app.prefs import AppPrefs, save_prefs
+from app.sidebar import ConversationList
 from app.store import ConversationStore
 from app.worker import WorkerThread
 from engine.sampling import SamplingParams
@@ -137,9 +134,7 @@ class MainWindow(QMainWindow):
         self.new_chat = QPushButton("New chat")
         self.new_chat.setAccessibleName("New chat")
         self.new_chat.setShortcut(QKeySequence.StandardKey.New)
-        self.conversations = QListWidget()
-        self.conversations.setAccessibleName("Conversations")
-        self.conversations.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.conversations = ConversationList(self.store)
         side.addWidget(self.new_chat)
         side.addWidget(self.conversations, 1)
 
@@ -187,14 +182,6 @@ class MainWindow(QMainWindow):
         stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
         stop.triggered.connect(self.stop)
         self.addAction(stop)
-        shortcuts = (("Rename chat", "F2", self.rename_chat),
-                     ("Delete chat", QKeySequence.StandardKey.Delete, self.delete_chat))
-        for name, keys, slot in shortcuts:
-            act = QAction(name, self.conversations)
-            act.setShortcut(keys)
-            act.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
-            act.triggered.connect(slot)
-            self.conversations.addAction(act)
 
     def _connect(self) -> None:
         w, d = self.engine.worker, self.downloads.worker
@@ -217,8 +204,8 @@ class MainWindow(QMainWindow):
         self.cancel.clicked.connect(self.on_cancel)
         self.settings_button.clicked.connect(self.open_settings)
         self.new_chat.clicked.connect(self.start_new_chat)
-        self.conversations.currentItemChanged.connect(self.on_conversation_selected)
-        self.conversations.customContextMenuRequested.connect(self.conversation_menu)
+        self.conversations.picked.connect(self.on_conversation_picked)
+        self.conversations.deleted.connect(self.on_conversation_deleted)
         self.input.submitted.connect(self.on_send)
         self.send.clicked.connect(self.on_send)
         self.chat.edit_requested.connect(self.edit_message)
@@ -415,21 +402,15 @@ class MainWindow(QMainWindow):
 
     # ---- conversations ------------------------------------------------------------------------------------
     def refresh_conversations(self) -> None:
-        self.conversations.blockSignals(True)
-        self.conversations.clear()
-        for c in self.store.list_conversations():
-            item = QListWidgetItem(c["title"])
-            item.setData(Qt.ItemDataRole.UserRole, c["id"])
-            item.setToolTip(f"{c['message_count']} messages")
-            self.conversations.addItem(item)
-            if c["id"] == self.conv_id:
-                self.conversations.setCurrentItem(item)
-        self.conversations.blockSignals(False)
+        self.conversations.refresh(self.conv_id)
 
-    def on_conversation_selected(self, item, _previous=None) -> None:
-        if item is None or self.request:
-            return
-        self.show_conversation(item.data(Qt.ItemDataRole.UserRole))
+    def on_conversation_picked(self, conv_id: int) -> None:
+        if not self.request:
+            self.show_conversation(conv_id)
+
+    def on_conversation_deleted(self, conv_id: int) -> None:
+        if conv_id == self.conv_id:
+            self.show_conversation(None)
 
     def show_conversation(self, conv_id: int | None) -> None:
         self.conv_id = conv_id
@@ -451,53 +432,6 @@ class MainWindow(QMainWindow):
         self.show_conversation(None)
         self.conversations.clearSelection()
         self.input.setFocus()
-
-    def current_item(self) -> QListWidgetItem | None:
-        return self.conversations.currentItem()
-
-    def rename_chat(self) -> None:
-        item = self.current_item()
-        if item is None:
-            return
-        title, ok = QInputDialog.getText(self, "Rename chat", "Title:", text=item.text())
-        if ok and title.strip():
-            self.store.rename(item.data(Qt.ItemDataRole.UserRole), title)
-            self.refresh_conversations()
-
-    def delete_chat(self) -> None:
-        item = self.current_item()
-        if item is None or self.request:
-            return
-        answer = QMessageBox.question(self, "Delete chat", f"Delete “{item.text()}”? This cannot be undone.")
-        if answer == QMessageBox.StandardButton.Yes:
-            conv = item.data(Qt.ItemDataRole.UserRole)
-            self.store.delete(conv)
-            if conv == self.conv_id:
-                self.show_conversation(None)
-            self.refresh_conversations()
-
-    def export_chat(self, kind: str) -> None:
-        item = self.current_item()
-        if item is None:
-            return
-        suffix = ".md" if kind == "markdown" else ".json"
-        path, _ = QFileDialog.getSaveFileName(self, "Export chat", item.text() + suffix,
-                                              "Markdown (*.md)" if suffix == ".md" else "JSON (*.json)")
-        if path:
-            if not path.endswith(suffix):
-                path += suffix
-            self.store.export(item.data(Qt.ItemDataRole.UserRole), path)
-
-    def conversation_menu(self, pos) -> None:
-        if self.current_item() is None:
-            return
-        menu = QMenu(self)
-        menu.addAction("Rename…", self.rename_chat)
-        menu.addAction("Export as Markdown…", lambda: self.export_chat("markdown"))
-        menu.addAction("Export as JSON…", lambda: self.export_chat("json"))
-        menu.addSeparator()
-        menu.addAction("Delete", self.delete_chat)
-        menu.exec(self.conversations.mapToGlobal(pos))
 
     # ---- chatting ----------------------------------------------------------------------------------------
     def on_send(self) -> None:
@@ -623,6 +557,7 @@ class MainWindow(QMainWindow):
         self.send.setAccessibleName("Stop the answer" if busy else "Send the message")
         self.new_chat.setEnabled(not busy)
         self.conversations.setEnabled(not busy)
+        self.conversations.locked = busy
         self.update_action()
 
     # ---- settings, errors, closing ---------------------------------------------------------------------------

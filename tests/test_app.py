@@ -271,3 +271,31 @@ def test_tight_memory_asks_before_loading(qtbot, data_dir, monkeypatch):
     w.load(row)
     assert len(loads) == 1
     w.close()
+
+
+def test_sidebar_rename_export_delete(qtbot, data_dir, monkeypatch, tmp_path):
+    from PySide6.QtWidgets import QFileDialog, QInputDialog, QMessageBox
+
+    w = open_window(qtbot, data_dir, auto_setup=False)
+    first = w.store.create_conversation()
+    w.store.add_message(first, "user", "Tell me about ```code```")
+    w.store.add_message(first, "assistant", "Sure.", thinking="Let me think.")
+    second = w.store.create_conversation("Second")
+    w.refresh_conversations()
+    w.conversations.setCurrentRow(1)  # the older chat opens
+    assert w.conv_id == first and [m.answer for m in w.chat.messages] == ["Tell me about ```code```", "Sure."]
+
+    monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("Renamed", True))
+    w.conversations.rename_current()
+    assert w.store.conversation(first)["title"] == "Renamed"
+    for kind, suffix in (("markdown", ".md"), ("json", ".json")):
+        target = tmp_path / f"chat{suffix}"
+        monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, t=target, **k: (str(t), ""))
+        w.conversations.export_current(kind)
+        assert "Let me think." in target.read_text()
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    w.conversations.setCurrentRow([w.conversations.item(i).text() for i in range(2)].index("Renamed"))
+    w.conversations.delete_current()
+    assert [c["id"] for c in w.store.list_conversations()] == [second] and w.conv_id is None
+    assert w.chat.messages == [] and w.conversations.count() == 1
+    w.close()
