@@ -299,3 +299,25 @@ def test_sidebar_rename_export_delete(qtbot, data_dir, monkeypatch, tmp_path):
     assert [c["id"] for c in w.store.list_conversations()] == [second] and w.conv_id is None
     assert w.chat.messages == [] and w.conversations.count() == 1
     w.close()
+
+
+def test_app_loads_and_chats_with_an_mlx_moe_model(qtbot, data_dir):
+    """A Qwen3.5-MoE-architecture MLX folder (tiny, made by mlx-lm) added by path loads and answers in the app."""
+    from engine.catalog import add_local
+    from tests.test_qwen3_5_moe import cached_mlx
+
+    entry = add_local(cached_mlx("q4"))
+    assert entry.runs
+    w = open_window(qtbot, data_dir, settings=ChatSettings(max_tokens=6, sampling=SamplingParams()),
+                    auto_setup=False)
+    w.picker.setCurrentIndex(w.picker.findData(entry.key))
+    assert w.action.text() == "Load"
+    w.action.click()
+    wait_loaded(qtbot, w)
+    assert w.facts["model_type"].startswith("qwen3_5_moe")
+    send(qtbot, w, "Hello")
+    wait_idle(qtbot, w)
+    stored = w.store.messages(w.conv_id)
+    assert [m["role"] for m in stored] == ["user", "assistant"]
+    assert "tok/s" in w.chat.messages[-1].status.text() or w.chat.messages[-1].status.text() in ("stop", "length")
+    w.close()
