@@ -326,6 +326,27 @@ def cmd_remove(args) -> None:
         print(f"removed {entry.name} from {install_dir(entry)}")
 
 
+def cmd_verify(args) -> None:
+    """Re-hash a downloaded model's files against the Hub's sizes and sha256; damaged files are deleted so the
+    next `zerotvm download` fetches only them."""
+    from engine.catalog import all_models, install_dir
+    from engine.hub.state import verify_installed
+
+    entry = next((e for e in all_models() if e.key == args.model), None)
+    if entry is None or entry.is_local or entry.is_demo:
+        raise ZeroTVMError(f"{args.model!r} is not a downloaded catalog model; `zerotvm models` lists the keys")
+
+    def progress(done: int, total: int) -> None:
+        print(f"\rverifying {_bytes(done):>9s}/{_bytes(total)}", end="", file=sys.stderr, flush=True)
+
+    bad = verify_installed(install_dir(entry), on_progress=progress)
+    print(file=sys.stderr)
+    if bad:
+        raise ZeroTVMError(f"{len(bad)} damaged file(s) removed: {', '.join(bad[:5])}; run `zerotvm download "
+                           f"{entry.key}` to fetch them again")
+    print(f"{entry.name}: every file matches the Hub's checksum")
+
+
 def cmd_token(args) -> None:
     from engine.hub.token import clear_token, get_token, set_token
 
@@ -429,6 +450,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("remove", help="delete a downloaded model (local models are only forgotten)")
     s.add_argument("model", help="catalog key")
     s.set_defaults(func=cmd_remove)
+
+    s = sub.add_parser("verify", help="re-hash a downloaded model's files against the Hub's checksums")
+    s.add_argument("model", help="catalog key")
+    s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("token", help="the Hugging Face token in the system keyring (for gated repos)")
     s.add_argument("action", choices=["set", "clear", "status"])

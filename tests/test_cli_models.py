@@ -57,6 +57,17 @@ def test_download_list_generate_offline_and_remove(gpu, tiny_repo, capsys):
         out = list(model.generate([5, 6, 7], max_tokens=6, sampling=SamplingParams()))
     assert attempts == [] and len(out) == 6
 
+    assert cli_main(["verify", KEY]) == 0
+    assert "matches" in capsys.readouterr().out
+    shard = next(tiny_repo.glob("params_shard_*.bin"))
+    data = bytearray(shard.read_bytes())
+    data[10] ^= 0xFF  # one flipped byte: same size, so only the hash can tell
+    shard.write_bytes(bytes(data))
+    assert cli_main(["verify", KEY]) == 2
+    assert "damaged file(s) removed: " + shard.name in capsys.readouterr().err and not shard.exists()
+    assert cli_main(["download", KEY]) == 0 and shard.read_bytes() != bytes(data)  # fetched again, intact
+    capsys.readouterr()
+
     assert cli_main(["remove", KEY]) == 0
     assert not tiny_repo.exists()
 
