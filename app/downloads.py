@@ -19,6 +19,7 @@ class DownloadWorker(QObject):
     finished = Signal(str, str)  # key, path to load
     cancelled = Signal(str)
     failed = Signal(str, str, str)  # key, title, message
+    managed = Signal(str, str, list)  # key, action ("verify" / "remove"), files that failed verification
 
     def __init__(self):
         super().__init__()
@@ -49,6 +50,28 @@ class DownloadWorker(QObject):
                 return
             log.exception("download of %s failed", e.key)
             self.failed.emit(e.key, *describe_error(err, what=f"download {e.name}"))
+
+    @Slot(dict, str, str)
+    def manage(self, entry: dict, models_dir: str, action: str) -> None:
+        """Verify (re-hash against the Hub) or remove an installed model, off the GUI thread: both touch GBs."""
+        from engine import demo
+        from engine.catalog import CatalogEntry, install_dir
+        from engine.hub.state import remove_model, verify_installed
+
+        e = CatalogEntry(**entry)
+        folder = install_dir(e, models_dir or None)
+        try:
+            bad = []
+            if action == "verify":
+                bad = verify_installed(folder)
+            elif e.is_demo:
+                demo.demo_path(folder).unlink(missing_ok=True)
+            else:
+                remove_model(folder)
+            self.managed.emit(e.key, action, bad)
+        except Exception as err:
+            log.exception("%s of %s failed", action, e.key)
+            self.failed.emit(e.key, *describe_error(err, what=f"{action} {e.name}"))
 
     def _demo(self, e, folder):
         from engine import demo

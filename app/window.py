@@ -15,11 +15,13 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QMainWindow,
+    QMenu,
     QMessageBox,
     QPlainTextEdit,
     QProgressBar,
     QPushButton,
     QSplitter,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -71,6 +73,7 @@ class MainWindow(QMainWindow):
     request_reply = Signal(int, list, dict)
     request_unload = Signal()
     request_download = Signal(dict, str)
+    request_manage = Signal(dict, str, str)
 
     def __init__(self, store: ConversationStore, settings, prefs: AppPrefs, prefs_path: Path,
                  adapters: list[str], token_store=None, auto_setup: bool = True):
@@ -109,11 +112,20 @@ class MainWindow(QMainWindow):
         self.picker.setMinimumWidth(420)
         self.action = QPushButton("Load")
         self.action.setAccessibleName("Download, load or unload the selected model")
+        self.manage = QToolButton()
+        self.manage.setText("Manage")
+        self.manage.setAccessibleName("Verify or remove the selected model")
+        self.manage.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        menu = QMenu(self.manage)
+        self.verify_action = menu.addAction("Verify files", lambda: self.manage_model("verify"))
+        self.remove_action = menu.addAction("Remove from disk…", lambda: self.manage_model("remove"))
+        self.manage.setMenu(menu)
         self.settings_button = QPushButton("Settings")
         self.settings_button.setAccessibleName("Settings")
         top.addWidget(QLabel("Model:"))
         top.addWidget(self.picker, 1)
         top.addWidget(self.action)
+        top.addWidget(self.manage)
         top.addWidget(self.settings_button)
 
         progress_row = QHBoxLayout()
@@ -189,6 +201,8 @@ class MainWindow(QMainWindow):
         self.request_reply.connect(w.reply)
         self.request_unload.connect(w.unload)
         self.request_download.connect(d.start)
+        self.request_manage.connect(d.manage)
+        d.managed.connect(self.on_managed)
         w.load_progress.connect(self.on_load_progress)
         w.loaded.connect(self.on_loaded)
         w.unloaded.connect(self.on_unloaded)
@@ -243,12 +257,17 @@ class MainWindow(QMainWindow):
         if row is None:
             self.action.setText("Load")
             self.action.setEnabled(False)
+            self.manage.setEnabled(False)
             return
         loaded = self.facts is not None and self.facts.get("key") == row.entry.key
         text = "Unload" if loaded else "Load" if row.installed else "Download"
         self.action.setText(text)
         self.action.setEnabled(not busy and (row.entry.runs or not row.installed) and self.request == 0)
         self.action.setToolTip("" if row.entry.runs else row.entry.runs_reason or "")
+        hub = not row.entry.is_local and not row.entry.is_demo
+        self.manage.setEnabled(row.installed and not row.entry.is_local and not busy)
+        self.verify_action.setEnabled(hub)
+        self.remove_action.setEnabled(not loaded)  # unload before deleting the files it reads
 
     def on_pick(self, _index: int) -> None:
         if self.picker.currentData() == ADD_LOCAL:
@@ -282,6 +301,33 @@ class MainWindow(QMainWindow):
             self.load(row)
         else:
             self.download(row)
+
+    def manage_model(self, action: str) -> None:
+        row = self.selected()
+        if row is None or not row.installed:
+            return
+        if action == "remove":
+            answer = QMessageBox.question(self, "Remove model", f"Delete {row.entry.name} from this computer? "
+                                          "You can download it again later; your chats stay.")
+            if answer != QMessageBox.StandardButton.Yes:
+                return
+        self.downloading_key = row.entry.key  # the download thread is busy; one model job at a time
+        self.show_progress(f"{'Verifying' if action == 'verify' else 'Removing'} {row.entry.name}…", 0, 0)
+        self.request_manage.emit(row.entry.to_dict(), str(self.models_dir() or ""), action)
+        self.update_action()
+
+    def on_managed(self, key: str, action: str, bad: list) -> None:
+        self.downloading_key = None
+        self.hide_progress()
+        self.refresh_models(select=key)
+        name = self.row(key).entry.name if self.row(key) else key
+        if action == "remove":
+            self.status.setText(f"Removed {name}.")
+        elif bad:
+            self.show_error("Damaged model files", f"{len(bad)} file(s) of {name} did not match the Hub's checksum "
+                            f"and were removed: {', '.join(bad[:5])}.\n\nChoose Download to fetch just those again.")
+        else:
+            self.status.setText(f"{name}: every file matches the Hub's checksum.")
 
     def download(self, row: ModelRow) -> None:
         from engine.hub.offline import offline_reason

@@ -321,3 +321,42 @@ def test_app_loads_and_chats_with_an_mlx_moe_model(qtbot, data_dir):
     assert [m["role"] for m in stored] == ["user", "assistant"]
     assert "tok/s" in w.chat.messages[-1].status.text() or w.chat.messages[-1].status.text() in ("stop", "length")
     w.close()
+
+
+def test_verify_and_remove_a_downloaded_model(qtbot, tiny_repo, hub, monkeypatch):  # noqa: F811
+    from PySide6.QtWidgets import QMessageBox
+
+    from tests.test_cli_models import KEY
+
+    w = open_window(qtbot, tiny_repo.parent.parent / "home", auto_setup=False)
+    errors = []
+    monkeypatch.setattr(w, "show_error", lambda title, message: errors.append(title))
+    w.picker.setCurrentIndex(w.picker.findData(KEY))
+    w.action.click()  # Download; it loads by itself when done
+    qtbot.waitUntil(lambda: w.facts is not None, timeout=LOAD_MS)
+    assert w.manage.isEnabled() and not w.remove_action.isEnabled()  # no deleting the files of a loaded model
+    w.action.click()  # Unload
+    qtbot.waitUntil(lambda: w.facts is None, timeout=20_000)
+
+    w.verify_action.trigger()
+    qtbot.waitUntil(lambda: w.downloading_key is None, timeout=20_000)
+    assert "every file matches" in w.status.text() and errors == []
+    shard = next(tiny_repo.glob("params_shard_*.bin"))
+    data = bytearray(shard.read_bytes())
+    data[5] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    w.verify_action.trigger()
+    qtbot.waitUntil(lambda: w.downloading_key is None, timeout=20_000)
+    assert errors == ["Damaged model files"] and not w.row(KEY).installed and w.action.text() == "Download"
+
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
+    w.action.click()  # fetches just the damaged file again
+    qtbot.waitUntil(lambda: w.row(KEY) is not None and w.row(KEY).installed and w.downloading_key is None,
+                    timeout=60_000)
+    qtbot.waitUntil(lambda: w.facts is not None, timeout=LOAD_MS)
+    w.action.click()
+    qtbot.waitUntil(lambda: w.facts is None, timeout=20_000)
+    w.remove_action.trigger()
+    qtbot.waitUntil(lambda: w.downloading_key is None, timeout=20_000)
+    assert not tiny_repo.exists() and "Removed" in w.status.text()
+    w.close()
