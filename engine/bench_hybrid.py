@@ -5,9 +5,10 @@ over here and shares its timers and bandwidth probes.
 
 Decode reads only part of a MoE model's weights, so the ceiling is the copy bandwidth over the *active* bytes
 per token: every attention/GDN matrix, the router, top-k of the routed experts plus the shared one, the LM head
-and one embedding row. The 3-bit build's experts are widened to nibbles on load (engine/formats/mlx.py), so on
-the GPU it is the 4-bit shape; it is listed for its stored size. A GPU whose largest storage binding cannot
-hold a tensor or an expert stack gets a GpuError naming both numbers before anything is built.
+and one embedding row. The 3-bit build's routed experts stay 3-bit on the GPU (mlx3, read as stored by the
+decode matvecs); its shared expert is 4-bit, so it runs apart from the routed stack. A GPU whose largest
+storage binding cannot hold a tensor or an expert stack gets a GpuError naming both numbers before anything
+is built.
 """
 
 from __future__ import annotations
@@ -49,21 +50,24 @@ HYBRID_SHAPES = {
                                             shared_expert_intermediate_size=64, tie_word_embeddings=False),
                         "mlx", 4),
 }
+HYBRID_SHAPES["tiny-hybrid-moe-3bit"] = (*HYBRID_SHAPES["tiny-hybrid-moe"][:3], 3)
 
 
 def hybrid_spec(name: str):
     """(spec, formats) for a hybrid shape; canonical names map to themselves."""
-    model_type, config, layout, _ = HYBRID_SHAPES[name]
-    return make_spec(model_type, config, layout)
+    model_type, config, layout, expert_bits = HYBRID_SHAPES[name]
+    return make_spec(model_type, config, layout, expert_bits)
 
 
-def make_spec(model_type: str, config: dict, layout: str):
+def make_spec(model_type: str, config: dict, layout: str, expert_bits: int | None = 4):
     module = model_module(model_type)
     spec = module.spec(module.ModelArgs.from_dict(dict(config)))
     formats = {}
     if layout == "mlx":
         matrices = [n.removesuffix(".q_weight") for n in hybrid_tensor_shapes(spec) if n.endswith(".q_weight")]
         formats = {m: "mlx8" if m.endswith((".moe.router", ".moe.shared_gate")) else "mlx4" for m in matrices}
+        if expert_bits == 3:  # routed expert stacks as the MLX reader keeps them
+            formats |= {m: "mlx3" for m in matrices if m.endswith((".moe.gate_up", ".moe.down"))}
     spec.names = {c: c for c in hybrid_tensor_shapes(spec, formats)}
     return spec, formats
 
@@ -122,9 +126,13 @@ def active_bytes_per_token(spec, formats: dict[str, str]) -> int:
 def check_bindings(name: str, spec, formats: dict[str, str], gpu: Gpu) -> None:
     """GpuError, with the numbers, when a tensor or expert stack exceeds the GPU's largest storage binding."""
     shapes = hybrid_tensor_shapes(spec, formats)
-    stack = spec.shared_ffn_dim == spec.moe_ffn_dim  # the shared expert joins the stacks as expert E
+    # The shared expert joins the stacks as expert E when its size and format match the routed experts'.
+    stack = spec.shared_ffn_dim == spec.moe_ffn_dim and formats.get("layers.0.moe.gate_up") == formats.get(
+        "layers.0.moe.shared_gate_up")
     need = {}
     for tensor, (shape, dtype) in shapes.items():
+        if tensor.startswith(("embed.", "lm_head.")):
+            continue  # the vocabulary tables are bound in row parts
         n = _nbytes(shape, dtype)
         if stack and (".moe.gate_up." in tensor or ".moe.down." in tensor):
             n = n * (spec.n_experts + 1) // spec.n_experts

@@ -43,6 +43,7 @@ FORMATS: dict[str, dict] = {
     "f16": dict(bits=16, zero=0, affine=False, group=32),  # unquantized
     "mlx4": dict(bits=4, zero=0, affine=True, group=64),  # MLX affine w = scale·q + bias (2/3-bit widened to 4)
     "mlx8": dict(bits=8, zero=0, affine=True, group=64),  # MLX affine 8-bit (the MoE router; 5/6-bit widened)
+    "mlx3": dict(bits=3, zero=0, affine=True, group=64),  # MLX 3-bit expert rows as stored (decode matvecs only)
 }
 
 
@@ -62,9 +63,12 @@ def packed_shapes(tag: str, n: int, k: int) -> dict[str, tuple[tuple[int, ...], 
     return {"q_weight": ((n, k * bits // 32), "uint32"), "q_scale": (scale, "float16")}
 
 
-def _format_consts(K: int, bits: int, zero: int, affine: bool, group: int, what: str = "K") -> dict:
-    if bits not in (4, 8, 16):
-        raise ValueError(f"BITS must be 4, 8 (integer codes) or 16 (f16 weights), got {bits}")
+def _format_consts(K: int, bits: int, zero: int, affine: bool, group: int, what: str = "K",
+                   three_bit: bool = False) -> dict:
+    """`three_bit`: the caller's kernel reads MLX 3-bit rows (the decode matvecs do; GEMM and embedding do not)."""
+    if bits not in ((3, 4, 8, 16) if three_bit else (4, 8, 16)):
+        raise ValueError(f"BITS must be 4, 8 (integer codes) or 16 (f16 weights), got {bits}"
+                         + ("" if three_bit else "; 3-bit weights run only in the decode matvecs"))
     if group <= 0 or group % CHUNK:
         raise ValueError(f"GROUP must be a positive multiple of {CHUNK}, got {group}")
     if bits < 16 and not 0 <= zero < 2**bits:
@@ -87,7 +91,7 @@ def matvec_plan(
     """Constants and grid for shaders/matvec_int4.wgsl: y[N] from x row 0 (or row n_tokens-1 if last_row).
     `rows`: outputs per workgroup (default: MATVEC_SLOTS weight rows' worth)."""
     rows = rows or (MATVEC_SLOTS // 2 if gate_up else MATVEC_SLOTS)
-    fmt = _format_consts(K, bits, zero, affine, group)
+    fmt = _format_consts(K, bits, zero, affine, group, three_bit=True)
     _check_n(N)
     if wg & (wg - 1) or wg < rows:
         raise ValueError(f"WG must be a power of two (workgroup reduction) and ≥ ROWS; got WG={wg}, ROWS={rows}")

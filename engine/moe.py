@@ -52,7 +52,7 @@ def expert_plan(K: int, N: int, experts: int, T: int, slots: int, *, slot0: int 
                 y_stride: int | None = None, rows: int | None = None, wg: int | None = None,
                 bits: int = 4, zero: int = 0, affine: bool = True, group: int = 64):
     """Constants and grid for shaders/moe_matvec.wgsl over slots [slot0, slot0 + n_slots) of every token."""
-    fmt = _format_consts(K, bits, zero, affine, group)
+    fmt = _format_consts(K, bits, zero, affine, group, three_bit=True)  # moe_matvec reads 3-bit rows as stored
     n_slots = slots - slot0 if n_slots is None else n_slots
     rows = rows or EXPERT_ROWS
     x_stride, y_stride = x_stride or K, y_stride or N

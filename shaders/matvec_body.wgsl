@@ -4,7 +4,8 @@
 
 const QUANT: bool = BITS <= 8u;              // integer codes with scales (else plain f16)
 const CHUNKS: u32 = K / 32u;                 // 32-element chunks per row
-const WPC: u32 = BITS / 4u;                  // vec4<u32> words per chunk: 1 (4-bit), 2 (8-bit), 4 (f16)
+const WPC: u32 = max(BITS / 4u, 1u);        // vec4<u32> per chunk: 1 (3- or 4-bit), 2 (8-bit), 4 (f16)
+const THREE: bool = BITS == 3u;              // MLX 3-bit: a chunk is 3 u32 of one LSB-first bitstream per row
 const GROUPS: u32 = K / GROUP;               // scale groups per row
 const CPG: u32 = GROUP / 32u;                // chunks per scale group
 const SPG: u32 = select(1u, 2u, AFFINE);     // f16 per group in s: scale, or (scale, min)
@@ -21,6 +22,27 @@ fn codes_minus_zero(q: vec4<u32>) -> vec4<f32> {
     return bitcast<vec4<f32>>(q | vec4<u32>(MAGIC)) - MAGIC_PLUS_ZERO;
 }
 
+// Code e (0..31) of a 3-bit chunk held in v.xyz: bits [3e, 3e + 3) of the 96-bit stream, which may straddle two
+// words (v.w is 0, so the straddle read past the last word is harmless).
+fn code3(v: vec4<u32>, e: u32) -> u32 {
+    let bit = 3u * e;
+    let word = bit / 32u;
+    let sh = bit % 32u;
+    var q = v[word] >> sh;
+    if (sh > 29u) { q |= v[word + 1u] << (32u - sh); }
+    return q & 7u;
+}
+
+// Σ (q_e − ZERO)·x_e over the 32 codes of a 3-bit chunk.
+fn dot32_3(v: vec4<u32>, xs: ptr<function, array<vec4<f32>, 8>>) -> f32 {
+    var d = 0.0;
+    for (var j = 0u; j < 8u; j++) {
+        let q = vec4<u32>(code3(v, 4u * j), code3(v, 4u * j + 1u), code3(v, 4u * j + 2u), code3(v, 4u * j + 3u));
+        d += dot(codes_minus_zero(q), (*xs)[j]);
+    }
+    return d;
+}
+
 // Σ (q_i − ZERO)·x_i over the 8 nibbles of one word (element i at bits 4i).
 fn dot8(word: u32, lo: vec4<f32>, hi: vec4<f32>) -> f32 {
     let q_lo = (vec4<u32>(word) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u);
@@ -35,6 +57,9 @@ fn dot4(word: u32, xv: vec4<f32>) -> f32 {
 
 // Σ (q_e − ZERO)·x_e (or Σ w_e·x_e for f16) over the elements of word vector j of a chunk.
 fn vec_dot(v: vec4<u32>, j: u32, xs: ptr<function, array<vec4<f32>, 8>>) -> f32 {
+    if (THREE) {  // 32 three-bit codes in v.xyz
+        return dot32_3(v, xs);
+    }
     if (BITS == 4u) {  // 32 nibbles: x vec4s 0..7
         return dot8(v.x, (*xs)[0], (*xs)[1]) + dot8(v.y, (*xs)[2], (*xs)[3])
              + dot8(v.z, (*xs)[4], (*xs)[5]) + dot8(v.w, (*xs)[6], (*xs)[7]);
@@ -54,11 +79,11 @@ fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 // matrix in w, e.g. an expert's in a stack), over chunks c0, c0 + stride, ...; x_base: the activation row's vec4.
 fn row_sums(first: u32, row0: u32, x_base: u32, c0: u32, stride: u32) -> array<f32, WROWS4> {
     // Rows past N are clamped to N-1: they load real data and join the reduction, but are not written.
-    var w_base: array<u32, WROWS>;  // first vec4 of the row in w
+    var w_base: array<u32, WROWS>;  // first vec4 of the row in w (first u32 with THREE)
     var s_base: array<u32, WROWS>;  // first group of the row in s
     for (var i = 0u; i < WROWS; i++) {
         let row = row0 + (i / ROWS) * N + min(first + i % ROWS, N - 1u);
-        w_base[i] = row * CHUNKS * WPC;
+        w_base[i] = row * CHUNKS * select(WPC, 3u, THREE);
         s_base[i] = row * GROUPS;
     }
 
@@ -68,8 +93,14 @@ fn row_sums(first: u32, row0: u32, x_base: u32, c0: u32, stride: u32) -> array<f
         var scales: array<f32, WROWS>;
         var mins: array<f32, WROWS>;
         for (var i = 0u; i < WROWS; i++) {
-            for (var j = 0u; j < WPC; j++) {
-                words[i * WPC + j] = w[w_base[i] + c * WPC + j];
+            if (THREE) {  // rows of 3K/32 words need not start on a vec4: read the chunk's 3 words one by one
+                let b = w_base[i] + 3u * c;
+                words[i] = vec4<u32>(w[b / 4u][b % 4u], w[(b + 1u) / 4u][(b + 1u) % 4u],
+                                     w[(b + 2u) / 4u][(b + 2u) % 4u], 0u);
+            } else {
+                for (var j = 0u; j < WPC; j++) {
+                    words[i * WPC + j] = w[w_base[i] + c * WPC + j];
+                }
             }
             if (QUANT) {
                 let si = (s_base[i] + c / CPG) * SPG;

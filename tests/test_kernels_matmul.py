@@ -319,3 +319,33 @@ def test_gemm_formats(gpu, rng, variant, T, K, N, gate_up):
     consts, grid = gemm_plan(K, N, T, gate_up=gate_up, **fmt)
     out = run_int4(gpu, "matmul_int4", consts, grid, x, w, s, (T, N), T)
     assert_close(out, reference_fmt(x, w, s, N, gate_up, fmt))
+
+
+def pack_3bit(codes: np.ndarray) -> np.ndarray:
+    """MLX's 3-bit layout: each row one LSB-first bitstream, code i at bits [3i, 3i + 3); u32 [N, 3K/32]."""
+    n, k = codes.shape
+    bits = ((codes[:, :, None].astype(np.uint64) >> np.arange(3, dtype=np.uint64)) & 1).reshape(n, 3 * k)
+    return np.packbits(bits.astype(np.uint8), axis=1, bitorder="little").view(np.uint32).reshape(n, 3 * k // 32)
+
+
+@pytest.mark.parametrize("K,N,gate_up,last_row",
+                         [(64, 37, False, False), (192, 9, True, False), (2048, 70, False, True)])
+def test_matvec_mlx_3bit_rows_read_as_stored(kernel_gpu, rng, K, N, gate_up, last_row):
+    """3-bit codes straddle words: the matvec reads MLX's bitstream rows in place (no widening)."""
+    rows, T = (2 * N if gate_up else N), 2
+    codes = rng.integers(0, 8, (rows, K))
+    w = pack_3bit(codes)
+    scale_bias = np.stack([rng.uniform(0.01, 0.05, (rows, K // 64)), rng.uniform(-0.1, 0.1, (rows, K // 64))],
+                          axis=-1).astype(np.float16)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    consts, grid = matvec_plan(K, N, gate_up=gate_up, last_row=last_row, **format_knobs("mlx3"))
+    out = run_int4(kernel_gpu, "matvec_int4", consts, grid, x, w, scale_bias, (N,), T)
+    sb = scale_bias.astype(np.float64)
+    dense = codes * np.repeat(sb[..., 0], 64, axis=1) + np.repeat(sb[..., 1], 64, axis=1)
+    y = x[T - 1 if last_row else 0].astype(np.float64) @ dense.T
+    assert_close(out, silu(y[:N]) * y[N:] if gate_up else y)
+
+
+def test_three_bit_is_refused_outside_the_decode_matvecs():
+    with pytest.raises(ValueError, match="3-bit weights run only in the decode matvecs"):
+        gemm_plan(64, 8, 4, **format_knobs("mlx3"))

@@ -116,7 +116,9 @@ def test_config_and_formats(checkpoint):
     formats = ckpt.formats()
     assert formats["model.layers.0.mlp.gate.weight"] == "mlx8"  # the 8-bit router override
     assert formats["model.layers.1.mlp.shared_expert_gate.weight"] == "mlx8"
-    assert formats["model.layers.0.mlp.switch_mlp.down_proj.weight"] == "mlx4"  # 3-bit widens to mlx4
+    # 3-bit expert stacks stay 3-bit (the decode matvecs read them as stored)
+    assert formats["model.layers.0.mlp.switch_mlp.down_proj.weight"] == ("mlx3" if "q3exp" in checkpoint.name
+                                                                        else "mlx4")
     assert formats["model.layers.0.input_layernorm.weight"] == "f16"
     assert formats["model.layers.0.linear_attn.A_log"] == formats["model.layers.0.linear_attn.dt_bias"] == "f32"
     assert ckpt.shape("model.layers.0.mlp.switch_mlp.down_proj.weight") == (8, 128, 64)
@@ -134,9 +136,9 @@ def test_every_quantized_tensor_equals_mx_dequantize(checkpoint):
         seen_bits.add(bits)
         ref = np.array(mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32), 64, bits))
         np.testing.assert_array_equal(dequantize(weight), ref, err_msg=name)
-        # Layout: E (for stacked experts) leading, K/8 or K/4 words per row, (scale, bias) pairs exactly.
-        k = ref.shape[-1]
-        assert weight["q_weight"].shape == (*ref.shape[:-1], k * (4 if weight.format == "mlx4" else 8) // 32)
+        # Layout: E (for stacked experts) leading, K·bits/32 words per row, (scale, bias) pairs exactly.
+        k, stored = ref.shape[-1], {"mlx3": 3, "mlx4": 4, "mlx8": 8}[weight.format]
+        assert weight["q_weight"].shape == (*ref.shape[:-1], k * stored // 32)
         assert weight["q_scale"].shape == (*ref.shape[:-1], k // 64, 2) and weight["q_scale"].dtype == np.float16
         np.testing.assert_array_equal(weight["q_scale"][..., 0].astype(np.float32), np.array(s.astype(mx.float32)))
         np.testing.assert_array_equal(weight["q_scale"][..., 1].astype(np.float32), np.array(b.astype(mx.float32)))
@@ -163,7 +165,8 @@ def test_moe_weights_stack_experts(checkpoint):
     assert set(w) == {"gate", "shared_expert_gate", "switch_mlp.gate_proj", "switch_mlp.up_proj",
                       "switch_mlp.down_proj", "shared_expert.gate_proj", "shared_expert.up_proj",
                       "shared_expert.down_proj"}
-    assert w["switch_mlp.up_proj"]["q_weight"].shape == (8, 64, 16)  # [E, N, K/8], 3-bit or 4-bit alike
+    words = 12 if "q3exp" in checkpoint.name else 16  # [E, N, K·bits/32]: 3-bit rows stay 3-bit
+    assert w["switch_mlp.up_proj"]["q_weight"].shape == (8, 64, words)
     assert w["switch_mlp.down_proj"]["q_scale"].shape == (8, 128, 1, 2)
     assert w["gate"].format == "mlx8" and w["gate"]["q_weight"].shape == (8, 32)
 
@@ -295,8 +298,8 @@ def test_unsupported_quantization(q4, tmp_path):
 
 # ---- through the kernels ----------------------------------------------------------------------------------
 def test_existing_kernels_run_mlx8_and_mlx4(any_gpu, checkpoint, rng):
-    # matvec_int4 / matmul_int4 already take BITS=8 with AFFINE and GROUP=64 (the router) and the widened
-    # 3-bit experts as mlx4: run them on the tensors read from the checkpoint.
+    # matvec_int4 / matmul_int4 take BITS=8 with AFFINE and GROUP=64 (the router) and mlx4 experts; 3-bit expert
+    # rows run in the matvec only (the GEMM refuses them): run them on the tensors read from the checkpoint.
     g, ckpt = any_gpu, MlxCheckpoint(checkpoint)
     router = ckpt.read("model.layers.0.mlp.gate.weight")
     stack = ckpt.read("model.layers.0.mlp.switch_mlp.gate_proj.weight")
@@ -310,6 +313,10 @@ def test_existing_kernels_run_mlx8_and_mlx4(any_gpu, checkpoint, rng):
         y = poisoned(g, "y", (n,))
         run(g, "matvec_int4", consts, buffers + [y, step_uniform(g, 3)], grid)
         np.testing.assert_allclose(read(g, y, (n,)), x[0] @ ref_w.T, rtol=1e-4, atol=1e-5)
+        if weight.format == "mlx3":
+            with pytest.raises(ValueError, match="decode matvecs"):
+                gemm_plan(k, n, 3, **fmt)
+            continue
         consts, grid = gemm_plan(k, n, 3, **fmt)
         y = poisoned(g, "y", (3, n))
         run(g, "matmul_int4", consts, buffers + [y, step_uniform(g, 3)], grid)
@@ -339,7 +346,8 @@ def test_moe_block_from_checkpoint_matches_mlx_lm(gpu, checkpoint, rng, T):
     step = gpu.upload("step", np.array([T, 0, 0, 1], np.uint32), usage=UNIFORM)
     block = MoeBlock(gpu, ckpt.moe_weights(0), step, top_k=cfg["num_experts_per_tok"],
                      norm_topk_prob=cfg["norm_topk_prob"], max_tokens=4)
-    assert block.stacked and block.dispatch_count() == 5
+    q3 = "q3exp" in checkpoint.name  # 3-bit routed experts and a 4-bit shared one: not one stack
+    assert block.stacked != q3 and block.dispatch_count() == (7 if q3 else 5)
     out = gpu.buffer("out", 4 * 4 * cfg["hidden_size"])
     rec = Recorder(gpu, "moe")
     block.record(rec, gpu.upload("x", x), out, T)

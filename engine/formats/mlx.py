@@ -16,7 +16,8 @@ shared-expert gate). Formats (engine/matmul.py FORMATS; N rows, K columns, G = K
 | MLX tensor | tag | arrays | value |
 |---|---|---|---|
 | affine 4-bit, group 64 | mlx4 | q_weight u32 [..., N, K/8], q_scale f16 [..., N, G, 2] = (s, b) | s·q + b |
-| affine 2- or 3-bit | mlx4 | the same: each code widened to a nibble | s·q + b |
+| affine 3-bit, MoE expert stacks | mlx3 | q_weight u32 [..., N, 3K/32] as stored (one bitstream per row) | s·q + b |
+| affine 2- or 3-bit, other tensors | mlx4 | each code widened to a nibble | s·q + b |
 | affine 8-bit | mlx8 | q_weight u32 [..., N, K/4], q_scale f16 [..., N, G, 2] | s·q + b |
 | affine 5- or 6-bit | mlx8 | each code widened to a byte | s·q + b |
 | unquantized A_log, dt_bias | f32 | weight f32, shape as stored | as stored |
@@ -25,10 +26,10 @@ shared-expert gate). Formats (engine/matmul.py FORMATS; N rows, K columns, G = K
 Stacked experts (`switch_mlp.*`, [E, N, K]) keep E leading. MLX packs each row as one LSB-first bitstream:
 code i sits at bits [b·i, b·i + b). At 4 and 8 bits that is exactly our order (code i at bits b·(i % (32/b))
 of word i·b/32), so the words are copied as they are. At 3 bits a 64-group is 6 words and a code may
-straddle two words; we widen every code to a nibble, which is exact but costs 33% more memory and
-bandwidth for those weights (Qwen3.6-35B-A3B's 3-bit experts: about 12 GB of codes become 16 GB). A native
-3-bit kernel would read the bitstream where it lies, but it needs its own word-straddling decode path in
-matvec and GEMM, its own tests and a tuning pass: a kernel project of its own, so it is not part of the reader.
+straddle two words. MoE expert stacks stay as stored (tag mlx3): they run only in the decode matvecs
+(matvec_int4 / moe_matvec), which read the bitstream where it lies, so Qwen3.6-35B-A3B's 3-bit experts keep
+their 3-bit size on the GPU. Any other 3-bit tensor is widened to nibbles (exact; 33% more memory), since
+the GEMM and the embedding read 4 and 8 bits only.
 
 Scales and biases (bf16, f16 or f32) become f16: bf16 values in f16's normal range (|v| ≥ 2^-14) convert
 exactly, smaller ones round to the nearest f16 subnormal, and a value past f16's range is an error.
@@ -200,6 +201,8 @@ class MlxCheckpoint:
                 f"groups of {group}, from its scales) at {bits} bits need {k * bits / 32:g}: config.json's bit "
                 "width does not match the weights (or the tensor is damaged)")
         tag = "mlx4" if WIDE[bits] == 4 else "mlx8"
+        if bits == 3 and ".switch_mlp." in name:
+            tag = "mlx3"  # expert stacks run only in the decode matvecs, which read 3-bit rows where they lie
         return _Plan((w, s, b), tag, (*w.shape[:-1], k), bits)
 
     def _float_plan(self, t: Tensor, name: str) -> _Plan:
@@ -250,7 +253,7 @@ class MlxCheckpoint:
         else:
             w, s, b = plan.tensors
             codes = _array(w)
-            if plan.bits != WIDE[plan.bits]:
+            if plan.bits != WIDE[plan.bits] and plan.format != "mlx3":
                 codes = widen_codes(codes.reshape(-1, codes.shape[-1]), plan.bits).reshape(*w.shape[:-1], -1)
             q_scale = np.stack([_to_f16(_floats(s), s), _to_f16(_floats(b), b)], axis=-1)
             weight = PackedWeight({"q_weight": codes, "q_scale": q_scale}, plan.format, plan.shape, keys)
@@ -313,8 +316,10 @@ def dequantize(weight: PackedWeight) -> np.ndarray:
     with f32 scales (scale·q is exact in f32, so there is one rounding either way)."""
     if "weight" in weight:
         return weight["weight"].astype(np.float32)
-    bits = 4 if weight.format == "mlx4" else 8
     q_weight = weight["q_weight"]
+    if weight.format == "mlx3":  # widen the bitstream first, then dequantize as 4-bit
+        q_weight = widen_codes(q_weight.reshape(-1, q_weight.shape[-1]), 3).reshape(*q_weight.shape[:-1], -1)
+    bits = 4 if weight.format in ("mlx4", "mlx3") else 8
     per_word = 32 // bits
     shifts = np.arange(per_word, dtype=np.uint32) * np.uint32(bits)
     q = ((q_weight[..., None] >> shifts) & np.uint32(2**bits - 1)).astype(np.float32)
