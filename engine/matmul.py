@@ -41,7 +41,7 @@ FORMATS: dict[str, dict] = {
     "q4_1": dict(bits=4, zero=0, affine=True, group=32),  # GGUF: w = d·q + m
     "q8_0": dict(bits=8, zero=128, affine=False, group=32),  # GGUF int8 stored as q + 128: w = (u − 128)·d
     "f16": dict(bits=16, zero=0, affine=False, group=32),  # unquantized
-    "mlx4": dict(bits=4, zero=0, affine=True, group=64),  # MLX affine w = scale·q + bias (2/3-bit widened to 4)
+    "mlx4": dict(bits=4, zero=0, affine=True, group=64),  # MLX affine w = scale·q + bias (2-bit, other 3-bit widened)
     "mlx8": dict(bits=8, zero=0, affine=True, group=64),  # MLX affine 8-bit (the MoE router; 5/6-bit widened)
     "mlx3": dict(bits=3, zero=0, affine=True, group=64),  # MLX 3-bit expert rows as stored (decode matvecs only)
 }
