@@ -93,6 +93,7 @@ class MainWindow(QMainWindow):
         self._reply_msg_id: int | None = None
         self._reply_text = ["", ""]  # thinking, answer
         self._last_save = 0.0
+        self._send_when_ready = False  # Enter pressed while the model was still downloading or loading
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(RENDER_EVERY_MS)
@@ -412,12 +413,14 @@ class MainWindow(QMainWindow):
 
     def on_download_cancelled(self, key: str) -> None:
         self.downloading_key = None
+        self._send_when_ready = False
         self.hide_progress()
         self.status.setText("Download cancelled; it resumes where it stopped next time.")
         self.refresh_models(select=key)
 
     def on_download_failed(self, key: str, title: str, message: str) -> None:
         self.downloading_key = None
+        self._send_when_ready = False
         self.hide_progress()
         self.refresh_models(select=key)
         self.show_error(title, message)
@@ -439,6 +442,9 @@ class MainWindow(QMainWindow):
                             f" · {facts['adapter']}")
         self.update_action()
         self.input.setFocus()
+        if self._send_when_ready:
+            self._send_when_ready = False
+            self.on_send()
 
     def on_unloaded(self) -> None:
         self.facts, self.loading_key = None, None
@@ -488,8 +494,12 @@ class MainWindow(QMainWindow):
         if not text:
             return
         if self.facts is None:
-            self.show_error("No model loaded", "Pick a model and load it (or wait until it has loaded), then send "
-                            "your message again. Your text stays in the box.")
+            if self.loading_key or self.downloading_key:  # first launch: the demo is still arriving
+                self._send_when_ready = True
+                self.status.setText("Your message will be sent as soon as the model has loaded.")
+                return
+            self.show_error("No model loaded", "Pick a model and load it, then send your message again. "
+                            "Your text stays in the box.")
             return
         if self.conv_id is None:
             self.conv_id = self.store.create_conversation(model=self.facts.get("title"))
@@ -585,6 +595,7 @@ class MainWindow(QMainWindow):
     def on_failed(self, request: int, title: str, message: str) -> None:
         if request == 0:  # a load
             self.loading_key = None
+            self._send_when_ready = False
             self.hide_progress()
             self.update_action()
         elif request == self.request:

@@ -360,3 +360,14 @@ def test_verify_and_remove_a_downloaded_model(qtbot, tiny_repo, hub, monkeypatch
     qtbot.waitUntil(lambda: w.downloading_key is None, timeout=20_000)
     assert not tiny_repo.exists() and "Removed" in w.status.text()
     w.close()
+
+
+def test_a_message_sent_while_the_model_loads_goes_out_when_it_is_ready(qtbot, data_dir):
+    w = open_window(qtbot, data_dir)  # starts loading the demo model
+    assert w.facts is None and w.loading_key is not None
+    send(qtbot, w, "What is the capital of France?")
+    assert "as soon as the model has loaded" in w.status.text() and w.store.list_conversations() == []
+    qtbot.waitUntil(lambda: w.conv_id is not None and len(w.store.messages(w.conv_id)) == 2 and w.request == 0,
+                    timeout=LOAD_MS + REPLY_MS)
+    assert "Paris" in w.store.messages(w.conv_id)[1]["content"]
+    w.close()
