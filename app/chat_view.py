@@ -103,6 +103,11 @@ class MessageWidget(QFrame):
             self.action.setAccessibleName("Answer the last message again")
             self.action.clicked.connect(self.regenerate_requested)
             self.action.hide()  # shown on the last reply once it is finished
+            self.copy = QToolButton()
+            self.copy.setText("Copy")
+            self.copy.setAccessibleName("Copy this answer")
+            self.copy.clicked.connect(self._copy_answer)
+            header.addWidget(self.copy)
         header.addWidget(self.action)
         layout.addLayout(header)
 
@@ -171,6 +176,12 @@ class MessageWidget(QFrame):
         for _, old in self._blocks[len(blocks):]:
             old.deleteLater()
         del self._blocks[len(blocks):]
+
+    def _copy_answer(self) -> None:
+        """The answer's markdown as written (code fences included), without the thinking."""
+        QGuiApplication.clipboard().setText(self._answer)
+        self.copy.setText("Copied")
+        QTimer.singleShot(1500, lambda: self.copy.setText("Copy"))
 
     def _toggle_thinking(self, shown: bool) -> None:
         self.thinking_view.setVisible(shown)

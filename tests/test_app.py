@@ -371,3 +371,17 @@ def test_a_message_sent_while_the_model_loads_goes_out_when_it_is_ready(qtbot, d
                     timeout=LOAD_MS + REPLY_MS)
     assert "Paris" in w.store.messages(w.conv_id)[1]["content"]
     w.close()
+
+
+def test_copy_buttons_put_the_answer_and_code_on_the_clipboard(qtbot, data_dir):
+    from PySide6.QtGui import QGuiApplication
+
+    w = open_window(qtbot, data_dir, auto_setup=False)
+    answer = "Here:\n\n```python\nprint('hi')\n```\nDone."
+    reply = w.chat.add("assistant", "Model", answer, thinking="private reasoning")
+    reply.copy.click()
+    assert QGuiApplication.clipboard().text() == answer  # markdown as written, no thinking
+    code = next(b for kind, b in reply._blocks if kind == "code")
+    code.copy.click()
+    assert QGuiApplication.clipboard().text() == "print('hi')"
+    w.close()
