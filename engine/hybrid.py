@@ -287,6 +287,7 @@ class HybridTransformer(DenseTransformer):
         g, s, w, d, st = self.gpu, self.spec, self.w, self.gdn, self.step
         p, self.bg = {}, {}
         self.p = p
+        self._gemm_grids: dict[tuple, tuple] = {}
         offset = {"NORM_OFFSET": s.norm_offset} if s.norm_offset else None
         p["norm0"] = pipeline(g, "rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)), offset)
         p["add_norm"] = pipeline(g, "add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)), offset)
@@ -375,11 +376,7 @@ class HybridTransformer(DenseTransformer):
                 self._mm(rec, b, "qkv", T)
                 self._mm(rec, b, "gate", T)
                 rec.dispatch(p["rope_append"], b["rope_append"], T, s.n_heads + 2 * s.n_kv_heads)
-                if splits > 1:
-                    rec.dispatch(p["attn_split"], b["attn_split"], s.n_heads, T, splits)
-                    rec.dispatch(p["combine"], self.bg["combine"], s.n_heads, T)
-                else:
-                    rec.dispatch(p["attn"], b["attn"], s.n_heads, T, 1)
+                self._record_attention(rec, b, T, splits)
                 rec.dispatch(p["attn_gate"], b["attn_gate"], self.attn_gate_groups, T)
                 self._mm(rec, b, "o", T)
             else:

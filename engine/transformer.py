@@ -245,13 +245,14 @@ class DenseTransformer:
                 rec.dispatch(pipe, bg, *grid)
         else:
             for pipe, bg, n in self.lm_parts["mm"]:
-                rec.dispatch(pipe, bg, *gemm_plan(self.spec.dim, n, T)[1])
+                rec.dispatch(pipe, bg, *self._gemm_grid(self.spec.dim, n, T))
 
     # ---- pipelines and bind groups (built once) ---------------------------------------------
     def _build(self) -> None:
         g, s, w = self.gpu, self.spec, self.w
         self.p: dict[str, object] = {}
         self.bg: dict[str, object] = {}
+        self._gemm_grids: dict[tuple, tuple] = {}
         st = self.step
         self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
         self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
@@ -327,11 +328,7 @@ class DenseTransformer:
             else:
                 self._mm(rec, b, "qkv", T)
                 rec.dispatch(p["rope_append"], b["rope_append"], T, s.n_heads + 2 * s.n_kv_heads)
-            if splits > 1:
-                rec.dispatch(p["attn_split"], b["attn_split"], s.n_heads, T, splits)
-                rec.dispatch(p["combine"], self.bg["combine"], s.n_heads, T)
-            else:
-                rec.dispatch(p["attn"], b["attn"], s.n_heads, T, 1)
+            self._record_attention(rec, b, T, splits)
             self._mm(rec, b, "o", T)
             rec.dispatch(p["add_norm"], b["add_norm1"], T)
             self._mm(rec, b, "gate_up", T)
@@ -343,7 +340,23 @@ class DenseTransformer:
             rec.dispatch(*b[f"mv_{name}"], *self.mv_grid[name])
         else:
             k, n, gu = self.mats[name]
-            rec.dispatch(*b[f"mm_{name}"], *gemm_plan(k, n, T, gate_up=gu)[1])
+            rec.dispatch(*b[f"mm_{name}"], *self._gemm_grid(k, n, T, gu))
+
+    def _gemm_grid(self, k: int, n: int, T: int, gate_up: bool = False) -> tuple:
+        """A prefill GEMM's grid, planned once per (shape, chunk length) instead of on every dispatch."""
+        key = (k, n, T, gate_up)
+        if key not in self._gemm_grids:
+            self._gemm_grids[key] = gemm_plan(k, n, T, gate_up=gate_up)[1]
+        return self._gemm_grids[key]
+
+    def _record_attention(self, rec: Recorder, b: dict, T: int, splits: int) -> None:
+        """Paged attention over the cache; past SPLIT_KEYS keys decode splits them and combines the parts."""
+        s, p = self.spec, self.p
+        if splits > 1:
+            rec.dispatch(p["attn_split"], b["attn_split"], s.n_heads, T, splits)
+            rec.dispatch(p["combine"], self.bg["combine"], s.n_heads, T)
+        else:
+            rec.dispatch(p["attn"], b["attn"], s.n_heads, T, 1)
 
     def _record_sample(self, rec: Recorder) -> None:
         """LM head on the last row, then the next token into tokens[0] and ring[out_index]."""

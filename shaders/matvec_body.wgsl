@@ -1,6 +1,7 @@
-// The body of the decode matvecs (matvec_int4, moe_matvec): weight formats, dequantisation, the chunk loop over K
-// and the output write, apart from the reduction and the indexing each kernel does its own way. Layouts and
-// constants are documented in matvec_int4.wgsl; the including kernel declares the bindings x, w, s, y.
+// The body of the decode matvecs (matvec_int4, moe_matvec): weight formats, dequantisation, the chunk loop over
+// K, the workgroup reduction and the output write, apart from the indexing each kernel does its own way. Layouts
+// and constants are documented in matvec_int4.wgsl; the including kernel declares the bindings x, w, s, y and
+// imports `reduce`.
 
 const QUANT: bool = BITS <= 8u;              // integer codes with scales (else plain f16)
 const CHUNKS: u32 = K / 32u;                 // 32-element chunks per row
@@ -130,6 +131,19 @@ fn row_sums(first: u32, row0: u32, x_base: u32, c0: u32, stride: u32) -> array<f
     }
 
     return acc;
+}
+
+// The workgroup's sums of its threads' partial sums, four rows per wg_sum4 (call from uniform control flow).
+fn row_totals(acc: array<f32, WROWS4>, lane: Lane) -> array<f32, WROWS4> {
+    var total: array<f32, WROWS4>;
+    for (var i = 0u; i < WROWS4; i += 4u) {
+        let t = wg_sum4(vec4<f32>(acc[i], acc[i + 1u], acc[i + 2u], acc[i + 3u]), lane);
+        total[i] = t.x;
+        total[i + 1u] = t.y;
+        total[i + 2u] = t.z;
+        total[i + 3u] = t.w;
+    }
+    return total;
 }
 
 // Writes output first + i to y[y_base + first + i], given the full sums of all WROWS weight rows.

@@ -32,14 +32,6 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     if (group_id >= N_GROUPS) { return; }  // the whole workgroup leaves, so reductions stay uniform
     let first = group_id * ROWS;
     let x_base = select(0u, max(step.n_tokens, 1u) - 1u, LAST_ROW) * (K / 4u);
-    let acc = row_sums(first, 0u, x_base, lane.lid, WG);
-    var total: array<f32, WROWS4>;
-    for (var i = 0u; i < WROWS4; i += 4u) {
-        let t = wg_sum4(vec4<f32>(acc[i], acc[i + 1u], acc[i + 2u], acc[i + 3u]), lane);
-        total[i] = t.x;
-        total[i + 1u] = t.y;
-        total[i + 2u] = t.z;
-        total[i + 3u] = t.w;
-    }
+    let total = row_totals(row_sums(first, 0u, x_base, lane.lid, WG), lane);
     write_row(first, 0u, lane.lid, total);
 }

@@ -39,14 +39,6 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let first = wid.x * ROWS;
     let x_base = select(t, row_slot, X_SLOT) * (X_STRIDE / 4u);
 
-    let acc = row_sums(first, expert * MATS * N, x_base, lane.lid, WG);
-    var total: array<f32, WROWS4>;
-    for (var i = 0u; i < WROWS4; i += 4u) {
-        let v = wg_sum4(vec4<f32>(acc[i], acc[i + 1u], acc[i + 2u], acc[i + 3u]), lane);
-        total[i] = v.x;
-        total[i + 1u] = v.y;
-        total[i + 2u] = v.z;
-        total[i + 3u] = v.w;
-    }
+    let total = row_totals(row_sums(first, expert * MATS * N, x_base, lane.lid, WG), lane);
     write_row(first, row_slot * Y_STRIDE, lane.lid, total);
 }

@@ -306,15 +306,10 @@ def test_mlx_folder_brings_tokenizer_and_sampling_defaults(mlx_model):
 
 
 def test_gpu_resident_greedy_decode_matches_full_forward(mlx_model):
-    rt = mlx_model.runtime
-    rt.reset()
-    prompt = [3, 17, 42, 5, 9]
-    tokens = tokens_of(mlx_model.generate(prompt, max_tokens=160, sampling=SamplingParams()))
-    assert len(tokens) == 160
-    logits = mlx_model.logits(prompt + tokens[:-1])[len(prompt) - 1:]
-    picked = logits[np.arange(len(tokens)), tokens]
-    assert np.all(logits.max(1) - picked <= 1e-3 * np.abs(logits).max())
-    assert sum(t == a for t, a in zip(tokens, logits.argmax(1), strict=True)) >= len(tokens) - 2
+    from tests.test_dense_models import assert_greedy_decode_is_teacher_forced_argmax
+
+    mlx_model.runtime.reset()
+    assert_greedy_decode_is_teacher_forced_argmax(mlx_model, 160, 2, sampling=SamplingParams())
 
 
 def test_chunked_prefill_equals_per_token(mlx_model):
