@@ -24,6 +24,7 @@ from engine.gpu import Gpu
 from engine.hybrid import HybridTransformer, hybrid_tensor_shapes
 from engine.matmul import FORMATS
 from engine.models import model_module
+from engine.moe import shared_joins_stack
 
 _ROPE = dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25)
 _GDN = dict(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
@@ -126,9 +127,9 @@ def active_bytes_per_token(spec, formats: dict[str, str]) -> int:
 def check_bindings(name: str, spec, formats: dict[str, str], gpu: Gpu) -> None:
     """GpuError, with the numbers, when a tensor or expert stack exceeds the GPU's largest storage binding."""
     shapes = hybrid_tensor_shapes(spec, formats)
-    # The shared expert joins the stacks as expert E when its size and format match the routed experts'.
-    stack = spec.shared_ffn_dim == spec.moe_ffn_dim and formats.get("layers.0.moe.gate_up") == formats.get(
-        "layers.0.moe.shared_gate_up")
+    fmt = {k: formats.get(f"layers.0.moe.{k}") for k in ("gate_up", "down", "shared_gate_up", "shared_down")}
+    stack = shared_joins_stack(spec.moe_ffn_dim, spec.shared_ffn_dim, (fmt["gate_up"], fmt["down"]),
+                               (fmt["shared_gate_up"], fmt["shared_down"]))
     need = {}
     for tensor, (shape, dtype) in shapes.items():
         if tensor.startswith(("embed.", "lm_head.")):

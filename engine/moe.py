@@ -90,6 +90,12 @@ def _stack(*weights: dict, axis: int) -> dict[str, np.ndarray]:
     return {k: np.concatenate([w[k] for w in weights], axis=axis) for k in weights[0]}
 
 
+def shared_joins_stack(ffn: int, shared_ffn: int, routed_formats: tuple, shared_formats: tuple) -> bool:
+    """The shared expert runs as expert E of the routed stacks when its width and (gate_up, down) formats match
+    theirs; otherwise it takes its own two dispatches (e.g. 4-bit shared beside 3-bit routed experts)."""
+    return shared_ffn == ffn and tuple(shared_formats) == tuple(routed_formats)
+
+
 class MoeBlock:
     """One MoE layer: owns its weights, scratch buffers, pipelines and bind groups (built once) and records
     its dispatches for T tokens into an engine.gpu.Recorder.
@@ -124,7 +130,7 @@ class MoeBlock:
             Fs = sg.shape[0]
             shared_gate_up = {k: a[None] for k, a in _stack(sg, su, axis=0).items()}  # a stack of one expert
             shared_down = {k: a[None] for k, a in sd.items()}
-            self.stacked = Fs == F and sg.format == g.format and sd.format == down.format
+            self.stacked = shared_joins_stack(F, Fs, (g.format, down.format), (sg.format, sd.format))
             if self.stacked:  # expert E of the routed stacks
                 gate_up.append(shared_gate_up)
                 downs.append(shared_down)
