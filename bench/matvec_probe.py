@@ -1,0 +1,170 @@
+"""Decode matvec shapes, probed on this GPU before one goes into shaders/: the engine's matvec_int4 against a
+subgroup-rows kernel (each subgroup owns R rows, its lanes stride over K 16 bytes at a time, one subgroupAdd per
+row, no workgroup reduction), with x read from global memory or staged in workgroup memory. (Packed-f16
+dequantisation was the third idea: naga 29 rejects bitcast<vec2<f16>>(u32), so it cannot be written in WGSL today.)
+
+Every variant is first checked against numpy on the matrix it is timed on; then each is dispatched N_REPS times
+in one pass, best of 3, reported as µs per dispatch (barrier included) and GB/s of weight bytes.
+
+    python3 bench/matvec_probe.py [phi3-mini|qwen3-4b] [--quick]
+"""
+
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.bench import SHAPES  # noqa: E402
+from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
+from engine.matmul import matvec_plan  # noqa: E402
+from engine.shaders import const_block  # noqa: E402
+
+N_REPS = 100
+
+SG_ROWS = """
+@group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> s: array<f16>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+const CHUNKS: u32 = K / 32u;
+const TILE: u32 = min(K, 4096u);   // x elements staged at a time
+var<workgroup> xt: array<vec4<f32>, XT_LEN>;   // 16 KiB when x is staged
+
+fn dot32(v: vec4<u32>, xs: ptr<function, array<vec4<f32>, 8>>) -> f32 {
+    var d = 0.0;
+    for (var j = 0u; j < 4u; j++) {
+        let wd = v[j];
+        let m = vec4<u32>(0x4B000000u);  // 2^23: the nibble lands in the mantissa; 2^23 + 7 comes off exactly
+        let lo = bitcast<vec4<f32>>(((vec4<u32>(wd) >> vec4<u32>(0u, 4u, 8u, 12u)) & vec4<u32>(15u)) | m) - 8388615.0;
+        let hi = bitcast<vec4<f32>>(((vec4<u32>(wd) >> vec4<u32>(16u, 20u, 24u, 28u)) & vec4<u32>(15u)) | m)
+                 - 8388615.0;
+        d += dot(lo, (*xs)[2u * j]) + dot(hi, (*xs)[2u * j + 1u]);
+    }
+    return d;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_invocation_id) sl: u32,
+        @builtin(subgroup_size) sgs: u32, @builtin(subgroup_id) sid: u32, @builtin(num_subgroups) nsg: u32,
+        @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let first = ((wid.y * nwg.x + wid.x) * nsg + sid) * R;
+    var rowc: array<u32, R>;
+    for (var i = 0u; i < R; i++) { rowc[i] = min(first + i, N - 1u); }
+    var acc: array<f32, R>;
+    for (var t0 = 0u; t0 < K; t0 += TILE) {
+        let t1 = min(t0 + TILE, K);
+        if (XS) {
+            for (var v = lid; v < (t1 - t0) / 4u; v += WG) { xt[v] = x[t0 / 4u + v]; }
+            workgroupBarrier();
+        }
+        for (var c = t0 / 32u + sl; c < t1 / 32u; c += sgs) {
+            var words: array<vec4<u32>, R>;
+            var sc: array<f32, R>;
+            for (var i = 0u; i < R; i++) {
+                words[i] = w[rowc[i] * CHUNKS + c];
+                sc[i] = f32(s[rowc[i] * CHUNKS + c]);
+            }
+            var xs: array<vec4<f32>, 8>;
+            for (var j = 0u; j < 8u; j++) {
+                if (XS) { xs[j] = xt[(c * 32u - t0) / 4u + j]; } else { xs[j] = x[c * 8u + j]; }
+            }
+            for (var i = 0u; i < R; i++) { acc[i] += sc[i] * dot32(words[i], &xs); }
+        }
+        if (XS) { workgroupBarrier(); }
+    }
+    for (var i = 0u; i < R; i++) {
+        let t = subgroupAdd(acc[i]);
+        if (sl == 0u && first + i < N) { y[first + i] = t; }
+    }
+}
+"""
+
+FLOOR = """
+@group(0) @binding(0) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32) { y[lid] = y[lid] + 1.0; }
+"""
+
+
+def sg_pipeline(g: Gpu, k: int, n: int, r: int, wg: int, xs: bool):
+    consts = dict(K=k, N=n, R=r, WG=wg, XS=xs, XT_LEN=1024 if xs else 1)
+    code = f"enable f16;\n{const_block(consts)}\n{SG_ROWS}"
+    module = g.device.create_shader_module(label="probe", code=code)
+    pipe = g.device.create_compute_pipeline(label="probe", layout="auto", compute={"module": module,
+                                                                                     "entry_point": "main"})
+    rows_per_wg = (wg // g.subgroup_size) * r
+    groups = -(-n // rows_per_wg)
+    return pipe, (groups, 1) if groups <= 65535 else (65535, -(-groups // 65535))
+
+
+def timed(g: Gpu, pipe, bg, grid) -> float:
+    best = 1e9
+    for _ in range(3):
+        rec = Recorder(g, "probe")
+        for _ in range(N_REPS):
+            rec.dispatch(pipe, bg, *grid)
+        g.sync()
+        t = time.perf_counter()
+        rec.submit()
+        g.sync()
+        best = min(best, (time.perf_counter() - t) / N_REPS)
+    return best
+
+
+def main(shape: str, quick: bool) -> None:
+    g = Gpu()
+    print(f"{g.info.name} subgroup {g.subgroup_size}", flush=True)
+    d, _, h, kvh, hd, ffn, vocab = SHAPES[shape][:7]
+    mats = {"qkv": (d, (h + 2 * kvh) * hd), "o": (h * hd, d), "gate_up": (d, 2 * ffn), "down": (ffn, d),
+            "lm": (d, vocab)}
+    if quick:
+        mats = {"small": (256, 200), "k_tail": (4096 + 512, 96)}
+    rng = np.random.default_rng(0)
+    step = g.upload("step", np.array([1, 0, 0, 1], np.uint32), usage=UNIFORM)
+    yb = g.buffer("floor-y", 256)
+    floor_pipe = g.device.create_compute_pipeline(
+        label="floor", layout="auto",
+        compute={"module": g.device.create_shader_module(label="floor", code=FLOOR), "entry_point": "main"})
+    floor = timed(g, floor_pipe, g.bind(floor_pipe, [yb], "floor"), (1, 1))
+    print(f"one-workgroup dispatch floor: {floor * 1e6:.1f} us")
+    for name, (k, n) in mats.items():
+        words = rng.integers(0, 2**32, (n, k // 8), dtype=np.uint32)
+        scales = rng.uniform(0.001, 0.01, (n, k // 32)).astype(np.float16)
+        xv = rng.standard_normal(k).astype(np.float32)
+        codes = ((words[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).reshape(n, k).astype(np.float64)
+        ref = ((codes - 7) * np.repeat(scales.astype(np.float64), 32, axis=1)) @ xv.astype(np.float64)
+        w, s, x = g.upload("w", words), g.upload("s", scales), g.upload("x", xv)
+        y = g.buffer("y", 4 * n)
+        nbytes = words.nbytes + scales.nbytes
+        variants = [("engine 4x64", None)]
+        for r in (2, 4, 8):
+            for wg in (64, 128, 256):
+                for xs in (False, True):
+                    variants.append((f"sg R{r} WG{wg} {'x-wg' if xs else 'x-global'}", (r, wg, xs)))
+        print(f"{name} {n}x{k}", flush=True)
+        for label, v in variants:
+            if v is None:
+                consts, grid = matvec_plan(k, n, rows=4, wg=64)
+                pipe = g.pipeline("matvec_int4", consts)
+                bg = g.bind(pipe, [x, w, s, y, step], "probe")
+            else:
+                pipe, grid = sg_pipeline(g, k, n, *v)
+                bg = g.bind(pipe, [x, w, s, y], "probe")
+            g.write(y, np.full(n, np.nan, np.float32))
+            rec = Recorder(g, "check")
+            rec.dispatch(pipe, bg, *grid)
+            rec.submit()
+            err = np.abs(g.read(y) - ref).max() / np.abs(ref).max()
+            ok = "ok " if err < 1e-5 else "BAD"
+            t = timed(g, pipe, bg, grid)
+            print(f"    {label:32s} {t * 1e6:7.1f} us {nbytes / t / 1e9:6.0f} GB/s  {ok} rel {err:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    for shape in args or ["phi3-mini"]:
+        main(shape, "--quick" in sys.argv)
