@@ -28,6 +28,11 @@ MATVEC_WG = 64
 # 4 measured fastest on the H200 for every Phi-3 / Qwen3-4B matrix (bench/tune_matvec.py; BENCH.md): fewer
 # rows starve each thread of loads in flight, more rows spill registers and leave SMs idle.
 MATVEC_SLOTS = 4
+# The subgroup-rows matvec (shaders/matvec_sg.wgsl) wins where a matrix has many rows for its K: on the H200 it
+# took 16384×3072 from 180 to 80 µs and the 32064×3072 LM head from 187 to 98 µs, but lost on 3072×8192 and
+# 2560×4096 (bench/matvec_probe.py). It is used from this many weight rows per K element up.
+MATVEC_SG_MIN_ROWS_PER_K = 4
+MATVEC_SG_WG = 128
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
 WORKGROUP_BYTES = 16384
@@ -97,6 +102,25 @@ def matvec_plan(
         raise ValueError(f"WG must be a power of two (workgroup reduction) and ≥ ROWS; got WG={wg}, ROWS={rows}")
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, LAST_ROW=last_row, GATE_UP=gate_up, **fmt)
     return consts, fold_grid(-(-N // rows))
+
+
+def matvec_sg_plan(
+    K: int, N: int, subgroup_size: int, gate_up: bool = False, last_row: bool = False, rows: int | None = None,
+    wg: int = MATVEC_SG_WG, *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
+) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for shaders/matvec_sg.wgsl: matvec_int4's constants plus BLOCKS, the row blocks of
+    ROWS outputs a workgroup covers (one per subgroup of the probed size)."""
+    if subgroup_size < 1 or wg % subgroup_size:
+        raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
+    consts, _ = matvec_plan(K, N, gate_up, last_row, rows, wg, bits=bits, zero=zero, affine=affine, group=group)
+    blocks = wg // subgroup_size
+    consts["BLOCKS"] = blocks
+    return consts, fold_grid(-(-N // (consts["ROWS"] * blocks)))
+
+
+def prefers_subgroup_rows(K: int, N: int, gate_up: bool) -> bool:
+    """Whether the subgroup-rows matvec is the faster decode kernel for this shape (measured; see above)."""
+    return N * (2 if gate_up else 1) >= MATVEC_SG_MIN_ROWS_PER_K * K
 
 
 def gemm_plan(

@@ -21,7 +21,9 @@ from engine.matmul import (
     format_knobs,
     gemm_plan,
     matvec_plan,
+    matvec_sg_plan,
     packed_shapes,
+    prefers_subgroup_rows,
 )
 from engine.models.base import DenseSpec
 from engine.sampling import GpuSampler, SamplingParams
@@ -69,11 +71,14 @@ def tensor_shapes(spec: DenseSpec, formats: dict[str, str] | None = None) -> dic
 class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
-                 formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None):
+                 formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None,
+                 matvec_sg: bool = True):
         self.gpu, self.spec = gpu, spec
         # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
         # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
         self.fused_qkv, self.matvec_rows = fused_qkv, matvec_rows
+        # Many-row matrices (gate_up, the LM head) decode with the subgroup-rows matvec where the GPU has subgroups.
+        self.matvec_sg = matvec_sg and gpu.use_subgroups
         self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
         self.max_context = min(max_context or spec.context_length, spec.context_length)
@@ -178,6 +183,10 @@ class DenseTransformer:
     def _mv_plan(self, k: int, n: int, gate_up: bool, last_row: bool = False, knobs: dict | None = None):
         """(shader, constants, grid) of a decode matvec in the chosen kernel variant."""
         knobs = knobs or {}
+        if self.matvec_sg and prefers_subgroup_rows(k, n, gate_up):
+            consts, grid = matvec_sg_plan(k, n, self.gpu.subgroup_size, gate_up=gate_up, last_row=last_row,
+                                          rows=self.matvec_rows, **knobs)
+            return "matvec_sg", consts, grid
         consts, grid = matvec_plan(k, n, gate_up=gate_up, last_row=last_row, rows=self.matvec_rows, **knobs)
         return "matvec_int4", consts, grid
 

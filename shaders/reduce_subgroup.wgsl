@@ -7,6 +7,7 @@ struct Lane {
     @builtin(subgroup_invocation_id) sg_lane: u32,
     @builtin(subgroup_id) sg_id: u32,
     @builtin(num_subgroups) n_sg: u32,
+    @builtin(subgroup_size) sg_size: u32,
 }
 
 var<workgroup> red_vec: array<vec4<f32>, WG>;

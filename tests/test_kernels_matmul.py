@@ -5,7 +5,7 @@ import pytest
 
 from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
 from engine.gpu import MAX_GROUPS_PER_DIM
-from engine.matmul import FORMATS, format_knobs, gemm_plan, matvec_plan
+from engine.matmul import FORMATS, format_knobs, gemm_plan, matvec_plan, matvec_sg_plan, prefers_subgroup_rows
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 
@@ -344,6 +344,66 @@ def test_matvec_mlx_3bit_rows_read_as_stored(kernel_gpu, rng, K, N, gate_up, las
     dense = codes * np.repeat(sb[..., 0], 64, axis=1) + np.repeat(sb[..., 1], 64, axis=1)
     y = x[T - 1 if last_row else 0].astype(np.float64) @ dense.T
     assert_close(out, silu(y[:N]) * y[N:] if gate_up else y)
+
+
+# ---- the subgroup-rows decode matvec (shaders/matvec_sg.wgsl) ----------------------------------------------
+@pytest.mark.parametrize("variant", [*VARIANTS, "mlx3"])
+@pytest.mark.parametrize(
+    "K,N,T,gate_up,last_row",
+    [
+        (192, 37, 1, False, False),  # N not a multiple of the workgroup's rows; 6 chunks over 8 lanes
+        (128, 21, 3, True, True),  # fused gate_up, LM-head row
+        (640, 90, 2, False, True),  # several chunks per lane
+    ],
+)
+def test_matvec_sg(gpu, rng, variant, K, N, T, gate_up, last_row):
+    fmt = format_knobs(variant) if variant == "mlx3" else VARIANTS[variant]
+    rows = 2 * N if gate_up else N
+    if variant == "mlx3":
+        w = pack_3bit(rng.integers(0, 8, (rows, K)))
+        s = np.stack([rng.uniform(0.01, 0.05, (rows, K // 64)), rng.uniform(-0.1, 0.1, (rows, K // 64))],
+                     axis=-1).astype(np.float16)
+    else:
+        w, s = random_packed(rng, rows, K, **fmt)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    consts, grid = matvec_sg_plan(K, N, gpu.subgroup_size, gate_up=gate_up, last_row=last_row, **fmt)
+    out = run_int4(gpu, "matvec_sg", consts, grid, x, w, s, (N,), T)
+    # The workgroup kernel on the same data is the reference: it is tested against numpy above, for every format.
+    consts, grid = matvec_plan(K, N, gate_up=gate_up, last_row=last_row, **fmt)
+    assert_close(out, run_int4(gpu, "matvec_int4", consts, grid, x, w, s, (N,), T))
+    if variant != "mlx3":
+        assert_close(out, reference_fmt(x[T - 1 if last_row else 0], w, s, N, gate_up, fmt))
+
+
+@pytest.mark.parametrize("claimed", [1, 2, 4, 64])
+def test_matvec_sg_covers_every_row_whatever_the_subgroup_size(gpu, rng, claimed):
+    """The grid is sized with the probed subgroup size; a pipeline that runs with another (Intel picks per
+    pipeline) must still write every row: a subgroup loops over the row blocks of its workgroup."""
+    K, N = 96, 301
+    w, s = random_q4(rng, N, K)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    consts, grid = matvec_sg_plan(K, N, claimed, wg=64, rows=3)
+    out = run_int4(gpu, "matvec_sg", consts, grid, x, w, s, (N,), 1)
+    assert_close(out, reference(x[0], w, s, N, False))
+
+
+def test_matvec_sg_folded_grid(gpu, rng):
+    K, N = 32, (MAX_GROUPS_PER_DIM + 1000) * 2
+    w, s = random_q4(rng, N, K)
+    x = rng.standard_normal((1, K)).astype(np.float32)
+    consts, grid = matvec_sg_plan(K, N, gpu.subgroup_size, rows=1, wg=gpu.subgroup_size * 2)
+    assert grid[1] > 1
+    out = run_int4(gpu, "matvec_sg", consts, grid, x, w, s, (N,), 1)
+    assert_close(out, reference(x[0], w, s, N, False))
+
+
+def test_subgroup_rows_policy():
+    assert prefers_subgroup_rows(3072, 8192, gate_up=True)  # Phi-3 gate_up: 16384 weight rows
+    assert prefers_subgroup_rows(3072, 32064, gate_up=False)  # an LM head
+    assert not prefers_subgroup_rows(8192, 3072, gate_up=False)  # down
+    assert not prefers_subgroup_rows(3072, 9216, gate_up=False)  # QKV: even on the H200
+    with pytest.raises(ValueError, match="multiple of the subgroup size"):
+        matvec_sg_plan(64, 8, 48)
 
 
 def test_three_bit_is_refused_outside_the_decode_matvecs():
