@@ -4,7 +4,8 @@ row, no workgroup reduction), with x read from global memory or staged in workgr
 dequantisation was the third idea: naga 29 rejects bitcast<vec2<f16>>(u32), so it cannot be written in WGSL today.)
 
 Every variant is first checked against numpy on the matrix it is timed on; then each is dispatched N_REPS times
-in one pass, best of 3, reported as µs per dispatch (barrier included) and GB/s of weight bytes.
+in one pass, best of 5 rounds that interleave the variants, reported as µs per dispatch (barrier included) and
+GB/s of weight bytes; the copy kernel over the same bytes gives the streaming rate at that size.
 
     python3 bench/matvec_probe.py [phi3-mini|qwen3-4b] [--quick]
 """
@@ -18,11 +19,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.bench import SHAPES  # noqa: E402
-from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
-from engine.matmul import matvec_plan  # noqa: E402
+from engine.gpu import UNIFORM, Gpu, Recorder, fold_grid  # noqa: E402
+from engine.matmul import matvec_plan, matvec_sg_plan  # noqa: E402
 from engine.shaders import const_block  # noqa: E402
 
 N_REPS = 100
+ROUNDS = 5
 
 SG_ROWS = """
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
@@ -101,9 +103,9 @@ def sg_pipeline(g: Gpu, k: int, n: int, r: int, wg: int, xs: bool):
     return pipe, (groups, 1) if groups <= 65535 else (65535, -(-groups // 65535))
 
 
-def timed(g: Gpu, pipe, bg, grid) -> float:
+def timed(g: Gpu, pipe, bg, grid, tries: int = 3) -> float:
     best = 1e9
-    for _ in range(3):
+    for _ in range(tries):
         rec = Recorder(g, "probe")
         for _ in range(N_REPS):
             rec.dispatch(pipe, bg, *grid)
@@ -140,16 +142,14 @@ def main(shape: str, quick: bool) -> None:
         w, s, x = g.upload("w", words), g.upload("s", scales), g.upload("x", xv)
         y = g.buffer("y", 4 * n)
         nbytes = words.nbytes + scales.nbytes
-        variants = [("engine 4x64", None)]
-        for r in (2, 4, 8):
-            for wg in (64, 128, 256):
-                for xs in (False, True):
-                    variants.append((f"sg R{r} WG{wg} {'x-wg' if xs else 'x-global'}", (r, wg, xs)))
-        print(f"{name} {n}x{k}", flush=True)
+        variants = [("engine matvec_int4 4x64", ("matvec_int4", matvec_plan(k, n, rows=4, wg=64))),
+                    ("engine matvec_sg 4 rows/sg WG128", ("matvec_sg", matvec_sg_plan(k, n, g.subgroup_size)))]
+        for r, wg, xs in ((4, 128, False), (8, 256, True), (2, 256, True)):
+            variants.append((f"probe sg R{r} WG{wg} {'x-wg' if xs else 'x-global'}", (r, wg, xs)))
+        built = []
         for label, v in variants:
-            if v is None:
-                consts, grid = matvec_plan(k, n, rows=4, wg=64)
-                pipe = g.pipeline("matvec_int4", consts)
+            if isinstance(v[0], str):
+                pipe, grid = g.pipeline(v[0], v[1][0]), v[1][1]
                 bg = g.bind(pipe, [x, w, s, y, step], "probe")
             else:
                 pipe, grid = sg_pipeline(g, k, n, *v)
@@ -159,9 +159,25 @@ def main(shape: str, quick: bool) -> None:
             rec.dispatch(pipe, bg, *grid)
             rec.submit()
             err = np.abs(g.read(y) - ref).max() / np.abs(ref).max()
-            ok = "ok " if err < 1e-5 else "BAD"
-            t = timed(g, pipe, bg, grid)
-            print(f"    {label:32s} {t * 1e6:7.1f} us {nbytes / t / 1e9:6.0f} GB/s  {ok} rel {err:.1e}", flush=True)
+            built.append((f"{label:34s} {'ok ' if err < 1e-5 else 'BAD'} rel {err:.0e}", pipe, bg, grid, nbytes))
+        # The same weight bytes through the vec4 copy kernel (reads them and writes a copy): a streaming ceiling
+        # for this size with the same per-dispatch cost.
+        n4 = words.nbytes // 16
+        cgrid = fold_grid(-(-n4 // (256 * 4)))
+        cpipe = g.pipeline("copy", dict(WG=256, PER_THREAD=4, N4=n4, GRID_X=cgrid[0]))
+        dst = g.buffer("copy-dst", words.nbytes)
+        built.append((f"{'copy kernel, same bytes (read GB/s)':34s}", cpipe, g.bind(cpipe, [w, dst], "c"), cgrid,
+                      words.nbytes))
+        best = {b[0]: 1e9 for b in built}
+        for _ in range(3):  # warm the clocks
+            timed(g, built[0][1], built[0][2], built[0][3])
+        for _ in range(ROUNDS):  # interleaved, so a clock change hits every variant alike
+            for label, pipe, bg, grid, _ in built:
+                best[label] = min(best[label], timed(g, pipe, bg, grid, tries=1))
+        print(f"{name} {n}x{k}", flush=True)
+        for label, _, _, _, nb in built:
+            print(f"    {label} {best[label] * 1e6:7.1f} us {nb / best[label] / 1e9:6.0f} GB/s", flush=True)
+        dst.destroy()
 
 
 if __name__ == "__main__":
