@@ -63,18 +63,41 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_invocation_
             for (var v = lid; v < (t1 - t0) / 4u; v += WG) { xt[v] = x[t0 / 4u + v]; }
             workgroupBarrier();
         }
-        for (var c = t0 / 32u + sl; c < t1 / 32u; c += sgs) {
-            var words: array<vec4<u32>, R>;
-            var sc: array<f32, R>;
-            for (var i = 0u; i < R; i++) {
-                words[i] = w[rowc[i] * CHUNKS + c];
-                sc[i] = f32(s[rowc[i] * CHUNKS + c]);
+        let c_end = t1 / 32u;
+        for (var c0 = t0 / 32u + sl; c0 < c_end; c0 += sgs * U) {
+            // U chunks per lane per iteration: every load of all U chunks is issued before any math.
+            var words: array<vec4<u32>, RU>;
+            var sc: array<f32, RU>;
+            var xs: array<array<vec4<f32>, 8>, U>;
+            for (var u = 0u; u < U; u++) {
+                let live = c0 + u * sgs < c_end;
+                let c = select(c_end - 1u, c0 + u * sgs, live);
+                for (var i = 0u; i < R; i++) {
+                    words[u * R + i] = w[rowc[i] * CHUNKS + c];
+                    let sv = select(f32(s[rowc[i] * CHUNKS + c]), 1.0, CUT == 3u || CUT == 4u);
+                    sc[u * R + i] = select(0.0, sv, live);
+                }
+                for (var j = 0u; j < 8u; j++) {
+                    if (CUT == 2u || CUT == 4u) {
+                        xs[u][j] = vec4<f32>(f32(j));
+                    } else if (XS) {
+                        xs[u][j] = xt[(c * 32u - t0) / 4u + j];
+                    } else {
+                        xs[u][j] = x[c * 8u + j];
+                    }
+                }
             }
-            var xs: array<vec4<f32>, 8>;
-            for (var j = 0u; j < 8u; j++) {
-                if (XS) { xs[j] = xt[(c * 32u - t0) / 4u + j]; } else { xs[j] = x[c * 8u + j]; }
+            for (var u = 0u; u < U; u++) {
+                var xu = xs[u];
+                for (var i = 0u; i < R; i++) {
+                    if (CUT == 1u || CUT == 4u) {  // ablation: the loads stay live, the dequant and dot are gone
+                        let v = words[u * R + i];
+                        acc[i] += sc[u * R + i] * bitcast<f32>((v.x ^ v.y ^ v.z ^ v.w) & 0x3FFFFFFFu) * xu[i % 8u].x;
+                    } else {
+                        acc[i] += sc[u * R + i] * dot32(words[u * R + i], &xu);
+                    }
+                }
             }
-            for (var i = 0u; i < R; i++) { acc[i] += sc[i] * dot32(words[i], &xs); }
         }
         if (XS) { workgroupBarrier(); }
     }
@@ -92,8 +115,9 @@ fn main(@builtin(local_invocation_index) lid: u32) { y[lid] = y[lid] + 1.0; }
 """
 
 
-def sg_pipeline(g: Gpu, k: int, n: int, r: int, wg: int, xs: bool):
-    consts = dict(K=k, N=n, R=r, WG=wg, XS=xs, XT_LEN=1024 if xs else 1)
+def sg_pipeline(g: Gpu, k: int, n: int, r: int, wg: int, xs: bool, cut: int = 0, unroll: int = 1):
+    """cut (ablations, wrong results on purpose): 1 no dequant/dot ALU, 2 no x loads, 3 no scale loads, 4 all three."""
+    consts = dict(K=k, N=n, R=r, WG=wg, XS=xs, XT_LEN=1024 if xs else 1, CUT=cut, U=unroll, RU=r * unroll)
     code = f"enable f16;\n{const_block(consts)}\n{SG_ROWS}"
     module = g.device.create_shader_module(label="probe", code=code)
     pipe = g.device.create_compute_pipeline(label="probe", layout="auto", compute={"module": module,
@@ -146,6 +170,10 @@ def main(shape: str, quick: bool) -> None:
                     ("engine matvec_sg 4 rows/sg WG128", ("matvec_sg", matvec_sg_plan(k, n, g.subgroup_size)))]
         for r, wg, xs in ((4, 128, False), (8, 256, True), (2, 256, True)):
             variants.append((f"probe sg R{r} WG{wg} {'x-wg' if xs else 'x-global'}", (r, wg, xs)))
+        for r, u in ((4, 2), (2, 2), (2, 4), (1, 4)):
+            variants.append((f"probe sg R{r} WG128 {u} chunks in flight", (r, 128, False, 0, u)))
+        for cut, what in ((1, "no dequant ALU"), (2, "no x loads"), (3, "no scale loads"), (4, "weights only")):
+            variants.append((f"ablation R4 WG128: {what}", (4, 128, False, cut)))
         built = []
         for label, v in variants:
             if isinstance(v[0], str):
@@ -159,7 +187,8 @@ def main(shape: str, quick: bool) -> None:
             rec.dispatch(pipe, bg, *grid)
             rec.submit()
             err = np.abs(g.read(y) - ref).max() / np.abs(ref).max()
-            built.append((f"{label:34s} {'ok ' if err < 1e-5 else 'BAD'} rel {err:.0e}", pipe, bg, grid, nbytes))
+            verdict = "ablation" if label.startswith("ablation") else "ok" if err < 1e-5 else "BAD"
+            built.append((f"{label:34s} {verdict:8s}", pipe, bg, grid, nbytes))
         # The same weight bytes through the vec4 copy kernel (reads them and writes a copy): a streaming ceiling
         # for this size with the same per-dispatch cost.
         n4 = words.nbytes // 16
