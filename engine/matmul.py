@@ -33,6 +33,10 @@ MATVEC_SLOTS = 4
 # 2560×4096 (bench/matvec_probe.py). It is used from this many weight rows per K element up.
 MATVEC_SG_MIN_ROWS_PER_K = 4
 MATVEC_SG_WG = 128
+# The int8-activation matvec (shaders/matvec_q8.wgsl): 2 weight rows per subgroup measured best on the H200
+# (bench/matvec_probe.py: 12–17 µs where the f32 matvecs took 21–51 µs on Phi-3's matrices).
+MATVEC_Q8_SLOTS = 2
+QUANTIZE_WG = 64
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
 WORKGROUP_BYTES = 16384
@@ -116,6 +120,36 @@ def matvec_sg_plan(
     blocks = wg // subgroup_size
     consts["BLOCKS"] = blocks
     return consts, fold_grid(-(-N // (consts["ROWS"] * blocks)))
+
+
+def q8_capable(tag: str) -> bool:
+    """Whether a weight format runs in matvec_q8 (4-bit codes: q4f16_1, q4_0, q4_1, mlx4)."""
+    return FORMATS[tag]["bits"] == 4
+
+
+def matvec_q8_plan(
+    K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None, wg: int = MATVEC_SG_WG,
+    *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
+) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for shaders/matvec_q8.wgsl (x comes quantized by quantize_q8: no LAST_ROW here)."""
+    if bits != 4:
+        raise ValueError(f"matvec_q8 reads 4-bit codes, got BITS={bits}")
+    fmt = _format_consts(K, bits, zero, affine, group)
+    _check_n(N)
+    if subgroup_size < 1 or wg % subgroup_size:
+        raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
+    rows = rows or max(MATVEC_Q8_SLOTS // (2 if gate_up else 1), 1)
+    blocks = wg // subgroup_size
+    consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, ZERO=fmt["ZERO"],
+                  AFFINE=fmt["AFFINE"], GROUP=fmt["GROUP"])
+    return consts, fold_grid(-(-N // (rows * blocks)))
+
+
+def quantize_q8_plan(K: int, last_row: bool = False) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for shaders/quantize_q8.wgsl; buffer sizes: xq K bytes, xm K / 32 · 8 bytes."""
+    if K <= 0 or K % CHUNK:
+        raise ValueError(f"K must be a positive multiple of {CHUNK}, got {K}")
+    return dict(K=K, WG=QUANTIZE_WG, LAST_ROW=last_row), fold_grid(-(-(K // CHUNK) // QUANTIZE_WG))
 
 
 def prefers_subgroup_rows(K: int, N: int, gate_up: bool) -> bool:
