@@ -321,6 +321,7 @@ class HybridTransformer(DenseTransformer):
         self.mv_grid = {name: self._mv_plan(k, n, gu)[2] for name, (k, n, gu) in self.mats.items()}
 
         bind = g.bind
+        self._alloc_q8(max([s.dim] + [k for k, _, _ in self.mats.values()]))
         self._build_vocab_ends()
         self.bg["norm0"] = bind(p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st], "norm0")
         self.bg["combine"] = bind(p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
@@ -352,10 +353,12 @@ class HybridTransformer(DenseTransformer):
             b["gdn_norm"] = g.bind(p["gdn_norm"], [self.recur, self.proj, w[f"{c}.gdn_norm"], self.gated, st],
                                    f"{c}.gdn_norm")
         for name, (src, dst) in ios.items():
-            for kind in ("mv", "mm"):
-                pipe = self._mat_pipeline(kind, name, self._fmt(f"{c}.{name}"))
-                b[f"{kind}_{name}"] = pipe, g.bind(pipe, [src, *self._matrix(f"{c}.{name}"), dst, st],
-                                                   f"{c}.{kind}_{name}")
+            tag = self._fmt(f"{c}.{name}")
+            self._bind_mv(b, name, tag, src, self._matrix(f"{c}.{name}"), dst, f"{c}.mv_{name}", self.mats[name][0])
+            pipe = self._mat_pipeline("mm", name, tag)
+            b[f"mm_{name}"] = pipe, g.bind(pipe, [src, *self._matrix(f"{c}.{name}"), dst, st], f"{c}.mm_{name}")
+        # qkv and gate read the same normed row: a q8 gate reuses qkv's int8 copy (see _record_body).
+        b["gate_shares_q8"] = "q8_qkv" in b and "q8_gate" in b
         next_norm = w[f"layers.{i + 1}.attn_norm"] if i + 1 < s.n_layers else w["norm"]
         b["add_norm1"] = g.bind(p["add_norm"], [self.res[0], self.delta, w[f"{c}.mlp_norm"], self.res[1],
                                                 self.hidden, st], f"{c}.add_norm1")
@@ -374,7 +377,7 @@ class HybridTransformer(DenseTransformer):
         for i, (kind, b) in enumerate(zip(s.layer_types, self.layer_bg, strict=True)):
             if kind == FULL:
                 self._mm(rec, b, "qkv", T)
-                self._mm(rec, b, "gate", T)
+                self._mm(rec, b, "gate", T, requantize=not b["gate_shares_q8"])
                 rec.dispatch(p["rope_append"], b["rope_append"], T, s.n_heads + 2 * s.n_kv_heads)
                 self._record_attention(rec, b, T, splits)
                 rec.dispatch(p["attn_gate"], b["attn_gate"], self.attn_gate_groups, T)
@@ -399,7 +402,8 @@ class HybridTransformer(DenseTransformer):
         its mixer, 2 residual add+norms, then 2 for a dense MLP or the MoE block's (5 with the shared expert
         stacked, 7 without)."""
         mlp = sum(b.dispatch_count() for b in self.moe.values()) + 2 * (self.spec.n_layers - len(self.moe))
-        return 2 + 8 * self.spec.n_layers + mlp + 2
+        q8 = sum(self._q8_per_layer(b) - b.get("gate_shares_q8", False) for b in self.layer_bg)
+        return 2 + 8 * self.spec.n_layers + mlp + 2 + q8 + (1 if self.lm_q8 else 0)
 
     # ---- state snapshots --------------------------------------------------------------------------------
     def _snapshots(self) -> list[tuple[int, object]]:

@@ -16,14 +16,17 @@ from engine.attention import attention_consts, qkv_fused_plan
 from engine.errors import ContextLimitError, GpuError, ModelFormatError
 from engine.gpu import READBACK, UNIFORM, Gpu, Recorder
 from engine.matmul import (
+    FORMATS,
     embedding_pipeline,
     embedding_plan,
     format_knobs,
     gemm_plan,
     matvec_plan,
+    matvec_q8_plan,
     matvec_sg_plan,
     packed_shapes,
     prefers_subgroup_rows,
+    quantize_q8_plan,
 )
 from engine.models.base import DenseSpec
 from engine.sampling import GpuSampler, SamplingParams
@@ -72,13 +75,16 @@ class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
                  formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None,
-                 matvec_sg: bool = True):
+                 matvec_sg: bool = True, q8_decode: bool = True):
         self.gpu, self.spec = gpu, spec
         # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
         # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
         self.fused_qkv, self.matvec_rows = fused_qkv, matvec_rows
         # Many-row matrices (gate_up, the LM head) decode with the subgroup-rows matvec where the GPU has subgroups.
         self.matvec_sg = matvec_sg and gpu.use_subgroups
+        # 4-bit decode matvecs take int8 activations (quantize_q8 + matvec_q8): ~3× faster matvecs on the H200
+        # for int8 rounding of x, as llama.cpp's GPU decode does; q8_decode=False keeps f32 activations.
+        self.q8 = q8_decode and gpu.use_subgroups
         self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
         self.max_context = min(max_context or spec.context_length, spec.context_length)
@@ -183,12 +189,38 @@ class DenseTransformer:
     def _mv_plan(self, k: int, n: int, gate_up: bool, last_row: bool = False, knobs: dict | None = None):
         """(shader, constants, grid) of a decode matvec in the chosen kernel variant."""
         knobs = knobs or {}
+        if self.q8 and knobs.get("bits", 4) == 4:
+            consts, grid = matvec_q8_plan(k, n, self.gpu.subgroup_size, gate_up=gate_up, **knobs)
+            return "matvec_q8", consts, grid
         if self.matvec_sg and prefers_subgroup_rows(k, n, gate_up):
             consts, grid = matvec_sg_plan(k, n, self.gpu.subgroup_size, gate_up=gate_up, last_row=last_row,
                                           rows=self.matvec_rows, **knobs)
             return "matvec_sg", consts, grid
         consts, grid = matvec_plan(k, n, gate_up=gate_up, last_row=last_row, rows=self.matvec_rows, **knobs)
         return "matvec_int4", consts, grid
+
+    def _is_q8(self, tag: str) -> bool:
+        return self.q8 and FORMATS[tag]["bits"] == 4
+
+    def _alloc_q8(self, max_k: int) -> None:
+        """One int8 copy of an activation row (+ its chunk scales and sums), rewritten before each q8 matvec."""
+        self.x_q8 = self.gpu.buffer("x-int8", max_k) if self.q8 else None
+        self.x_q8_meta = self.gpu.buffer("x-int8-scales", max_k // 32 * 8) if self.q8 else None
+
+    def _bind_mv(self, b: dict, name: str, tag: str, src, matrix: list, dst, label: str, k: int) -> None:
+        """b["mv_<name>"] = (pipeline, bind group) of a decode matvec; a q8 one also gets b["q8_<name>"], the
+        quantize_q8 dispatch (pipeline, bind group, grid) that fills its int8 input from `src`."""
+        pipe = self._mat_pipeline("mv", name, tag)
+        if not self._is_q8(tag):
+            b[f"mv_{name}"] = pipe, self.gpu.bind(pipe, [src, *matrix, dst, self.step], label)
+            return
+        b[f"mv_{name}"] = pipe, self.gpu.bind(pipe, [self.x_q8, *matrix, dst, self.x_q8_meta], label)
+        b[f"q8_{name}"] = self._quantize(src, k, False, f"{label}.q8")
+
+    def _quantize(self, src, k: int, last_row: bool, label: str) -> tuple:
+        consts, grid = quantize_q8_plan(k, last_row)
+        pipe = self.gpu.pipeline("quantize_q8", consts)
+        return pipe, self.gpu.bind(pipe, [src, self.x_q8, self.x_q8_meta, self.step], label), grid
 
     # ---- the vocabulary-sized matrices: embedding and LM head ----------------------------------
     def _vocab_parts(self, matrix: str) -> list[tuple[int, int]]:
@@ -233,13 +265,16 @@ class DenseTransformer:
         knobs = format_knobs(self._fmt(lm))
         self.lm_parts: dict[str, list] = {"mv": [], "mm": []}  # (pipeline, bind group, grid or None)
         parts = self._vocab_parts(lm)
+        q8 = self._is_q8(self._fmt(lm))
+        self.lm_q8 = self._quantize(self.hidden, s.dim, True, "lm-head.q8") if q8 else None
         for r0, n in parts:
             whole = len(parts) == 1
             table = self._matrix(lm) if whole else self._row_ranges(lm, r0, n)
             y = self.logits_buf if whole else (self.logits_buf, 4 * r0, self.logits_buf.size - 4 * r0)
             shader, consts, grid = self._mv_plan(s.dim, n, False, True, knobs)
             pipe = g.pipeline(shader, consts)
-            self.lm_parts["mv"].append((pipe, g.bind(pipe, [self.hidden, *table, y, st], f"lm-head-{r0}"), grid))
+            ins = [self.x_q8, *table, y, self.x_q8_meta] if q8 else [self.hidden, *table, y, st]
+            self.lm_parts["mv"].append((pipe, g.bind(pipe, ins, f"lm-head-{r0}"), grid))
             pipe = g.pipeline("matmul_int4", gemm_plan(s.dim, n, 1, y_stride=s.vocab, **knobs)[0])
             self.lm_parts["mm"].append((pipe, g.bind(pipe, [self.hidden, *table, y, st], f"lm-head-all-{r0}"), n))
 
@@ -250,6 +285,8 @@ class DenseTransformer:
     def _record_lm(self, rec: Recorder, T: int) -> None:
         """Logits of the last row (T == 1 or sampling: the decode matvec) or of all T rows (the GEMM)."""
         if T == 1:
+            if self.lm_q8:
+                rec.dispatch(self.lm_q8[0], self.lm_q8[1], *self.lm_q8[2])
             for pipe, bg, grid in self.lm_parts["mv"]:
                 rec.dispatch(pipe, bg, *grid)
         else:
@@ -284,6 +321,7 @@ class DenseTransformer:
             self.mv_grid[name] = self._mv_plan(k, n, gu)[2]
 
         bind = g.bind
+        self._alloc_q8(max([s.dim] + [k for k, _, _ in self.mats.values()]))
         self._build_vocab_ends()
         self.bg["norm0"] = bind(self.p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st], "norm0")
         self.bg["combine"] = bind(self.p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
@@ -296,10 +334,11 @@ class DenseTransformer:
             kc, vc = self.k_cache[i], self.v_cache[i]
             for name in matrix_dims(s):
                 tag = self._fmt(f"{c}.{name}")
-                for kind in ("mv", "mm"):
-                    pipe = self._mat_pipeline(kind, name, tag)
-                    b[f"{kind}_{name}"] = pipe, bind(pipe, [ins[name], *self._matrix(f"{c}.{name}"), outs[name], st],
-                                                     f"{c}.{kind}_{name}")
+                self._bind_mv(b, name, tag, ins[name], self._matrix(f"{c}.{name}"), outs[name], f"{c}.mv_{name}",
+                              self.mats[name][0])
+                pipe = self._mat_pipeline("mm", name, tag)
+                b[f"mm_{name}"] = pipe, bind(pipe, [ins[name], *self._matrix(f"{c}.{name}"), outs[name], st],
+                                             f"{c}.mm_{name}")
             # The fused decode kernel reads q4f16_1 only and cannot see whole heads for q/k norms.
             if self.fused_qkv and self._fmt(f"{c}.qkv") == "q4f16_1" and not s.qk_norm:
                 if "qkv_fused" not in self.p:
@@ -344,8 +383,13 @@ class DenseTransformer:
             self._mm(rec, b, "down", T)
             rec.dispatch(p["add_norm"], b["add_norm2"], T)
 
-    def _mm(self, rec: Recorder, b: dict, name: str, T: int) -> None:
+    def _mm(self, rec: Recorder, b: dict, name: str, T: int, requantize: bool = True) -> None:
+        """A matrix product; a q8 decode matvec first quantizes its input (unless the caller's previous q8 matvec
+        read the same unchanged activations: requantize=False)."""
         if T == 1:
+            q = b.get(f"q8_{name}")
+            if q and requantize:
+                rec.dispatch(q[0], q[1], *q[2])
             rec.dispatch(*b[f"mv_{name}"], *self.mv_grid[name])
         else:
             k, n, gu = self.mats[name]
@@ -495,7 +539,13 @@ class DenseTransformer:
                 buf.map_sync(mode=wgpu.MapMode.READ)
                 buf.unmap()
 
+    @staticmethod
+    def _q8_per_layer(b: dict) -> int:
+        return sum(k.startswith("q8_") for k in b)
+
     def _count_decode_dispatches(self) -> int:
-        """Dispatches in one greedy decode step without split attention (the sampler adds one)."""
-        per_layer = sum(7 if "qkv_fused" in b else 8 for b in self.layer_bg)
-        return 2 + per_layer + 2
+        """Dispatches in one greedy decode step without split attention (the sampler adds one); q8 matvecs add
+        their quantize_q8."""
+        per_layer = sum(7 + self._q8_per_layer(b) - ("q8_qkv" in b) if "qkv_fused" in b  # the fused QKV reads f32
+                        else 8 + self._q8_per_layer(b) for b in self.layer_bg)
+        return 2 + per_layer + 2 + (1 if self.lm_q8 else 0)
