@@ -34,11 +34,9 @@ def main() -> None:
         "qkv_fused": (p["qkv_fused"], b["qkv_fused"], rt.qkv_fused_grid) if "qkv_fused" in b else None,
         f"attn_split{splits}": (p["attn_split"], b["attn_split"], (s.n_heads, 1, splits)),
         "combine": (p["combine"], rt.bg["combine"], (s.n_heads, 1)),
-        "mv_qkv": (*b["mv_qkv"], rt.mv_grid["qkv"]),
+        **{f"{kind}_{m}": (*b[f"{kind}_{m}"][:2], b[f"q8_{m}"][2] if kind == "q8" else b[f"grid_{m}"])
+           for m in ("qkv", "o", "gate_up", "down") for kind in ("q8", "mv") if f"{kind}_{m}" in b},
         "rope_append": (p["rope_append"], b["rope_append"], (1, s.n_heads + 2 * s.n_kv_heads)),
-        "mv_o": (*b["mv_o"], rt.mv_grid["o"]),
-        "mv_gate_up": (*b["mv_gate_up"], rt.mv_grid["gate_up"]),
-        "mv_down": (*b["mv_down"], rt.mv_grid["down"]),
         "add_norm": (p["add_norm"], b["add_norm1"], (1,)),
         "lm_head": rt.lm_parts["mv"][0],
         "argmax": (p["argmax"], rt.bg["argmax"], (1,)),

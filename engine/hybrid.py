@@ -317,8 +317,6 @@ class HybridTransformer(DenseTransformer):
                      "in_proj": (s.dim, d["ROW"], False), "out": (d["VD"], s.dim, False)}
         if len(self.moe) < s.n_layers:  # some dense MLP (an all-MoE config may have no intermediate_size)
             self.mats |= {"gate_up": (s.dim, s.ffn_dim, True), "down": (s.ffn_dim, s.dim, False)}
-        # The decode grids come from the same plan as _mat_pipeline's constants.
-        self.mv_grid = {name: self._mv_plan(k, n, gu)[2] for name, (k, n, gu) in self.mats.items()}
 
         bind = g.bind
         self._alloc_q8(max([s.dim] + [k for k, _, _ in self.mats.values()]))
@@ -354,7 +352,7 @@ class HybridTransformer(DenseTransformer):
                                    f"{c}.gdn_norm")
         for name, (src, dst) in ios.items():
             tag = self._fmt(f"{c}.{name}")
-            self._bind_mv(b, name, tag, src, self._matrix(f"{c}.{name}"), dst, f"{c}.mv_{name}", self.mats[name][0])
+            self._bind_mv(b, name, tag, src, self._matrix(f"{c}.{name}"), dst, f"{c}.mv_{name}")
             pipe = self._mat_pipeline("mm", name, tag)
             b[f"mm_{name}"] = pipe, g.bind(pipe, [src, *self._matrix(f"{c}.{name}"), dst, st], f"{c}.mm_{name}")
         # qkv and gate read the same normed row: a q8 gate reuses qkv's int8 copy (see _record_body).

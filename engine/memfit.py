@@ -90,6 +90,8 @@ def _scratch(dim: int, q_dim: int, qkv_rows: int, ffn_rows: int, n_heads: int, v
              chunk * qkv_rows * f32, chunk * q_dim * f32, chunk * q_dim * f32, chunk * ffn_rows * f32,
              logit_rows * vocab * f32, MAX_SPLITS * q_dim * f32, MAX_SPLITS * n_heads * 2 * f32, RING * 4, RING * 4,
              32]
+    max_k = max(dim, q_dim, ffn_rows)  # the int8 copy of one activation row for the q8 matvecs, + chunk scales
+    sizes += [max_k, max_k // 32 * 8]
     return sum(_up(s) for s in uploads) + sum(_buf(s) for s in sizes)
 
 

@@ -204,13 +204,15 @@ class DenseTransformer:
 
     def _alloc_q8(self, max_k: int) -> None:
         """One int8 copy of an activation row (+ its chunk scales and sums), rewritten before each q8 matvec."""
-        self.x_q8 = self.gpu.buffer("x-int8", max_k) if self.q8 else None
-        self.x_q8_meta = self.gpu.buffer("x-int8-scales", max_k // 32 * 8) if self.q8 else None
+        self.x_q8 = self.gpu.buffer("x-int8", max_k)  # a few KB: allocated whether or not q8 is on
+        self.x_q8_meta = self.gpu.buffer("x-int8-scales", max_k // 32 * 8)
 
-    def _bind_mv(self, b: dict, name: str, tag: str, src, matrix: list, dst, label: str, k: int) -> None:
+    def _bind_mv(self, b: dict, name: str, tag: str, src, matrix: list, dst, label: str) -> None:
         """b["mv_<name>"] = (pipeline, bind group) of a decode matvec; a q8 one also gets b["q8_<name>"], the
         quantize_q8 dispatch (pipeline, bind group, grid) that fills its int8 input from `src`."""
         pipe = self._mat_pipeline("mv", name, tag)
+        k, n, gu = self.mats[name]
+        b[f"grid_{name}"] = self._mv_plan(k, n, gu, False, format_knobs(tag))[2]  # the grid depends on the format
         if not self._is_q8(tag):
             b[f"mv_{name}"] = pipe, self.gpu.bind(pipe, [src, *matrix, dst, self.step], label)
             return
@@ -316,9 +318,6 @@ class DenseTransformer:
         self.mats = {}
         for name, (n, k) in matrix_dims(s).items():
             self.mats[name] = (k, n // 2, True) if name == "gate_up" else (k, n, False)
-        self.mv_grid: dict[str, tuple] = {}  # decode grids are fixed: computed here, not per token
-        for name, (k, n, gu) in self.mats.items():
-            self.mv_grid[name] = self._mv_plan(k, n, gu)[2]
 
         bind = g.bind
         self._alloc_q8(max([s.dim] + [k for k, _, _ in self.mats.values()]))
@@ -334,8 +333,7 @@ class DenseTransformer:
             kc, vc = self.k_cache[i], self.v_cache[i]
             for name in matrix_dims(s):
                 tag = self._fmt(f"{c}.{name}")
-                self._bind_mv(b, name, tag, ins[name], self._matrix(f"{c}.{name}"), outs[name], f"{c}.mv_{name}",
-                              self.mats[name][0])
+                self._bind_mv(b, name, tag, ins[name], self._matrix(f"{c}.{name}"), outs[name], f"{c}.mv_{name}")
                 pipe = self._mat_pipeline("mm", name, tag)
                 b[f"mm_{name}"] = pipe, bind(pipe, [ins[name], *self._matrix(f"{c}.{name}"), outs[name], st],
                                              f"{c}.mm_{name}")
@@ -390,7 +388,7 @@ class DenseTransformer:
             q = b.get(f"q8_{name}")
             if q and requantize:
                 rec.dispatch(q[0], q[1], *q[2])
-            rec.dispatch(*b[f"mv_{name}"], *self.mv_grid[name])
+            rec.dispatch(*b[f"mv_{name}"], *b[f"grid_{name}"])
         else:
             k, n, gu = self.mats[name]
             rec.dispatch(*b[f"mm_{name}"], *self._gemm_grid(k, n, T, gu))

@@ -10,6 +10,7 @@ from engine.model import load_model
 from engine.sampling import SamplingParams
 from engine.session import ChatSession, ChatSettings
 from tests.fixtures_demo import CACHE, demo_gguf
+from tests.test_dense_models import uses_q8
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,10 @@ STORY = ("The old lighthouse keeper climbed the spiral stairs every evening at d
          "the hill to thank him, bringing bread, apples and a basket of fresh fish from their catch.")
 
 
-def test_top1_agrees_with_transformers_over_64_teacher_forced_tokens(demo, demo_path):
+@pytest.mark.parametrize("path", ["prefill", "int8-decode"])
+def test_top1_agrees_with_transformers_over_64_teacher_forced_tokens(demo, demo_path, path):
+    """The prefill GEMMs (f32 activations), and the default decode kernels run one token at a time (int8
+    activations into the Q4_1 matvecs; measured 100% top-1 agreement, 2.1% max error) on real weights."""
     from transformers import AutoModelForCausalLM
 
     messages = [{"role": "user", "content": "Write a short story about a lighthouse keeper."},
@@ -42,7 +46,13 @@ def test_top1_agrees_with_transformers_over_64_teacher_forced_tokens(demo, demo_
     ids = demo.tokenizer.chat_prompt(messages, add_generation_prompt=False).ids
     start = len(demo.tokenizer.chat_prompt(messages[:1]).ids) - 1
     window = slice(start, start + 64)  # the logits that predict the first 64 tokens of the answer
-    ours = demo.logits(ids)[window]
+    if path == "prefill":
+        ours = demo.logits(ids)[window]
+    else:
+        assert uses_q8(demo.runtime)  # the Q4_1 matrices (its Q8_0 embedding / LM head reads f32)
+        demo.runtime.reset()
+        ours = demo.runtime.logits(np.array(ids), chunk=1)[window]
+        demo.runtime.reset()
     hf = AutoModelForCausalLM.from_pretrained(str(demo_path.parent), gguf_file=demo_path.name,
                                               dtype=torch.float32).eval()
     with torch.no_grad():
@@ -50,7 +60,7 @@ def test_top1_agrees_with_transformers_over_64_teacher_forced_tokens(demo, demo_
     assert len(ours) == 64
     agree = np.mean(ours.argmax(1) == ref.argmax(1))
     assert agree >= 0.98, f"top-1 agreement {agree:.3f} over 64 positions"
-    assert np.abs(ours - ref).max() / np.abs(ref).max() < 2e-2
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < (2e-2 if path == "prefill" else 4e-2)
 
 
 def test_cli_generate_uses_the_installed_demo(monkeypatch, capsys, demo_path):

@@ -72,6 +72,11 @@ def test_logits_match_transformers_at_every_position(gpu, tiny):
 DECODE_TOL = {False: 5e-3, True: 2e-2}
 
 
+def uses_q8(rt) -> bool:
+    """Whether any decode matvec of this runtime takes int8 activations."""
+    return bool(rt.lm_q8) or any(k.startswith("q8_") for b in rt.layer_bg for k in b)
+
+
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
     _, mlc = tiny
@@ -92,20 +97,25 @@ def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
 
 def assert_greedy_decode_is_teacher_forced_argmax(model, n: int, misses: int, **generate) -> None:
     """GPU-resident greedy decode of n tokens: each is the argmax of the full forward over what came before
-    (up to `misses` near-ties between the decode and prefill kernels)."""
+    (up to `misses` near-ties between the decode and prefill kernels; with int8 activations a near-tie is
+    anything within the decode tolerance, and a miss is allowed per 20 tokens more)."""
+    q8 = uses_q8(model.runtime)
+    tie, misses = (DECODE_TOL[True], misses + n // 20) if q8 else (1e-3, misses)
     prompt = [3, 17, 42, 5, 9]
     tokens = [r.token for r in model.generate(prompt, max_tokens=n, **generate)]
     assert len(tokens) == n
     logits = model.logits(prompt + tokens[:-1])[len(prompt) - 1:]
     picked = logits[np.arange(len(tokens)), tokens]
-    assert np.all(logits.max(1) - picked <= 1e-3 * np.abs(logits).max())
+    assert np.all(logits.max(1) - picked <= tie * np.abs(logits).max())
     assert sum(t == a for t, a in zip(tokens, logits.argmax(1), strict=True)) >= len(tokens) - misses
 
 
-def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(gpu, tiny):
+@pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
+def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(gpu, tiny, q8):
     _, mlc = tiny
-    assert_greedy_decode_is_teacher_forced_argmax(load_model(mlc, gpu=gpu, max_context=256, prefill_chunk=32),
-                                                  40, 1)
+    model = load_model(mlc, gpu=gpu, max_context=256, prefill_chunk=32, q8_decode=q8)
+    assert uses_q8(model.runtime) == q8
+    assert_greedy_decode_is_teacher_forced_argmax(model, 40, 1)
 
 
 def test_cli_logits_writes_npy(gpu, tiny, tmp_path):
@@ -135,8 +145,8 @@ def test_fused_qkv_decode_kernel_still_matches(gpu, tmp_path):
     out = tmp_path / "phi3"
     assert cli_main(["convert", str(cached_tiny_hf("phi3", vocab_size=250)), str(out)]) == 0
     ids = np.random.default_rng(2).integers(0, 250, 40)
-    plain = load_model(out, gpu=gpu, max_context=64)
-    fused = load_model(out, gpu=gpu, max_context=64, fused_qkv=True, matvec_rows=8)
+    plain = load_model(out, gpu=gpu, max_context=64, q8_decode=False)
+    fused = load_model(out, gpu=gpu, max_context=64, fused_qkv=True, matvec_rows=8, matvec_sg=False, q8_decode=False)
     assert "qkv_fused" in fused.runtime.layer_bg[0] and "qkv_fused" not in plain.runtime.layer_bg[0]
     ref = plain.logits(ids)
     fused.runtime.reset()
@@ -155,8 +165,11 @@ def test_vocabulary_matrices_split_across_bindings(gpu, tmp_path, monkeypatch, m
     ids = np.random.default_rng(4).integers(0, 288, 24).tolist()
     assert max(ids) >= 256  # some tokens live in the second part of the table
     whole = load_model(out, gpu=gpu, max_context=64)
+    assert whole.runtime.lm_q8  # the LM head parts below are int8-activation matvecs
     ref = whole.logits(ids)
     ref_tokens = [r.token for r in whole.generate(ids[:5], max_tokens=8)]
+    whole.runtime.reset()
+    ref_per_token = whole.runtime.logits(ids, chunk=1)
     monkeypatch.setattr(gpu, "max_binding", 8192)  # 256-row parts of the 64-wide q4 tables (K/2 = 32 B per row)
     split = load_model(out, gpu=gpu, max_context=64, prefill_chunk=8)
     assert len(split.runtime.embed_parts) == 2 and len(split.runtime.lm_parts["mv"]) == 2
@@ -166,4 +179,4 @@ def test_vocabulary_matrices_split_across_bindings(gpu, tmp_path, monkeypatch, m
     assert [r.token for r in split.generate(ids[:5], max_tokens=8)] == ref_tokens
     split.runtime.reset()
     per_token = split.runtime.logits(ids, chunk=1)
-    np.testing.assert_allclose(per_token, ref, rtol=0, atol=5e-3 * np.abs(ref).max())
+    np.testing.assert_allclose(per_token, ref_per_token, rtol=0, atol=2e-3 * np.abs(ref).max())
