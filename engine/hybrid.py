@@ -289,8 +289,9 @@ class HybridTransformer(DenseTransformer):
         self.p = p
         self._gemm_grids: dict[tuple, tuple] = {}
         offset = {"NORM_OFFSET": s.norm_offset} if s.norm_offset else None
-        p["norm0"] = pipeline(g, "rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)), offset)
-        p["add_norm"] = pipeline(g, "add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)), offset)
+        norm = dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm)
+        p["norm0"] = pipeline(g, "rms_norm", norm, offset)
+        p["add_norm"] = pipeline(g, "add_rms_norm", norm, offset)
         p["argmax"] = g.pipeline("argmax", dict(WG=256, VOCAB=s.vocab))
         attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
         p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
@@ -321,7 +322,8 @@ class HybridTransformer(DenseTransformer):
         bind = g.bind
         self._alloc_q8(max([s.dim] + [k for k, _, _ in self.mats.values()]))
         self._build_vocab_ends()
-        self.bg["norm0"] = bind(p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st], "norm0")
+        self.bg["norm0"] = bind(p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st, *self.q8_out],
+                                "norm0")
         self.bg["combine"] = bind(p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
         self.bg["argmax"] = bind(p["argmax"], [self.logits_buf, self.tokens, self.ring, st], "argmax")
         self.layer_bg = [self._bind_layer(i) for i in range(s.n_layers)]
@@ -355,13 +357,11 @@ class HybridTransformer(DenseTransformer):
             self._bind_mv(b, name, tag, src, self._matrix(f"{c}.{name}"), dst, f"{c}.mv_{name}")
             pipe = self._mat_pipeline("mm", name, tag)
             b[f"mm_{name}"] = pipe, g.bind(pipe, [src, *self._matrix(f"{c}.{name}"), dst, st], f"{c}.mm_{name}")
-        # qkv and gate read the same normed row: a q8 gate reuses qkv's int8 copy (see _record_body).
-        b["gate_shares_q8"] = "q8_qkv" in b and "q8_gate" in b
         next_norm = w[f"layers.{i + 1}.attn_norm"] if i + 1 < s.n_layers else w["norm"]
         b["add_norm1"] = g.bind(p["add_norm"], [self.res[0], self.delta, w[f"{c}.mlp_norm"], self.res[1],
-                                                self.hidden, st], f"{c}.add_norm1")
-        b["add_norm2"] = g.bind(p["add_norm"], [self.res[1], self.delta, next_norm, self.res[0], self.hidden, st],
-                                f"{c}.add_norm2")
+                                                self.hidden, st, *self.q8_out], f"{c}.add_norm1")
+        b["add_norm2"] = g.bind(p["add_norm"], [self.res[1], self.delta, next_norm, self.res[0], self.hidden, st,
+                                                *self.q8_out], f"{c}.add_norm2")
         return b
 
     # ---- recording ------------------------------------------------------------------------------------
@@ -375,7 +375,7 @@ class HybridTransformer(DenseTransformer):
         for i, (kind, b) in enumerate(zip(s.layer_types, self.layer_bg, strict=True)):
             if kind == FULL:
                 self._mm(rec, b, "qkv", T)
-                self._mm(rec, b, "gate", T, requantize=not b["gate_shares_q8"])
+                self._mm(rec, b, "gate", T)
                 rec.dispatch(p["rope_append"], b["rope_append"], T, s.n_heads + 2 * s.n_kv_heads)
                 self._record_attention(rec, b, T, splits)
                 rec.dispatch(p["attn_gate"], b["attn_gate"], self.attn_gate_groups, T)
@@ -400,8 +400,8 @@ class HybridTransformer(DenseTransformer):
         its mixer, 2 residual add+norms, then 2 for a dense MLP or the MoE block's (5 with the shared expert
         stacked, 7 without)."""
         mlp = sum(b.dispatch_count() for b in self.moe.values()) + 2 * (self.spec.n_layers - len(self.moe))
-        q8 = sum(self._q8_per_layer(b) - b.get("gate_shares_q8", False) for b in self.layer_bg)
-        return 2 + 8 * self.spec.n_layers + mlp + 2 + q8 + (1 if self.lm_q8 else 0)
+        q8 = sum(self._q8_per_layer(b) for b in self.layer_bg)  # quantize_q8 for q8 matvecs not fed by a norm
+        return 2 + 8 * self.spec.n_layers + mlp + 2 + q8 + bool(self.lm_quantize)
 
     # ---- state snapshots --------------------------------------------------------------------------------
     def _snapshots(self) -> list[tuple[int, object]]:

@@ -75,7 +75,7 @@ class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
                  formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None,
-                 matvec_sg: bool = True, q8_decode: bool = True):
+                 matvec_sg: bool = True, q8_decode: bool = True, q8_in_norm: bool = True):
         self.gpu, self.spec = gpu, spec
         # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
         # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
@@ -85,6 +85,9 @@ class DenseTransformer:
         # 4-bit decode matvecs take int8 activations (quantize_q8 + matvec_q8): ~3× faster matvecs on the H200
         # for int8 rounding of x, as llama.cpp's GPU decode does; q8_decode=False keeps f32 activations.
         self.q8 = q8_decode and gpu.use_subgroups
+        # The norms write their output row in int8 too, sparing the matvecs they feed a quantize_q8 dispatch each
+        # (q8_in_norm=False dispatches those, for A/B runs).
+        self.q8_in_norm = self.q8 and q8_in_norm
         self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
         self.max_context = min(max_context or spec.context_length, spec.context_length)
@@ -206,18 +209,24 @@ class DenseTransformer:
         """One int8 copy of an activation row (+ its chunk scales and sums), rewritten before each q8 matvec."""
         self.x_q8 = self.gpu.buffer("x-int8", max_k)  # a few KB: allocated whether or not q8 is on
         self.x_q8_meta = self.gpu.buffer("x-int8-scales", max_k // 32 * 8)
+        self.q8_out = [self.x_q8, self.x_q8_meta]  # the norms' extra bindings (written only with q8 on)
+        self.int8_roles: set[str] = set()  # matrices whose decode matvec takes int8 activations
 
     def _bind_mv(self, b: dict, name: str, tag: str, src, matrix: list, dst, label: str) -> None:
-        """b["mv_<name>"] = (pipeline, bind group) of a decode matvec; a q8 one also gets b["q8_<name>"], the
-        quantize_q8 dispatch (pipeline, bind group, grid) that fills its int8 input from `src`."""
+        """b["mv_<name>"] = (pipeline, bind group) of a decode matvec. A q8 one reading the normed hidden row finds
+        it in int8 already (the norms write it); any other q8 one also gets b["q8_<name>"], the quantize_q8
+        dispatch (pipeline, bind group, grid) that fills its int8 input from `src`."""
         pipe = self._mat_pipeline("mv", name, tag)
+        if self._is_q8(tag):
+            self.int8_roles.add(name)
         k, n, gu = self.mats[name]
         b[f"grid_{name}"] = self._mv_plan(k, n, gu, False, format_knobs(tag))[2]  # the grid depends on the format
         if not self._is_q8(tag):
             b[f"mv_{name}"] = pipe, self.gpu.bind(pipe, [src, *matrix, dst, self.step], label)
             return
         b[f"mv_{name}"] = pipe, self.gpu.bind(pipe, [self.x_q8, *matrix, dst, self.x_q8_meta], label)
-        b[f"q8_{name}"] = self._quantize(src, k, False, f"{label}.q8")
+        if src is not self.hidden or not self.q8_in_norm:
+            b[f"q8_{name}"] = self._quantize(src, k, False, f"{label}.q8")
 
     def _quantize(self, src, k: int, last_row: bool, label: str) -> tuple:
         consts, grid = quantize_q8_plan(k, last_row)
@@ -267,8 +276,9 @@ class DenseTransformer:
         knobs = format_knobs(self._fmt(lm))
         self.lm_parts: dict[str, list] = {"mv": [], "mm": []}  # (pipeline, bind group, grid or None)
         parts = self._vocab_parts(lm)
-        q8 = self._is_q8(self._fmt(lm))
-        self.lm_q8 = self._quantize(self.hidden, s.dim, True, "lm-head.q8") if q8 else None
+        q8 = self.lm_q8 = self._is_q8(self._fmt(lm))  # its int8 input: the final norm's last row, or
+        apart = q8 and not self.q8_in_norm
+        self.lm_quantize = self._quantize(self.hidden, s.dim, True, "lm-head.q8") if apart else None
         for r0, n in parts:
             whole = len(parts) == 1
             table = self._matrix(lm) if whole else self._row_ranges(lm, r0, n)
@@ -287,8 +297,8 @@ class DenseTransformer:
     def _record_lm(self, rec: Recorder, T: int) -> None:
         """Logits of the last row (T == 1 or sampling: the decode matvec) or of all T rows (the GEMM)."""
         if T == 1:
-            if self.lm_q8:
-                rec.dispatch(self.lm_q8[0], self.lm_q8[1], *self.lm_q8[2])
+            if self.lm_quantize:
+                rec.dispatch(self.lm_quantize[0], self.lm_quantize[1], *self.lm_quantize[2])
             for pipe, bg, grid in self.lm_parts["mv"]:
                 rec.dispatch(pipe, bg, *grid)
         else:
@@ -302,8 +312,8 @@ class DenseTransformer:
         self.bg: dict[str, object] = {}
         self._gemm_grids: dict[tuple, tuple] = {}
         st = self.step
-        self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
-        self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps)))
+        self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm))
+        self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm))
         self.p["argmax"] = g.pipeline("argmax", dict(WG=256, VOCAB=s.vocab))
         attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
         rope = dict(WG=64, H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE,
@@ -322,7 +332,8 @@ class DenseTransformer:
         bind = g.bind
         self._alloc_q8(max([s.dim] + [k for k, _, _ in self.mats.values()]))
         self._build_vocab_ends()
-        self.bg["norm0"] = bind(self.p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st], "norm0")
+        self.bg["norm0"] = bind(self.p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st, *self.q8_out],
+                                "norm0")
         self.bg["combine"] = bind(self.p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
         self.bg["argmax"] = bind(self.p["argmax"], [self.logits_buf, self.tokens, self.ring, st], "argmax")
         ins = {"qkv": self.hidden, "o": self.attn, "gate_up": self.hidden, "down": self.ffn}
@@ -353,9 +364,9 @@ class DenseTransformer:
                                                            self.part_ml, st], f"{c}.attn_split")
             next_norm = w[f"layers.{i + 1}.attn_norm"] if i + 1 < s.n_layers else w["norm"]
             b["add_norm1"] = bind(self.p["add_norm"], [self.res[0], self.delta, w[f"{c}.mlp_norm"], self.res[1],
-                                                        self.hidden, st], f"{c}.add_norm1")
+                                                        self.hidden, st, *self.q8_out], f"{c}.add_norm1")
             b["add_norm2"] = bind(self.p["add_norm"], [self.res[1], self.delta, next_norm, self.res[0],
-                                                        self.hidden, st], f"{c}.add_norm2")
+                                                        self.hidden, st, *self.q8_out], f"{c}.add_norm2")
             self.layer_bg.append(b)
 
     # ---- recording -------------------------------------------------------------------------
@@ -381,12 +392,11 @@ class DenseTransformer:
             self._mm(rec, b, "down", T)
             rec.dispatch(p["add_norm"], b["add_norm2"], T)
 
-    def _mm(self, rec: Recorder, b: dict, name: str, T: int, requantize: bool = True) -> None:
-        """A matrix product; a q8 decode matvec first quantizes its input (unless the caller's previous q8 matvec
-        read the same unchanged activations: requantize=False)."""
+    def _mm(self, rec: Recorder, b: dict, name: str, T: int) -> None:
+        """A matrix product; a q8 decode matvec not fed by a norm first quantizes its input."""
         if T == 1:
             q = b.get(f"q8_{name}")
-            if q and requantize:
+            if q:
                 rec.dispatch(q[0], q[1], *q[2])
             rec.dispatch(*b[f"mv_{name}"], *b[f"grid_{name}"])
         else:
@@ -542,8 +552,8 @@ class DenseTransformer:
         return sum(k.startswith("q8_") for k in b)
 
     def _count_decode_dispatches(self) -> int:
-        """Dispatches in one greedy decode step without split attention (the sampler adds one); q8 matvecs add
-        their quantize_q8."""
-        per_layer = sum(7 + self._q8_per_layer(b) - ("q8_qkv" in b) if "qkv_fused" in b  # the fused QKV reads f32
-                        else 8 + self._q8_per_layer(b) for b in self.layer_bg)
-        return 2 + per_layer + 2 + (1 if self.lm_q8 else 0)
+        """Dispatches in one greedy decode step without split attention (the sampler adds one); q8 matvecs not
+        fed by a norm add their quantize_q8."""
+        per_layer = sum((7 if "qkv_fused" in b else 8) + self._q8_per_layer(b) - ("qkv_fused" in b and "q8_qkv" in b)
+                        for b in self.layer_bg)
+        return 2 + per_layer + 2 + bool(self.lm_quantize)

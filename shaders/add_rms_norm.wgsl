@@ -1,10 +1,14 @@
 // Residual add fused with the next RMSNorm: r_out = r_in + delta; y = r_out · rsqrt(mean(r_out²)+EPS) · w.
 // Residuals ping-pong between two buffers (r_in and r_out never alias). One workgroup per row.
-// Constants: WG, D, EPS. Override NORM_OFFSET (default 0.0) is added to w (1.0: zero-centred, y = x̂ · (1 + w)).
+// With Q8 the last row's y also goes to int8 (q8_pack.wgsl) for the q8 decode matvecs that read it, which then
+// need no quantize_q8 dispatch of their own (the LM head after a prefill reads that last row too).
+// Constants: WG, D, EPS, Q8. Override NORM_OFFSET (default 0.0) is added to w (1.0: zero-centred, y = x̂ · (1 + w)).
 // Bindings: 0 r_in f32[T,D], 1 delta f32[T,D], 2 w f16[D], 3 r_out f32[T,D] (write),
-//           4 y f32[T,D] (write), 5 step uniform.
+//           4 y f32[T,D] (write), 5 step uniform, 6 xq u32[D/4] (write), 7 xm vec2<f32>[D/32] (write);
+//           6 and 7 are bound whether or not Q8.
 #import step
 #import reduce
+#import q8_pack
 
 @group(0) @binding(0) var<storage, read> r_in: array<f32>;
 @group(0) @binding(1) var<storage, read> delta: array<f32>;
@@ -12,6 +16,8 @@
 @group(0) @binding(3) var<storage, read_write> r_out: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<uniform> step: Step;
+@group(0) @binding(6) var<storage, read_write> xq: array<u32>;
+@group(0) @binding(7) var<storage, read_write> xm: array<vec2<f32>>;
 
 // An override, not an injected const, so builds that never mention it keep compiling unchanged.
 override NORM_OFFSET: f32 = 0.0;
@@ -28,6 +34,23 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         ss += v * v;
     }
     let inv = inverseSqrt(wg_sum(ss, lane) / f32(D) + EPS);
-    // Each thread rereads only the elements it wrote itself, so no barrier is needed here.
-    for (var i = lane.lid; i < D; i += WG) { y[base + i] = r_out[base + i] * inv * (f32(w[i]) + NORM_OFFSET); }
+    if (Q8 && row == step.n_tokens - 1u) {
+        storageBarrier();  // a chunk's owner reads r_out elements other threads wrote
+        for (var c = lane.lid; c < D / 32u; c += WG) {
+            var v: array<vec4<f32>, 8>;
+            for (var j = 0u; j < 8u; j++) {
+                let i = c * 32u + 4u * j;
+                v[j] = vec4<f32>(r_out[base + i], r_out[base + i + 1u], r_out[base + i + 2u], r_out[base + i + 3u])
+                       * inv * (vec4<f32>(f32(w[i]), f32(w[i + 1u]), f32(w[i + 2u]), f32(w[i + 3u])) + NORM_OFFSET);
+                y[base + i] = v[j].x;
+                y[base + i + 1u] = v[j].y;
+                y[base + i + 2u] = v[j].z;
+                y[base + i + 3u] = v[j].w;
+            }
+            store_q8_chunk(c, &v);
+        }
+    } else {
+        // Each thread rereads only the elements it wrote itself, so no barrier is needed here.
+        for (var i = lane.lid; i < D; i += WG) { y[base + i] = r_out[base + i] * inv * (f32(w[i]) + NORM_OFFSET); }
+    }
 }

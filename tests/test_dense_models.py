@@ -74,7 +74,7 @@ DECODE_TOL = {False: 5e-3, True: 2e-2}
 
 def uses_q8(rt) -> bool:
     """Whether any decode matvec of this runtime takes int8 activations."""
-    return bool(rt.lm_q8) or any(k.startswith("q8_") for b in rt.layer_bg for k in b)
+    return bool(rt.lm_q8 or rt.int8_roles)
 
 
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
@@ -93,6 +93,19 @@ def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
     scale = np.abs(full).max()
     assert np.abs(per_token - full).max() / scale < DECODE_TOL[q8]
     assert np.abs(odd_chunks - full).max() / scale < 5e-3  # chunks of 7 run the GEMMs: f32 either way
+
+
+def test_int8_from_the_norms_equals_a_quantize_dispatch(gpu, tiny):
+    """The norms' own int8 copy of their output row is what quantize_q8 makes of it: the decode logits agree
+    to f32 rounding, with two fewer dispatches per layer and one fewer for the LM head."""
+    _, mlc = tiny
+    ids = np.random.default_rng(3).integers(0, 200, 30)
+    fused = load_model(mlc, gpu=gpu, max_context=64, q8_in_norm=True)
+    apart = load_model(mlc, gpu=gpu, max_context=64, q8_in_norm=False)
+    n_layers = fused.runtime.spec.n_layers
+    assert fused.runtime.dispatches_per_token == apart.runtime.dispatches_per_token - 2 * n_layers - 1
+    a, b = fused.runtime.logits(ids, chunk=1), apart.runtime.logits(ids, chunk=1)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
 
 
 def assert_greedy_decode_is_teacher_forced_argmax(model, n: int, misses: int, **generate) -> None:

@@ -42,13 +42,19 @@ def test_fold_grid():
         assert x <= 65535 and y <= 65535 and x * y >= n
 
 
-@pytest.mark.parametrize("T,D", [(1, 32), (3, 77), (5, 3072)])
-def test_rms_norm(any_gpu, rng, T, D):
+@pytest.mark.parametrize("T,D,q8", [(1, 32, False), (3, 77, False), (5, 3072, False), (1, 64, True), (5, 3072, True)])
+def test_rms_norm(any_gpu, rng, T, D, q8):
+    from tests.test_kernels_q8 import assert_q8_row
+
     g = any_gpu
     x = rng.standard_normal((T, D)).astype(np.float32)
     w = rng.standard_normal(D).astype(np.float16)
     y = poisoned(g, "y", (T, D))
-    run(g, "rms_norm", dict(WG=64, D=D, EPS=1e-5), [g.upload("x", x), g.upload("w", w), y, step_uniform(g, T)], (T,))
+    xq, xm = poisoned(g, "xq", (max(D // 4, 1),), np.uint32), poisoned(g, "xm", (max(D // 32, 1), 2))
+    run(g, "rms_norm", dict(WG=64, D=D, EPS=1e-5, Q8=q8),
+        [g.upload("x", x), g.upload("w", w), y, step_uniform(g, T), xq, xm], (T,))
     xd = x.astype(np.float64)
     ref = xd / np.sqrt((xd**2).mean(1, keepdims=True) + 1e-5) * w.astype(np.float64)
-    np.testing.assert_allclose(read(g, y, (T, D)), ref, rtol=1e-4, atol=1e-5)
+    out = read(g, y, (T, D))
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    assert_q8_row(g, xq, xm, out[-1] if q8 else None)  # the last row in int8, or nothing written

@@ -114,19 +114,24 @@ def test_embedding_default_plan_is_the_runtime_pipeline(gpu):
         embedding_plan(96, 300, group=64)
 
 
-@pytest.mark.parametrize("T,D", [(1, 64), (3, 77), (4, 3072)])
-def test_add_rms_norm(any_gpu, rng, T, D):
+@pytest.mark.parametrize("T,D,q8", [(1, 64, False), (3, 77, False), (4, 3072, False), (1, 96, True), (4, 3072, True)])
+def test_add_rms_norm(any_gpu, rng, T, D, q8):
+    from tests.test_kernels_q8 import assert_q8_row
+
     g = any_gpu
     r_in = rng.standard_normal((T, D)).astype(np.float32)
     delta = rng.standard_normal((T, D)).astype(np.float32)
     w = rng.standard_normal(D).astype(np.float16)
     r_out, y = poisoned(g, "r_out", (T, D)), poisoned(g, "y", (T, D))
-    bufs = [g.upload("r_in", r_in), g.upload("d", delta), g.upload("w", w), r_out, y, step_uniform(g, T)]
-    run(g, "add_rms_norm", dict(WG=128, D=D, EPS=1e-6), bufs, (T,))
+    xq, xm = poisoned(g, "xq", (max(D // 4, 1),), np.uint32), poisoned(g, "xm", (max(D // 32, 1), 2))
+    bufs = [g.upload("r_in", r_in), g.upload("d", delta), g.upload("w", w), r_out, y, step_uniform(g, T), xq, xm]
+    run(g, "add_rms_norm", dict(WG=128, D=D, EPS=1e-6, Q8=q8), bufs, (T,))
     s = r_in.astype(np.float64) + delta
     ref = s / np.sqrt((s**2).mean(1, keepdims=True) + 1e-6) * w.astype(np.float64)
     np.testing.assert_allclose(read(g, r_out, (T, D)), s, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(read(g, y, (T, D)), ref, rtol=1e-4, atol=1e-5)
+    out = read(g, y, (T, D))
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    assert_q8_row(g, xq, xm, out[-1] if q8 else None)  # the last row in int8, or nothing written
 
 
 @pytest.mark.parametrize("V", [5, 1000, 32064, 151936])

@@ -220,13 +220,14 @@ def test_rms_norms_with_offset(any_gpu, rng, offset):
     g, D, T, eps = any_gpu, 96, 3, 1e-6
     r_in, delta = (rng.standard_normal((T, D)).astype(np.float32) for _ in range(2))
     w = rng.uniform(-0.5, 0.5, D).astype(np.float16)  # zero-centred weights
-    consts, over = dict(WG=64, D=D, EPS=eps), {"NORM_OFFSET": offset} if offset else None
+    consts, over = dict(WG=64, D=D, EPS=eps, Q8=True), {"NORM_OFFSET": offset} if offset else None
     y = poisoned(g, "y", (T, D))
-    run_with(g, "rms_norm", consts, over, [g.upload("x", r_in), g.upload("w", w), y, step_uniform(g, T)], (T,))
+    q8 = [g.buffer("xq", D // 4), g.buffer("xm", D // 32 * 8)]
+    run_with(g, "rms_norm", consts, over, [g.upload("x", r_in), g.upload("w", w), y, step_uniform(g, T), *q8], (T,))
     ref = rms(r_in.astype(np.float64), eps) * (w.astype(np.float64) + offset)
     np.testing.assert_allclose(read(g, y, (T, D)), ref, rtol=1e-5, atol=1e-6)
     r_out, y = poisoned(g, "r_out", (T, D)), poisoned(g, "y2", (T, D))
-    bufs = [g.upload("r", r_in), g.upload("d", delta), g.upload("w", w), r_out, y, step_uniform(g, T)]
+    bufs = [g.upload("r", r_in), g.upload("d", delta), g.upload("w", w), r_out, y, step_uniform(g, T), *q8]
     run_with(g, "add_rms_norm", consts, over, bufs, (T,))
     s = r_in.astype(np.float64) + delta
     np.testing.assert_allclose(read(g, y, (T, D)), rms(s, eps) * (w.astype(np.float64) + offset), rtol=1e-5,

@@ -52,6 +52,19 @@ def test_quantize_q8_matches_reference(gpu, rng, T, K, last_row):
     assert K == 32 or not live[1]
 
 
+def assert_q8_row(gpu, xq_buf, xm_buf, row) -> None:
+    """The int8 copy a kernel wrote: `row` quantized exactly as reference_quantize says, or (row None) untouched."""
+    n = xm_buf.size // 8
+    xq, xm = read(gpu, xq_buf, (n * 8,), np.uint32), read(gpu, xm_buf, (n, 2))
+    if row is None:
+        assert (xq == np.iinfo(np.uint32).max).all() and np.isnan(xm).all()
+        return
+    q, scale, total = reference_quantize(row)
+    np.testing.assert_array_equal(unpack_codes(xq), q)
+    np.testing.assert_allclose(xm[:, 0], scale, rtol=1e-7, atol=0)
+    np.testing.assert_array_equal(xm[:, 1], total)
+
+
 def run_q8(gpu, x_row, w, s, N, gate_up, fmt, subgroup_size=None, **plan):
     K = x_row.shape[0]
     xq_buf, xm_buf, xq, xm = quantize_on_gpu(gpu, x_row[None], False)
