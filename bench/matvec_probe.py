@@ -1,7 +1,8 @@
-"""Decode matvec shapes, probed on this GPU before one goes into shaders/: the engine's matvec_int4 against a
-subgroup-rows kernel (each subgroup owns R rows, its lanes stride over K 16 bytes at a time, one subgroupAdd per
-row, no workgroup reduction), with x read from global memory or staged in workgroup memory. (Packed-f16
-dequantisation was the third idea: naga 29 rejects bitcast<vec2<f16>>(u32), so it cannot be written in WGSL today.)
+"""Decode matvec shapes, probed on this GPU before one goes into shaders/: the engine's matvec_int4, matvec_sg and
+matvec_q8 (int8 x, quantized here in its layout) against probe kernels (each subgroup owns R rows, its lanes stride
+over K 16 bytes at a time, one subgroupAdd per row), with x from global or workgroup memory, ablations that drop
+the dequant ALU / the x or scale loads, and the copy kernel over the same bytes. (Packed-f16 dequantisation was
+another idea: naga 29 rejects bitcast<vec2<f16>>(u32), so it cannot be written in WGSL today.)
 
 Every variant is first checked against numpy on the matrix it is timed on; then each is dispatched N_REPS times
 in one pass, best of 5 rounds that interleave the variants, reported as µs per dispatch (barrier included) and
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.bench import SHAPES  # noqa: E402
 from engine.gpu import UNIFORM, Gpu, Recorder, fold_grid  # noqa: E402
-from engine.matmul import matvec_plan, matvec_sg_plan  # noqa: E402
+from engine.matmul import matvec_plan, matvec_q8_plan, matvec_sg_plan  # noqa: E402
 from engine.shaders import const_block  # noqa: E402
 
 N_REPS = 100
@@ -108,59 +109,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_invocation_
 }
 """
 
-# x quantized to int8 per 32-element chunk (scale = max|x|/127), as llama.cpp's q8_1 activations: a 4-bit word's
-# even nibbles (w & 0x0F0F0F0F) and odd nibbles ((w >> 4) & 0x0F0F0F0F) meet x bytes in the same order through
-# dot4I8Packed, four products per instruction; Σ (q − 7)·xq = Σ q·xq − 7·Σ xq.
-DP4A_ROWS = """
-@group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;   // per chunk 2 vec4: word j's even, odd bytes
-@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> s: array<f16>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<storage, read> xm: array<vec2<f32>>;   // per chunk (x scale, Σ xq)
-
-const CHUNKS: u32 = K / 32u;
-const NIB: u32 = 0x0F0F0F0Fu;
-
-fn dot32q(v: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> i32 {
-    return dot4I8Packed(v.x & NIB, a.x) + dot4I8Packed((v.x >> 4u) & NIB, a.y)
-         + dot4I8Packed(v.y & NIB, a.z) + dot4I8Packed((v.y >> 4u) & NIB, a.w)
-         + dot4I8Packed(v.z & NIB, b.x) + dot4I8Packed((v.z >> 4u) & NIB, b.y)
-         + dot4I8Packed(v.w & NIB, b.z) + dot4I8Packed((v.w >> 4u) & NIB, b.w);
-}
-
-@compute @workgroup_size(WG)
-fn main(@builtin(subgroup_invocation_id) sl: u32, @builtin(subgroup_size) sgs: u32,
-        @builtin(subgroup_id) sid: u32, @builtin(num_subgroups) nsg: u32,
-        @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let first = ((wid.y * nwg.x + wid.x) * nsg + sid) * R;
-    var rowc: array<u32, R>;
-    for (var i = 0u; i < R; i++) { rowc[i] = min(first + i, N - 1u); }
-    var acc: array<f32, R>;
-    for (var c = sl; c < CHUNKS; c += sgs) {
-        var words: array<vec4<u32>, R>;
-        var sc: array<f32, R>;
-        for (var i = 0u; i < R; i++) {
-            words[i] = w[rowc[i] * CHUNKS + c];
-            sc[i] = f32(s[rowc[i] * CHUNKS + c]);
-        }
-        let a = xq[2u * c];
-        let b = xq[2u * c + 1u];
-        let m = xm[c];
-        let zero_term = 7 * i32(m.y);
-        for (var i = 0u; i < R; i++) {
-            acc[i] += sc[i] * m.x * f32(dot32q(words[i], a, b) - zero_term);
-        }
-    }
-    for (var i = 0u; i < R; i++) {
-        let t = subgroupAdd(acc[i]);
-        if (sl == 0u && first + i < N) { y[first + i] = t; }
-    }
-}
-"""
-
-
 def quantize_x_q8(xv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(packed int8 bytes as u32 [K/4] in the kernel's even/odd order, (scale, Σq) per chunk, dequantized x)."""
+    """x in matvec_q8's int8 layout (shaders/q8_pack.wgsl): (packed bytes as u32 [K/4], (scale, Σq) per chunk,
+    the dequantized x)."""
     blocks = xv.reshape(-1, 32).astype(np.float64)
     scale = np.abs(blocks).max(axis=1) / 127
     scale[scale == 0] = 1
@@ -170,15 +121,6 @@ def quantize_x_q8(xv: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     packed = np.ascontiguousarray(order).view(np.uint32).reshape(-1)
     meta = np.stack([scale, q.astype(np.float64).sum(axis=1)], axis=1).astype(np.float32)
     return packed, meta, (q * scale.astype(np.float32)[:, None]).reshape(-1)
-
-
-def dp4a_pipeline(g: Gpu, k: int, n: int, r: int, wg: int):
-    code = f"enable f16;\n{const_block(dict(K=k, N=n, R=r, WG=wg))}\n{DP4A_ROWS}"
-    module = g.device.create_shader_module(label="probe-dp4a", code=code)
-    pipe = g.device.create_compute_pipeline(label="probe-dp4a", layout="auto",
-                                            compute={"module": module, "entry_point": "main"})
-    groups = -(-n // ((wg // g.subgroup_size) * r))
-    return pipe, (groups, 1) if groups <= 65535 else (65535, -(-groups // 65535))
 
 
 FLOOR = """
@@ -246,14 +188,15 @@ def main(shape: str, quick: bool) -> None:
                     ("engine matvec_sg 4 rows/sg WG128", ("matvec_sg", matvec_sg_plan(k, n, g.subgroup_size)))]
         for r, wg, xs in ((4, 128, False), (8, 256, True), (2, 256, True)):
             variants.append((f"probe sg R{r} WG{wg} {'x-wg' if xs else 'x-global'}", (r, wg, xs)))
-        for r, wg in ((2, 128), (4, 128), (8, 128), (4, 256)):
-            variants.append((f"dp4a q8-x R{r} WG{wg}", ("dp4a", r, wg)))
+        for r, wg in ((2, 128), (4, 128), (8, 128), (4, 256)):  # int8 x (the engine's matvec_q8, x quantized here)
+            variants.append((f"matvec_q8 R{r} WG{wg}", ("matvec_q8", matvec_q8_plan(k, n, g.subgroup_size, rows=r,
+                                                                                    wg=wg))))
         for cut, what in ((1, "no dequant ALU"), (4, "weights only")):
             variants.append((f"ablation R4 WG128: {what}", (4, 128, False, cut)))
         built = []
         for label, v in variants:
-            if v[0] == "dp4a":
-                pipe, grid = dp4a_pipeline(g, k, n, *v[1:])
+            if v[0] == "matvec_q8":
+                pipe, grid = g.pipeline(v[0], v[1][0]), v[1][1]
                 bg = g.bind(pipe, [xq, w, s, y, xm], "probe")
             elif isinstance(v[0], str):
                 pipe, grid = g.pipeline(v[0], v[1][0]), v[1][1]
@@ -266,9 +209,9 @@ def main(shape: str, quick: bool) -> None:
             rec.dispatch(pipe, bg, *grid)
             rec.submit()
             out = g.read(y)
-            err = np.abs(out - (ref_q if v[0] == "dp4a" else ref)).max() / np.abs(ref).max()
+            err = np.abs(out - (ref_q if v[0] == "matvec_q8" else ref)).max() / np.abs(ref).max()
             verdict = "ablation" if label.startswith("ablation") else "ok" if err < 1e-5 else "BAD"
-            if v[0] == "dp4a":  # exact on the quantized x; vs the f32 x, the int8 rounding shows
+            if v[0] == "matvec_q8":  # exact on the quantized x; vs the f32 x, the int8 rounding shows
                 verdict += f" {np.abs(out - ref).max() / np.abs(ref).max():.0e}"
             built.append((f"{label:34s} {verdict:8s}", pipe, bg, grid, nbytes))
         # The same weight bytes through the vec4 copy kernel (reads them and writes a copy): a streaming ceiling

@@ -1,6 +1,6 @@
 // Residual add fused with the next RMSNorm: r_out = r_in + delta; y = r_out · rsqrt(mean(r_out²)+EPS) · w.
 // Residuals ping-pong between two buffers (r_in and r_out never alias). One workgroup per row.
-// With Q8 the last row's y also goes to int8 (q8_pack.wgsl) for the q8 decode matvecs that read it, which then
+// With Q8 the last row's y also goes to int8 (norm_q8.wgsl) for the q8 decode matvecs that read it, which then
 // need no quantize_q8 dispatch of their own (the LM head after a prefill reads that last row too).
 // Constants: WG, D, EPS, Q8. Override NORM_OFFSET (default 0.0) is added to w (1.0: zero-centred, y = x̂ · (1 + w)).
 // Bindings: 0 r_in f32[T,D], 1 delta f32[T,D], 2 w f16[D], 3 r_out f32[T,D] (write),
@@ -8,7 +8,7 @@
 //           6 and 7 are bound whether or not Q8.
 #import step
 #import reduce
-#import q8_pack
+#import norm_q8
 
 @group(0) @binding(0) var<storage, read> r_in: array<f32>;
 @group(0) @binding(1) var<storage, read> delta: array<f32>;
@@ -21,6 +21,8 @@
 
 // An override, not an injected const, so builds that never mention it keep compiling unchanged.
 override NORM_OFFSET: f32 = 0.0;
+
+fn norm_src(i: u32) -> f32 { return r_out[i]; }
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -36,19 +38,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let inv = inverseSqrt(wg_sum(ss, lane) / f32(D) + EPS);
     if (Q8 && row == step.n_tokens - 1u) {
         storageBarrier();  // a chunk's owner reads r_out elements other threads wrote
-        for (var c = lane.lid; c < D / 32u; c += WG) {
-            var v: array<vec4<f32>, 8>;
-            for (var j = 0u; j < 8u; j++) {
-                let i = c * 32u + 4u * j;
-                v[j] = vec4<f32>(r_out[base + i], r_out[base + i + 1u], r_out[base + i + 2u], r_out[base + i + 3u])
-                       * inv * (vec4<f32>(f32(w[i]), f32(w[i + 1u]), f32(w[i + 2u]), f32(w[i + 3u])) + NORM_OFFSET);
-                y[base + i] = v[j].x;
-                y[base + i + 1u] = v[j].y;
-                y[base + i + 2u] = v[j].z;
-                y[base + i + 3u] = v[j].w;
-            }
-            store_q8_chunk(c, &v);
-        }
+        for (var c = lane.lid; c < D / 32u; c += WG) { norm_chunk_q8(c, base, inv); }
     } else {
         // Each thread rereads only the elements it wrote itself, so no barrier is needed here.
         for (var i = lane.lid; i < D; i += WG) { y[base + i] = r_out[base + i] * inv * (f32(w[i]) + NORM_OFFSET); }

@@ -1,12 +1,12 @@
 // RMSNorm of each row: y = x · rsqrt(mean(x²) + EPS) · w.  One workgroup per row (token).
-// With Q8 the last row's y also goes to int8 (q8_pack.wgsl) for the q8 decode matvecs, as in add_rms_norm.
+// With Q8 the last row's y also goes to int8 (norm_q8.wgsl) for the q8 decode matvecs, as in add_rms_norm.
 // Constants: WG threads, D row length, EPS, Q8. Override NORM_OFFSET (default 0.0) is added to w: 1.0 runs a
 //   zero-centred norm, y = x̂ · (1 + w) (Qwen3.5 checkpoints that do not bake the 1 in).
 // Bindings: 0 x f32[T, D] (read), 1 w f16[D], 2 y f32[T, D] (write), 3 step uniform (n_tokens),
 //   4 xq u32[D/4] (write), 5 xm vec2<f32>[D/32] (write); 4 and 5 are bound whether or not Q8.
 #import step
 #import reduce
-#import q8_pack
+#import norm_q8
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> w: array<f16>;
@@ -18,6 +18,8 @@
 // An override, not an injected const, so builds that never mention it keep compiling unchanged.
 override NORM_OFFSET: f32 = 0.0;
 
+fn norm_src(i: u32) -> f32 { return x[i]; }
+
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let row = wid.x;
@@ -27,19 +29,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     for (var i = lane.lid; i < D; i += WG) { let v = x[base + i]; ss += v * v; }
     let inv = inverseSqrt(wg_sum(ss, lane) / f32(D) + EPS);
     if (Q8 && row == step.n_tokens - 1u) {
-        for (var c = lane.lid; c < D / 32u; c += WG) {
-            var v: array<vec4<f32>, 8>;
-            for (var j = 0u; j < 8u; j++) {
-                let i = c * 32u + 4u * j;
-                v[j] = vec4<f32>(x[base + i], x[base + i + 1u], x[base + i + 2u], x[base + i + 3u])
-                       * inv * (vec4<f32>(f32(w[i]), f32(w[i + 1u]), f32(w[i + 2u]), f32(w[i + 3u])) + NORM_OFFSET);
-                y[base + i] = v[j].x;
-                y[base + i + 1u] = v[j].y;
-                y[base + i + 2u] = v[j].z;
-                y[base + i + 3u] = v[j].w;
-            }
-            store_q8_chunk(c, &v);
-        }
+        for (var c = lane.lid; c < D / 32u; c += WG) { norm_chunk_q8(c, base, inv); }
     } else {
         for (var i = lane.lid; i < D; i += WG) { y[base + i] = x[base + i] * inv * (f32(w[i]) + NORM_OFFSET); }
     }

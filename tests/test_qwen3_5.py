@@ -159,16 +159,7 @@ def assert_recorded_count(rt):
 def test_dispatch_count(model):
     rt = model.runtime
     assert rt.dispatches_per_token == 4 + 10 * rt.spec.n_layers
-    from engine.gpu import Recorder
-
-    rt.reset()
-    rt.set_sampling(SamplingParams())  # greedy: argmax, no penalty dispatch
-    rec = Recorder(rt.gpu, "count")
-    rt._write_step(1, 0, 0, 1)
-    rt._record_body(rec, 1, 1)
-    rt._record_sample(rec)
-    rec.submit()
-    assert rec.dispatches == rt.dispatches_per_token
+    assert_recorded_count(rt)
 
 
 def test_norm_offset_runs_raw_zero_centred_norms(gpu, tiny, model):

@@ -16,12 +16,16 @@ import torch
 from engine.cli import main as cli_main
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
-from engine.gpu import Recorder
 from engine.model import load_model
 from engine.models import model_module
 from engine.sampling import SamplingParams
 from tests.test_dense_models import DECODE_TOL
-from tests.test_qwen3_5 import compare, tokens_of
+from tests.test_qwen3_5 import (
+    assert_int8_decode_steps_match_the_full_forward,
+    assert_recorded_count,
+    compare,
+    tokens_of,
+)
 from tests.tiny_models import cached_tiny_hf
 
 CACHE = Path(__file__).resolve().parents[1] / ".cache" / "test-mlx"
@@ -133,14 +137,7 @@ def test_dispatch_count(mlc_model):
     rt = mlc_model.runtime
     assert all(b.dispatch_count() == 7 for b in rt.moe.values())  # shared expert apart: 7
     assert rt.dispatches_per_token == 4 + (8 + 7) * rt.spec.n_layers
-    rt.reset()
-    rt.set_sampling(SamplingParams())
-    rec = Recorder(rt.gpu, "count")
-    rt._write_step(1, 0, 0, 1)
-    rt._record_body(rec, 1, 1)
-    rt._record_sample(rec)
-    rec.submit()
-    assert rec.dispatches == rt.dispatches_per_token
+    assert_recorded_count(rt)
 
 
 def test_qwen3_6_real_config_dispatches():
@@ -310,8 +307,6 @@ def test_mlx_folder_brings_tokenizer_and_sampling_defaults(mlx_model):
 def test_int8_decode(gpu):
     """The default decode of the MLX MoE model (int8 activations into the 4-bit attention/GDN matvecs and the LM
     head; the experts read f32): each step close to the full forward, and the dispatch count as recorded."""
-    from tests.test_qwen3_5 import assert_int8_decode_steps_match_the_full_forward, assert_recorded_count
-
     model = load_model(cached_mlx("q4"), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48)
     assert_int8_decode_steps_match_the_full_forward(model, outliers=1)
     assert_recorded_count(model.runtime)
