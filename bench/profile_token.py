@@ -1,0 +1,91 @@
+"""Where one decode token's GPU time goes, for any bench shape (dense, hybrid or MoE), grouped by kernel.
+
+After a 600-token prefill (so decode attention runs split-K, as in the benchmark) one decode token's dispatches
+are recorded into a list instead of a pass; then each is timed alone: N_REPS back-to-back copies in one pass,
+best of 3, so a figure includes the barrier to the next dispatch. Totals per kernel are summed over the token.
+
+    python3 bench/profile_token.py qwen3.6-35b-a3b-4bit [phi3-mini ...]
+"""
+
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine import bench  # noqa: E402
+from engine.bench_hybrid import HYBRID_SHAPES, hybrid_spec  # noqa: E402
+from engine.bench_hybrid import random_weights as hybrid_weights  # noqa: E402
+from engine.gpu import Gpu, Recorder  # noqa: E402
+from engine.hybrid import HybridTransformer  # noqa: E402
+from engine.transformer import DenseTransformer  # noqa: E402
+
+N_REPS = 50
+CONTEXT = 600
+
+
+class Capture:
+    """Stands in for a Recorder: keeps the dispatches, drops buffer copies (state snapshots)."""
+
+    def __init__(self):
+        self.items: list[tuple] = []
+        self.dispatches = 0
+
+    def dispatch(self, pipeline, bind_group, x: int, y: int = 1, z: int = 1) -> None:
+        self.items.append((pipeline, bind_group, (x, y, z)))
+        self.dispatches += 1
+
+    def copy(self, *_) -> None:
+        pass
+
+
+def runtime(shape: str, gpu: Gpu):
+    if shape in HYBRID_SHAPES:
+        spec, formats = hybrid_spec(shape)
+        return HybridTransformer(gpu, spec, hybrid_weights(spec, formats), max_context=1024, prefill_chunk=512,
+                                 formats=formats)
+    spec = bench.shape_spec(shape)
+    return DenseTransformer(gpu, spec, bench.random_weights(spec), max_context=1024, prefill_chunk=512)
+
+
+def timed(gpu: Gpu, pipe, bg, grid) -> float:
+    best = 1e9
+    for _ in range(3):
+        rec = Recorder(gpu, "profile")
+        for _ in range(N_REPS):
+            rec.dispatch(pipe, bg, *grid)
+        gpu.sync()
+        t = time.perf_counter()
+        rec.submit()
+        gpu.sync()
+        best = min(best, (time.perf_counter() - t) / N_REPS)
+    return best
+
+
+def main(shape: str, gpu: Gpu) -> None:
+    rt = runtime(shape, gpu)
+    rt.reset()
+    rt.prefill(np.random.default_rng(1).integers(0, rt.spec.vocab, CONTEXT).astype(np.uint32))
+    rt.read_sampled(0)
+    splits = rt._splits(CONTEXT + 1)
+    rt._write_step(1, CONTEXT, 1, splits)
+    cap = Capture()
+    rt._record_body(cap, 1, splits)
+    rt._record_sample(cap)
+    per_kernel: dict[str, list[float]] = defaultdict(list)
+    for pipe, bg, grid in cap.items:
+        per_kernel[pipe.label].append(timed(gpu, pipe, bg, grid))
+    total = sum(sum(v) for v in per_kernel.values())
+    print(f"{shape}: {cap.dispatches} dispatches, sum of their times {total * 1e3:.2f} ms", flush=True)
+    for name, times in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1])):
+        print(f"  {name:22s} ×{len(times):4d}  {np.median(times) * 1e6:7.1f} µs each  "
+              f"{sum(times) * 1e3:6.2f} ms  {100 * sum(times) / total:5.1f}%", flush=True)
+
+
+if __name__ == "__main__":
+    g = Gpu()
+    for s in sys.argv[1:] or ["phi3-mini"]:
+        main(s, g)
