@@ -61,13 +61,15 @@ def gdn_gates_plan(vh: int, row: int, a_off: int, b_off: int, wg: int = 32) -> t
     return dict(WG=wg, VH=vh, ROW=row, A_OFF=a_off, B_OFF=b_off), -(-vh // wg)
 
 
-def gdn_recur_plan(kh: int, vh: int, dk: int, dv: int, conv: int, wg: int = 32) -> tuple[dict, tuple[int, int]]:
-    """A thread per state column, WG columns per workgroup: (VH, DV / WG) workgroups, 128 for Qwen3.5-4B
-    (32 value heads alone would leave most of a large GPU idle at decode)."""
-    if vh % kh or wg & (wg - 1) or dk > 1024:
-        raise ValueError(f"gdn_recur needs VH % KH == 0, WG a power of two and DK ≤ 1024; got KH={kh} VH={vh} "
-                         f"DK={dk} WG={wg}")
-    return dict(WG=wg, KH=kh, VH=vh, DK=dk, DV=dv, CONV=conv), (vh, -(-dv // wg))
+def gdn_recur_plan(kh: int, vh: int, dk: int, dv: int, conv: int, wg: int = 128,
+                   rsplit: int = 4) -> tuple[dict, tuple[int, int]]:
+    """RSPLIT threads per state column (DK / RSPLIT rows each), WG / RSPLIT columns per workgroup: (VH, DV / 32)
+    workgroups of 128 threads for Qwen3.5-4B. One thread per whole column (rsplit=1) spilled its 128 registers:
+    61 µs per decode dispatch on the H200 (bench/profile_token.py)."""
+    if vh % kh or wg & (wg - 1) or dk > 1024 or rsplit < 1 or dk % rsplit or wg % rsplit:
+        raise ValueError(f"gdn_recur needs VH % KH == 0, WG a power of two, DK ≤ 1024 and RSPLIT dividing DK and WG; "
+                         f"got KH={kh} VH={vh} DK={dk} WG={wg} RSPLIT={rsplit}")
+    return dict(WG=wg, RSPLIT=rsplit, KH=kh, VH=vh, DK=dk, DV=dv, CONV=conv), (vh, -(-dv // (wg // rsplit)))
 
 
 def gdn_norm_plan(vh: int, dv: int, eps: float, row: int, z_off: int) -> dict:
@@ -174,8 +176,9 @@ class HybridTransformer(DenseTransformer):
     def __init__(self, gpu: Gpu, spec: HybridSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
                  formats: dict[str, str] | None = None, snapshots: tuple[int, int] = (2, 3),
-                 snapshot_every: int = 16, **dense_options):
+                 snapshot_every: int = 16, gdn_rsplit: int = 4, **dense_options):
         self.moe: dict[int, MoeBlock] = {}  # layer -> its MoE block (spec.moe_layers)
+        self.gdn_rsplit = gdn_rsplit  # threads per GDN state column (gdn_recur_plan)
         self.snap_every = snapshot_every
         self._caps = {"prompt": snapshots[0], "decode": snapshots[1]}
         self._snaps: dict[str, list[tuple[int, object]]] = {"prompt": [], "decode": []}  # (position, buffer)
@@ -307,7 +310,7 @@ class HybridTransformer(DenseTransformer):
         gates_consts, self.gates_groups = gdn_gates_plan(s.gdn_v_heads, d["ROW"], d["A_OFF"], d["B_OFF"])
         p["gdn_gates"] = g.pipeline("gdn_gates", gates_consts)
         recur_consts, self.recur_grid = gdn_recur_plan(s.gdn_k_heads, s.gdn_v_heads, s.gdn_k_dim, s.gdn_v_dim,
-                                                       d["CONV"])
+                                                       d["CONV"], rsplit=self.gdn_rsplit)
         p["gdn_recur"] = g.pipeline("gdn_recur", recur_consts)
         p["gdn_norm"] = g.pipeline("gdn_norm_out", gdn_norm_plan(s.gdn_v_heads, s.gdn_v_dim, s.eps, d["ROW"],
                                                                  d["Z_OFF"]))

@@ -87,7 +87,7 @@ class DenseTransformer:
         self.q8 = q8_decode and gpu.use_subgroups
         # The norms write their output row in int8 too, sparing the matvecs they feed a quantize_q8 dispatch each
         # (q8_in_norm=False dispatches those, for A/B runs).
-        self.q8_in_norm = self.q8 and q8_in_norm
+        self.q8_in_norm = self.q8 and q8_in_norm and spec.dim % 32 == 0 and spec.dim <= 8192  # norm_q8.wgsl's room
         self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
         self.max_context = min(max_context or spec.context_length, spec.context_length)

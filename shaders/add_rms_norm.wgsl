@@ -37,8 +37,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     }
     let inv = inverseSqrt(wg_sum(ss, lane) / f32(D) + EPS);
     if (Q8 && row == step.n_tokens - 1u) {
-        storageBarrier();  // a chunk's owner reads r_out elements other threads wrote
-        for (var c = lane.lid; c < D / 32u; c += WG) { norm_chunk_q8(c, base, inv); }
+        norm_row_q8(base, inv, lane.lid);
     } else {
         // Each thread rereads only the elements it wrote itself, so no barrier is needed here.
         for (var i = lane.lid; i < D; i += WG) { y[base + i] = r_out[base + i] * inv * (f32(w[i]) + NORM_OFFSET); }

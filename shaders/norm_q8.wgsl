@@ -1,18 +1,48 @@
-// The int8 tail of the norm kernels (rms_norm, add_rms_norm with Q8): chunk c of the normed row that starts at
-// `base` is computed from the kernel's own `norm_src(i)` (its input, or its residual sum), written to y and
-// stored in int8 (q8_pack.wgsl). The including kernel declares w, y, xq, xm, NORM_OFFSET and norm_src.
-#import q8_pack
+// The int8 tail of the norm kernels (rms_norm, add_rms_norm with Q8): the normed row that starts at `base` is
+// computed from the kernel's own `norm_src(i)` (its input, or its residual sum), written to y, and stored in int8
+// exactly as quantize_q8 would store it (q8_pack.wgsl's layout and rounding). All WG threads work on it: element i
+// stays with thread i % WG (coalesced, as the f32 path), and chunk maxima, codes and sums meet through workgroup
+// atomics. The including kernel declares w, y, xq, xm, NORM_OFFSET, norm_src and consts D (a multiple of 32,
+// at most 8192) and WG. Call from uniform control flow (it has barriers).
 
-fn norm_chunk_q8(c: u32, base: u32, inv: f32) {
-    var v: array<vec4<f32>, 8>;
-    for (var j = 0u; j < 8u; j++) {
-        let i = c * 32u + 4u * j;
-        v[j] = vec4<f32>(norm_src(base + i), norm_src(base + i + 1u), norm_src(base + i + 2u), norm_src(base + i + 3u))
-               * inv * (vec4<f32>(f32(w[i]), f32(w[i + 1u]), f32(w[i + 2u]), f32(w[i + 3u])) + NORM_OFFSET);
-        y[base + i] = v[j].x;
-        y[base + i + 1u] = v[j].y;
-        y[base + i + 2u] = v[j].z;
-        y[base + i + 3u] = v[j].w;
+const PER_THREAD: u32 = (D + WG - 1u) / WG;
+// Sized 1 without Q8, so the f32 path keeps its workgroup memory small.
+var<workgroup> q_amax: array<atomic<u32>, select(1u, D / 32u, Q8)>;  // bits of max |y| per chunk (non-negative
+var<workgroup> q_sum: array<atomic<i32>, select(1u, D / 32u, Q8)>;   // floats order as their u32 bits)
+var<workgroup> q_words: array<atomic<u32>, select(1u, D / 4u, Q8)>;
+
+fn norm_row_q8(base: u32, inv: f32, lid: u32) {
+    for (var k = lid; k < D / 4u; k += WG) { atomicStore(&q_words[k], 0u); }
+    for (var c = lid; c < D / 32u; c += WG) {
+        atomicStore(&q_amax[c], 0u);
+        atomicStore(&q_sum[c], 0);
     }
-    store_q8_chunk(c, &v);
+    workgroupBarrier();
+    var ys: array<f32, PER_THREAD>;
+    for (var n = 0u; n < PER_THREAD; n++) {
+        let i = lid + n * WG;
+        if (i < D) {
+            ys[n] = norm_src(base + i) * inv * (f32(w[i]) + NORM_OFFSET);
+            y[base + i] = ys[n];
+            atomicMax(&q_amax[i / 32u], bitcast<u32>(abs(ys[n])));
+        }
+    }
+    workgroupBarrier();
+    for (var n = 0u; n < PER_THREAD; n++) {
+        let i = lid + n * WG;
+        if (i < D) {
+            let c = i / 32u;
+            let e = i % 32u;
+            let amax = bitcast<f32>(atomicLoad(&q_amax[c]));
+            let q = i32(clamp(round(ys[n] * select(0.0, 127.0 / amax, amax > 0.0)), -127.0, 127.0));
+            // element e of the chunk: word j = e / 8; even elements in u32 2j, odd ones in 2j + 1; byte (e % 8) / 2
+            atomicOr(&q_words[c * 8u + 2u * (e / 8u) + e % 2u], (u32(q) & 0xFFu) << (8u * ((e % 8u) / 2u)));
+            atomicAdd(&q_sum[c], q);
+        }
+    }
+    workgroupBarrier();
+    for (var k = lid; k < D / 4u; k += WG) { xq[k] = atomicLoad(&q_words[k]); }
+    for (var c = lid; c < D / 32u; c += WG) {
+        xm[c] = vec2<f32>(bitcast<f32>(atomicLoad(&q_amax[c])) / 127.0, f32(atomicLoad(&q_sum[c])));
+    }
 }

@@ -29,7 +29,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     for (var i = lane.lid; i < D; i += WG) { let v = x[base + i]; ss += v * v; }
     let inv = inverseSqrt(wg_sum(ss, lane) / f32(D) + EPS);
     if (Q8 && row == step.n_tokens - 1u) {
-        for (var c = lane.lid; c < D / 32u; c += WG) { norm_chunk_q8(c, base, inv); }
+        norm_row_q8(base, inv, lane.lid);
     } else {
         for (var i = lane.lid; i < D; i += WG) { y[base + i] = x[base + i] * inv * (f32(w[i]) + NORM_OFFSET); }
     }

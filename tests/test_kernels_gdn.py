@@ -144,17 +144,17 @@ def test_gdn_gates(gpu, rng):
     np.testing.assert_allclose(got[:, VH:], beta_ref, rtol=2e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("KH,VH,DK,DV,T,pos0,WG", [(2, 4, 32, 32, 6, 5, 32), (1, 2, 48, 24, 3, 1, 32),
-                                                   (2, 2, 16, 72, 1, 7, 32), (2, 4, 32, 32, 4, 0, 64),
-                                                   (16, 32, 128, 128, 2, 3, 32), (2, 4, 40, 64, 9, 2, 128)])
-def test_gdn_recur(any_gpu, rng, KH, VH, DK, DV, T, pos0, WG):
+@pytest.mark.parametrize("KH,VH,DK,DV,T,pos0,WG,RSPLIT", [
+    (2, 4, 32, 32, 6, 5, 32, 1), (1, 2, 48, 24, 3, 1, 32, 4), (2, 2, 16, 72, 1, 7, 32, 2), (2, 4, 32, 32, 4, 0, 64, 4),
+    (16, 32, 128, 128, 2, 3, 128, 4), (16, 32, 128, 128, 1, 9, 32, 1), (2, 4, 40, 64, 9, 2, 128, 8)])
+def test_gdn_recur(any_gpu, rng, KH, VH, DK, DV, T, pos0, WG, RSPLIT):
     g = any_gpu
     qkv, gates = random_proj(rng, T, KH, VH, DK, DV)
     state = (0.3 * rng.standard_normal((VH, DK, DV))).astype(np.float32)
     if pos0 == 0:
         state[:] = np.nan  # pos0 == 0 starts from a zero state whatever the buffer holds
     out_ref, state_ref = recur_ref(qkv, gates, state, KH, VH, DK, DV, fresh=pos0 == 0)
-    consts, grid = gdn_recur_plan(KH, VH, DK, DV, qkv.shape[1], wg=WG)  # DV 72: a partly idle workgroup
+    consts, grid = gdn_recur_plan(KH, VH, DK, DV, qkv.shape[1], wg=WG, rsplit=RSPLIT)  # DV 72: partly idle
     out, st = poisoned(g, "out", (T, VH * DV)), g.upload("state", state)
     run(g, "gdn_recur", consts, [g.upload("qkv", qkv), g.upload("gates", gates), st, out, step_uniform(g, T, pos0)],
         grid)
