@@ -12,14 +12,13 @@ GB/s of weight bytes; the copy kernel over the same bytes gives the streaming ra
 """
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.bench import SHAPES  # noqa: E402
+from engine.bench import SHAPES, dispatch_seconds  # noqa: E402
 from engine.gpu import UNIFORM, Gpu, Recorder, fold_grid  # noqa: E402
 from engine.matmul import matvec_plan, matvec_q8_plan, matvec_sg_plan  # noqa: E402
 from engine.shaders import const_block  # noqa: E402
@@ -143,17 +142,7 @@ def sg_pipeline(g: Gpu, k: int, n: int, r: int, wg: int, xs: bool, cut: int = 0,
 
 
 def timed(g: Gpu, pipe, bg, grid, tries: int = 3) -> float:
-    best = 1e9
-    for _ in range(tries):
-        rec = Recorder(g, "probe")
-        for _ in range(N_REPS):
-            rec.dispatch(pipe, bg, *grid)
-        g.sync()
-        t = time.perf_counter()
-        rec.submit()
-        g.sync()
-        best = min(best, (time.perf_counter() - t) / N_REPS)
-    return best
+    return dispatch_seconds(g, pipe, bg, grid, N_REPS, tries)
 
 
 def main(shape: str, quick: bool) -> None:

@@ -12,7 +12,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.bench import random_weights, shape_spec  # noqa: E402
+from engine.bench import dispatch_seconds, random_weights, shape_spec  # noqa: E402
 from engine.gpu import Gpu, Recorder  # noqa: E402
 from engine.transformer import DenseTransformer  # noqa: E402
 
@@ -46,17 +46,7 @@ def main() -> None:
         if item is None:
             continue
         pipe, bg, grid = item
-        times = []
-        for _ in range(3):
-            rec = Recorder(g, "profile")
-            for _ in range(N):
-                rec.dispatch(pipe, bg, *grid)
-            g.sync()
-            t = time.perf_counter()
-            rec.submit()
-            g.sync()
-            times.append(time.perf_counter() - t)
-        print(f"{name:14s} {min(times) / N * 1e6:8.1f} us/dispatch  grid={grid}")
+        print(f"{name:14s} {dispatch_seconds(g, pipe, bg, grid, N) * 1e6:8.1f} us/dispatch  grid={grid}")
 
     host = []
     g.sync()

@@ -8,7 +8,6 @@ best of 3, so a figure includes the barrier to the next dispatch. Totals per ker
 """
 
 import sys
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -19,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine import bench  # noqa: E402
 from engine.bench_hybrid import HYBRID_SHAPES, hybrid_spec  # noqa: E402
 from engine.bench_hybrid import random_weights as hybrid_weights  # noqa: E402
-from engine.gpu import Gpu, Recorder  # noqa: E402
+from engine.gpu import Gpu  # noqa: E402
 from engine.hybrid import HybridTransformer  # noqa: E402
 from engine.transformer import DenseTransformer  # noqa: E402
 
@@ -51,20 +50,6 @@ def runtime(shape: str, gpu: Gpu):
     return DenseTransformer(gpu, spec, bench.random_weights(spec), max_context=1024, prefill_chunk=512)
 
 
-def timed(gpu: Gpu, pipe, bg, grid) -> float:
-    best = 1e9
-    for _ in range(3):
-        rec = Recorder(gpu, "profile")
-        for _ in range(N_REPS):
-            rec.dispatch(pipe, bg, *grid)
-        gpu.sync()
-        t = time.perf_counter()
-        rec.submit()
-        gpu.sync()
-        best = min(best, (time.perf_counter() - t) / N_REPS)
-    return best
-
-
 def main(shape: str, gpu: Gpu) -> None:
     rt = runtime(shape, gpu)
     rt.reset()
@@ -77,7 +62,7 @@ def main(shape: str, gpu: Gpu) -> None:
     rt._record_sample(cap)
     per_kernel: dict[str, list[float]] = defaultdict(list)
     for pipe, bg, grid in cap.items:
-        per_kernel[pipe.label].append(timed(gpu, pipe, bg, grid))
+        per_kernel[pipe.label].append(bench.dispatch_seconds(gpu, pipe, bg, grid, N_REPS))
     total = sum(sum(v) for v in per_kernel.values())
     print(f"{shape}: {cap.dispatches} dispatches, sum of their times {total * 1e3:.2f} ms", flush=True)
     for name, times in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1])):

@@ -5,15 +5,14 @@ dispatch and GB/s of weight bytes read. Run from the repo root: `python3 bench/t
 """
 
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.bench import SHAPES  # noqa: E402
-from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
+from engine.bench import SHAPES, dispatch_seconds  # noqa: E402
+from engine.gpu import UNIFORM, Gpu  # noqa: E402
 from engine.matmul import matvec_plan  # noqa: E402
 
 N_REPS = 100
@@ -39,16 +38,7 @@ def main(shape: str) -> None:
             consts, grid = matvec_plan(k, n, gate_up=gu, rows=r, wg=wg)
             pipe = g.pipeline("matvec_int4", consts)
             bg = g.bind(pipe, [x, w, s, y, step], "tune")
-            best = 1e9
-            for _ in range(3):
-                rec = Recorder(g, "tune")
-                for _ in range(N_REPS):
-                    rec.dispatch(pipe, bg, *grid)
-                g.sync()
-                t = time.perf_counter()
-                rec.submit()
-                g.sync()
-                best = min(best, (time.perf_counter() - t) / N_REPS)
+            best = dispatch_seconds(g, pipe, bg, grid, N_REPS)
             line.append(f"{r}x{wg}: {best * 1e6:6.1f} us {nbytes / best / 1e9:6.0f} GB/s")
         print(f"{name:8s} {n}x{k}{' gate_up' if gu else ''}\n    " + "\n    ".join(line), flush=True)
 

@@ -81,6 +81,24 @@ def copy_bandwidth(gpu: Gpu, nbytes: int = 1 << 30, reps: int = 5) -> float:
     return 2 * nbytes / statistics.median(times[1:])
 
 
+def dispatch_seconds(gpu: Gpu, pipeline, bind_group, grid: tuple, reps: int = 100, tries: int = 3) -> float:
+    """Seconds per dispatch of one kernel, dispatched `reps` times back to back in one pass (so each includes the
+    barrier to the next), best of `tries` submissions. The bench/ profilers share it."""
+    from engine.gpu import Recorder
+
+    best = float("inf")
+    for _ in range(tries):
+        rec = Recorder(gpu, "timed")
+        for _ in range(reps):
+            rec.dispatch(pipeline, bind_group, *grid)
+        gpu.sync()
+        t = time.perf_counter()
+        rec.submit()
+        gpu.sync()
+        best = min(best, (time.perf_counter() - t) / reps)
+    return best
+
+
 def copy_kernel_bandwidth(gpu: Gpu, nbytes: int = 1 << 30, reps: int = 5) -> float:
     """A vec4<u32> copy kernel's rate (read + write): what a compute shader can stream on this GPU."""
     from engine.gpu import Recorder, fold_grid
