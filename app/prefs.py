@@ -18,6 +18,7 @@ class AppPrefs:
     offline: bool = False  # forbid all network use (no downloads)
     context: int = 0  # context window to load models with; 0 = the model's default
     last_model: str = ""  # catalog key or local path loaded last time
+    exact_decode: bool = False  # f32 activations in decode (slower); the default rounds them to int8 per layer
 
     def validate(self) -> None:
         if self.theme not in THEMES:

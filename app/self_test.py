@@ -14,7 +14,7 @@ TIMEOUT_MS = 600_000
 class _Driver(QObject):
     """Lives in the main thread, so the worker's signals reach its slots there (queued)."""
 
-    load = Signal(str, int)
+    load = Signal(str, int, bool)  # path, context, exact decode (as the window's request_load)
     reply = Signal(int, list, dict)
 
     def __init__(self, app):
@@ -70,7 +70,7 @@ def run_self_test() -> int:
     w.reply_delta.connect(driver.delta)
     w.reply_done.connect(driver.done)
     w.failed.connect(driver.failed)
-    QTimer.singleShot(0, lambda: driver.load.emit(str(path), 512))
+    QTimer.singleShot(0, lambda: driver.load.emit(str(path), 512, False))
     QTimer.singleShot(TIMEOUT_MS, app.quit)
     try:
         app.exec()

@@ -69,7 +69,7 @@ def _eta(seconds) -> str:
 
 
 class MainWindow(QMainWindow):
-    request_load = Signal(str, int)
+    request_load = Signal(str, int, bool)  # path, context (0 = the model's), exact decode arithmetic
     request_reply = Signal(int, list, dict)
     request_unload = Signal()
     request_download = Signal(dict, str)
@@ -354,7 +354,7 @@ class MainWindow(QMainWindow):
                 return
         self.loading_key = row.entry.key
         self.show_progress(f"Loading {row.entry.name}…", 0, 0)
-        self.request_load.emit(str(row.load_path), self.prefs.context)
+        self.request_load.emit(str(row.load_path), self.prefs.context, self.prefs.exact_decode)
         self.update_action()
 
     def auto_setup(self) -> None:
@@ -646,6 +646,8 @@ class MainWindow(QMainWindow):
             self.refresh_models()
         if self.prefs.adapter != old.adapter:
             self.status.setText("The GPU choice applies the next time Zero-TVM starts.")
+        elif self.prefs.exact_decode != old.exact_decode and self.facts is not None:
+            self.status.setText("Exact decode arithmetic applies when a model next loads.")
 
     def show_error(self, title: str, message: str) -> None:
         log.warning("%s: %s", title, message)

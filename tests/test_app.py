@@ -33,10 +33,10 @@ def data_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def open_window(qtbot, data_dir, settings=None, auto_setup=True) -> MainWindow:
+def open_window(qtbot, data_dir, settings=None, auto_setup=True, prefs=None) -> MainWindow:
     store = ConversationStore(data_dir / "chats.sqlite3")
     settings = settings or ChatSettings(max_tokens=12, sampling=SamplingParams(), seed=0)
-    window = MainWindow(store, settings, AppPrefs(context=512), data_dir / "app.json", [], None, auto_setup)
+    window = MainWindow(store, settings, prefs or AppPrefs(context=512), data_dir / "app.json", [], None, auto_setup)
     qtbot.addWidget(window)
     window.show()
     return window
@@ -173,7 +173,7 @@ def test_settings_dialog_round_trips(qtbot, data_dir):
 
     settings = ChatSettings(system="Be brief.", thinking=False, max_tokens=300, context_policy="drop_oldest",
                             sampling=SamplingParams(temperature=0.7, top_k=20, top_p=0.9, min_p=0.05), seed=42)
-    prefs = AppPrefs(theme="dark", context=4096, offline=True)
+    prefs = AppPrefs(theme="dark", context=4096, offline=True, exact_decode=True)
     dialog = SettingsDialog(settings, prefs, SamplingParams(), [], None)
     qtbot.addWidget(dialog)
     assert dialog.result_settings() == settings and dialog.result_prefs() == prefs
@@ -385,3 +385,15 @@ def test_copy_buttons_put_the_answer_and_code_on_the_clipboard(qtbot, data_dir):
     code.copy.click()
     assert QGuiApplication.clipboard().text() == "print('hi')"
     w.close()
+
+
+def test_exact_decode_preference_reaches_the_runtime(qtbot, data_dir):
+    """The default decode takes int8 activations (faster); the preference loads the model with f32 ones."""
+    for exact in (False, True):
+        w = open_window(qtbot, data_dir, prefs=AppPrefs(context=512, exact_decode=exact))
+        wait_loaded(qtbot, w)
+        assert w.facts["int8_decode"] is (not exact)
+        send(qtbot, w, "Hi")
+        wait_idle(qtbot, w)
+        assert [m["role"] for m in w.store.messages(w.conv_id)][-1] == "assistant"
+        w.close()
