@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import zlib
 
 os.environ.setdefault("WGPU_BACKEND_TYPE", "Vulkan")
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
@@ -33,6 +34,6 @@ def any_gpu(gpu, request):
 
 @pytest.fixture
 def rng(request):
-    # Fresh random data per test, but reproducible from the test's name.
-    seed = abs(hash(request.node.nodeid)) % (2**32)
+    # Fresh random data per test, reproducible from the test's name (crc32: str hash() is salted per process).
+    seed = zlib.crc32(request.node.nodeid.encode())
     return __import__("numpy").random.default_rng(seed)
