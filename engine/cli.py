@@ -126,7 +126,8 @@ def cmd_generate(args) -> None:
     from engine.model import load_model
     from engine.session import ChatSession
 
-    model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress)
+    model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress,
+                       q8_decode=not args.exact_decode)
     settings = _chat_settings(args, model)
     if args.raw or model.tokenizer is None or not model.tokenizer.chat_templates:
         last = None
@@ -149,7 +150,8 @@ def cmd_chat(args) -> None:
     from engine.model import load_model
     from engine.session import ChatSession
 
-    model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress)
+    model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress,
+                       q8_decode=not args.exact_decode)
     chat = ChatSession(model, _chat_settings(args, model))
     print(f"{model.path.name}: context {model.runtime.max_context} tokens. {CHAT_HELP}", file=sys.stderr)
     while True:
@@ -385,6 +387,8 @@ def _add_chat_args(s: argparse.ArgumentParser) -> None:
     """Flags over the saved chat settings; sampling defaults come from the model (generation_config.json)."""
     s.add_argument("--max-tokens", type=int, help="longest reply in tokens (default 1024)")
     s.add_argument("--context", type=int, help="context window in tokens (default: the model's)")
+    s.add_argument("--exact-decode", action="store_true",
+                   help="f32 activations in decode (slower); by default 4-bit matvecs take int8 ones, as llama.cpp's")
     s.add_argument("--temperature", type=float, help="0 = greedy")
     s.add_argument("--top-k", type=int)
     s.add_argument("--top-p", type=float)

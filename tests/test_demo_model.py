@@ -63,10 +63,11 @@ def test_top1_agrees_with_transformers_over_64_teacher_forced_tokens(demo, demo_
     assert np.abs(ours - ref).max() / np.abs(ref).max() < (2e-2 if path == "prefill" else 4e-2)
 
 
-def test_cli_generate_uses_the_installed_demo(monkeypatch, capsys, demo_path):
+@pytest.mark.parametrize("exact", [[], ["--exact-decode"]], ids=["int8-decode", "exact-decode"])
+def test_cli_generate_uses_the_installed_demo(monkeypatch, capsys, demo_path, exact):
     monkeypatch.setenv("ZEROTVM_MODELS", str(CACHE / "models"))
     monkeypatch.setenv("ZEROTVM_HOME", str(CACHE / "home"))
     assert cli_main(["generate", "--prompt", "What is the capital of France?", "--temperature", "0",
-                     "--max-tokens", "20", "--context", "256"]) == 0
+                     "--max-tokens", "20", "--context", "256", *exact]) == 0
     out = capsys.readouterr()
     assert "Paris" in out.out and "context" in out.err
