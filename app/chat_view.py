@@ -59,7 +59,7 @@ class CodeBlock(QFrame):
     def _copy(self) -> None:
         QGuiApplication.clipboard().setText(self.view.toPlainText())
         self.copy.setText("Copied")
-        QTimer.singleShot(1500, lambda: self.copy.setText("Copy"))
+        QTimer.singleShot(1500, self.copy, lambda: self.copy.setText("Copy"))  # dropped if the button goes
 
 
 def _prose(text: str) -> QLabel:
@@ -181,7 +181,7 @@ class MessageWidget(QFrame):
         """The answer's markdown as written (code fences included), without the thinking."""
         QGuiApplication.clipboard().setText(self._answer)
         self.copy.setText("Copied")
-        QTimer.singleShot(1500, lambda: self.copy.setText("Copy"))
+        QTimer.singleShot(1500, self.copy, lambda: self.copy.setText("Copy"))  # dropped if the button goes
 
     def _toggle_thinking(self, shown: bool) -> None:
         self.thinking_view.setVisible(shown)

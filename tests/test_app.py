@@ -384,7 +384,13 @@ def test_copy_buttons_put_the_answer_and_code_on_the_clipboard(qtbot, data_dir):
     code = next(b for kind, b in reply._blocks if kind == "code")
     code.copy.click()
     assert QGuiApplication.clipboard().text() == "print('hi')"
+    assert code.copy.text() == "Copied"
+    # "Copied" turns back into "Copy" after 1.5 s, unless the message is gone by then (a new chat, a closed window):
+    # the timer must die with its button instead of reaching a deleted one.
+    w.new_chat.click()
     w.close()
+    w.deleteLater()
+    qtbot.wait(1700)
 
 
 def test_exact_decode_preference_reaches_the_runtime(qtbot, data_dir):
