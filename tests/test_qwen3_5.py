@@ -143,6 +143,18 @@ def test_int8_decode(gpu, tiny):
     assert_recorded_count(rt)
 
 
+def test_int8_from_the_norms_equals_a_quantize_dispatch(gpu, tiny):
+    """As for the dense models: the norms' own int8 row is what quantize_q8 makes of it (GDN in_proj, attention
+    qkv and gate, MLP gate_up and the LM head read it), with the dispatch counts to match."""
+    ids = np.random.default_rng(3).integers(0, 200, 20)
+    fused = load_model(tiny[1], gpu=gpu, max_context=64, q8_in_norm=True)
+    apart = load_model(tiny[1], gpu=gpu, max_context=64, q8_in_norm=False)
+    for m in (fused, apart):
+        assert_recorded_count(m.runtime)
+    a, b = fused.runtime.logits(ids, chunk=1), apart.runtime.logits(ids, chunk=1)
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
+
+
 def assert_recorded_count(rt):
     from engine.gpu import Recorder
 
