@@ -176,9 +176,10 @@ class HybridTransformer(DenseTransformer):
     def __init__(self, gpu: Gpu, spec: HybridSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
                  formats: dict[str, str] | None = None, snapshots: tuple[int, int] = (2, 3),
-                 snapshot_every: int = 16, gdn_rsplit: int = 4, **dense_options):
+                 snapshot_every: int = 16, gdn_rsplit: int = 4, moe_q8: bool = True, **dense_options):
         self.moe: dict[int, MoeBlock] = {}  # layer -> its MoE block (spec.moe_layers)
         self.gdn_rsplit = gdn_rsplit  # threads per GDN state column (gdn_recur_plan)
+        self.moe_q8 = moe_q8  # with q8 decode, the 4-bit experts take int8 activations too (MoeBlock.use_int8)
         self.snap_every = snapshot_every
         self._caps = {"prompt": snapshots[0], "decode": snapshots[1]}
         self._snaps: dict[str, list[tuple[int, object]]] = {"prompt": [], "decode": []}  # (position, buffer)
@@ -324,6 +325,11 @@ class HybridTransformer(DenseTransformer):
 
         bind = g.bind
         self._alloc_q8(max([s.dim] + [k for k, _, _ in self.mats.values()]))
+        if self.q8 and self.moe_q8 and self.moe:
+            act = max(b.int8_act_bytes() for b in self.moe.values())
+            act_q8, act_q8_meta = g.buffer("moe-act-int8", act), g.buffer("moe-act-int8-scales", act // 32 * 8)
+            for b in self.moe.values():
+                b.use_int8(self.x_q8, self.x_q8_meta, self.q8_in_norm, g.subgroup_size, act_q8, act_q8_meta)
         self._build_vocab_ends()
         self.bg["norm0"] = bind(p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st, *self.q8_out],
                                 "norm0")
@@ -402,7 +408,7 @@ class HybridTransformer(DenseTransformer):
         """Dispatches in one greedy decode step without split attention (the sampler adds one): per layer 6 for
         its mixer, 2 residual add+norms, then 2 for a dense MLP or the MoE block's (5 with the shared expert
         stacked, 7 without)."""
-        mlp = sum(b.dispatch_count() for b in self.moe.values()) + 2 * (self.spec.n_layers - len(self.moe))
+        mlp = sum(b.dispatch_count(decode=True) for b in self.moe.values()) + 2 * (self.spec.n_layers - len(self.moe))
         q8 = sum(self._q8_per_layer(b) for b in self.layer_bg)  # quantize_q8 for q8 matvecs not fed by a norm
         return 2 + 8 * self.spec.n_layers + mlp + 2 + q8 + bool(self.lm_quantize)
 

@@ -145,11 +145,17 @@ def matvec_q8_plan(
     return consts, fold_grid(-(-N // (rows * blocks)))
 
 
-def quantize_q8_plan(K: int, last_row: bool = False) -> tuple[dict, tuple[int, int]]:
-    """Constants and grid for shaders/quantize_q8.wgsl; buffer sizes: xq K bytes, xm K / 32 · 8 bytes."""
+def quantize_q8_plan(K: int, last_row: bool = False, rows: int = 1, row0: int = 0,
+                     x_stride: int | None = None) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for shaders/quantize_q8.wgsl: rows row0 .. row0 + rows of x (X_STRIDE floats apart), or
+    with last_row the row n_tokens - 1; xq takes K bytes and xm K / 32 · 8 bytes per row (row r at r·K/4 u32)."""
+    x_stride = x_stride or K
     if K <= 0 or K % CHUNK:
         raise ValueError(f"K must be a positive multiple of {CHUNK}, got {K}")
-    return dict(K=K, WG=QUANTIZE_WG, LAST_ROW=last_row), fold_grid(-(-(K // CHUNK) // QUANTIZE_WG))
+    if x_stride % 4 or x_stride < K or rows < 1 or (last_row and (rows, row0) != (1, 0)):
+        raise ValueError(f"bad rows: X_STRIDE={x_stride} for K={K}, rows {row0}+{rows}, last_row={last_row}")
+    consts = dict(K=K, WG=QUANTIZE_WG, LAST_ROW=last_row, ROW0=row0, X_STRIDE=x_stride)
+    return consts, (-(-(K // CHUNK) // QUANTIZE_WG), rows)
 
 
 def prefers_subgroup_rows(K: int, N: int, gate_up: bool) -> bool:

@@ -134,6 +134,8 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
                        d["head_dim"], prefill_chunk, max_binding)
     if moe:
         scratch += _buf(prefill_chunk * (moe["experts"] + 1) * 4)  # router logits for a chunk
+        act_int8 = (moe["top_k"] + moe.get("shared_experts", 0)) * d["ffn_dim"]  # the experts' int8 decode input
+        scratch += _buf(act_int8) + _buf(act_int8 // 32 * 8)
     return MemoryEstimate(ctx, e.weights_bytes, kv, state, scratch, load, True,
                           "hybrid approximation: KV on full-attention layers only, recurrent state per linear layer")
 

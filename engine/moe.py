@@ -12,6 +12,8 @@ leave the GPU. Dispatches per forward of T tokens (decode T = 1, prefill T > 1):
   3. moe_matvec gate_up (+ SiLU·mul): grid (F/ROWS, T, SLOTS) -> act [T, SLOTS, F], F = moe_intermediate
   4. moe_matvec down: grid (D/ROWS, T, SLOTS) -> y [T, SLOTS, D]
   5. moe_combine: out (+)= Σ_s weights[t, s]·y[t, s]
+Decode with int8 activations (use_int8; the runtime's q8 decode): 4-bit expert stacks run as moe_matvec_q8,
+gate_up on the norm's int8 row, down after one quantize_q8 of the slots' activations (one more dispatch).
 The shared expert is stacked as expert E of the routed stacks when its size and formats match theirs
 (Qwen3.6: 512 = moe_intermediate_size, all mlx4), so steps 3 and 4 run it in the same dispatch; otherwise
 it gets its own dispatch of steps 3 and 4 (7 in all).
@@ -28,7 +30,7 @@ import numpy as np
 from engine.errors import GpuError, UnsupportedModelError
 from engine.formats.gguf import PackedWeight
 from engine.gpu import MAX_GROUPS_PER_DIM, STORAGE, fold_grid
-from engine.matmul import _format_consts, format_knobs, matvec_plan
+from engine.matmul import MATVEC_Q8_SLOTS, MATVEC_SG_WG, _format_consts, format_knobs, matvec_plan, quantize_q8_plan
 
 ROUTER_WG = 64
 # Expert matvec shape, measured on the H200 at Qwen3.6 sizes (ROWS 1/2/4/8/16, WG ≤ 32/64): 4 rows and at most
@@ -69,6 +71,28 @@ def expert_plan(K: int, N: int, experts: int, T: int, slots: int, *, slot0: int 
     consts = dict(K=K, N=N, EXPERTS=experts, WG=wg, ROWS=rows, GATE_UP=gate_up, SLOTS=slots, SLOT0=slot0,
                   X_SLOT=x_slot, X_STRIDE=x_stride, Y_STRIDE=y_stride, **fmt)
     return consts, (groups, max(T, 1), n_slots)
+
+
+def expert_q8_plan(K: int, N: int, experts: int, slots: int, subgroup_size: int, *, slot0: int = 0,
+                   n_slots: int | None = None, gate_up: bool = False, x_slot: bool = False, y_stride: int | None = None,
+                   rows: int | None = None, wg: int = MATVEC_SG_WG, bits: int = 4, zero: int = 0, affine: bool = True,
+                   group: int = 64):
+    """Constants and grid for shaders/moe_matvec_q8.wgsl (decode, one token) over slots [slot0, slot0 + n_slots)."""
+    if bits != 4:
+        raise ValueError(f"moe_matvec_q8 reads 4-bit codes, got BITS={bits}")
+    fmt = _format_consts(K, bits, zero, affine, group)
+    n_slots = slots - slot0 if n_slots is None else n_slots
+    rows = rows or max(MATVEC_Q8_SLOTS // (2 if gate_up else 1), 1)
+    y_stride = y_stride or N
+    if subgroup_size < 1 or wg % subgroup_size:
+        raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
+    if y_stride < N or not 0 < slot0 + n_slots <= slots:
+        raise ValueError(f"bad stride or slots: Y_STRIDE={y_stride}, slots {slot0}+{n_slots} of {slots}")
+    blocks = wg // subgroup_size
+    consts = dict(K=K, N=N, EXPERTS=experts, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, SLOTS=slots,
+                  SLOT0=slot0, X_SLOT=x_slot, Y_STRIDE=y_stride, ZERO=fmt["ZERO"], AFFINE=fmt["AFFINE"],
+                  GROUP=fmt["GROUP"])
+    return consts, (-(-N // (rows * blocks)), 1, n_slots)
 
 
 def combine_plan(D: int, slots: int, T: int, accumulate: bool = False, wg: int = COMBINE_WG):
@@ -169,6 +193,44 @@ class MoeBlock:
                  self._upload(f"{label}.shared_down", shared_down), self.act, self.y)]
         self._combine = combine_plan(D, self.slots, T, accumulate)
         self._binds: dict = {}
+        self.int8: dict | None = None  # set by the runtime: int8-activation decode (see use_int8)
+
+    def int8_act_bytes(self) -> int:
+        """Bytes of the int8 copy of every slot's activations (use_int8's act_q8; its scales take 1/4 of that)."""
+        return self.slots * self.act_stride
+
+    def use_int8(self, x_q8, x_q8_meta, x_ready: bool, subgroup_size: int, act_q8, act_q8_meta) -> None:
+        """Decode (T = 1) runs the 4-bit expert passes as moe_matvec_q8: gate_up reads the int8 copy of x in
+        (x_q8, x_q8_meta) — written by the norm when x_ready, else quantized here first — and down reads its
+        slots' activations, quantized by a quantize_q8 dispatch into (act_q8, act_q8_meta) (int8_act_bytes;
+        scratch every layer may share). Expert stacks of other widths (3-bit) keep the f32 passes."""
+        self.int8 = dict(x=x_q8, x_meta=x_q8_meta, x_ready=x_ready, sg=subgroup_size, act=act_q8, act_meta=act_q8_meta)
+        self._binds.clear()
+
+    def _int8_passes(self, x, bound) -> list:
+        """Per expert pass of _experts: [(quantize pass or None, moe_matvec_q8 pass)], or None to keep the f32 one."""
+        q8, out = self.int8, []
+        x_ready = q8["x_ready"]  # x's int8 copy is made once: the down passes quantize into other scratch
+        for (plan, (w, s), src, dst) in self._experts:
+            c = plan[0]
+            if c["BITS"] != 4:
+                out.append(None)
+                continue
+            fmt = dict(zero=c["ZERO"], affine=c["AFFINE"], group=c["GROUP"])
+            n_slots = plan[1][2]
+            qplan = expert_q8_plan(c["K"], c["N"], c["EXPERTS"], c["SLOTS"], q8["sg"], slot0=c["SLOT0"],
+                                   n_slots=n_slots, gate_up=c["GATE_UP"], x_slot=c["X_SLOT"],
+                                   y_stride=c["Y_STRIDE"], **fmt)
+            if src is None:  # gate_up on x: the norm's int8 row, or quantize it here
+                xq, xm = q8["x"], q8["x_meta"]
+                quant = None if x_ready else bound("quantize_q8", quantize_q8_plan(c["K"]), [x, xq, xm, self.step])
+                x_ready = True
+            else:  # down on each slot's activations: quantize those rows of `src` (X_STRIDE apart)
+                xq, xm = q8["act"], q8["act_meta"]
+                quant = bound("quantize_q8", quantize_q8_plan(c["K"], rows=n_slots, row0=c["SLOT0"],
+                                                              x_stride=c["X_STRIDE"]), [src, xq, xm, self.step])
+            out.append((quant, bound("moe_matvec_q8", qplan, [xq, self.ids, w, s, dst, xm])))
+        return out
 
     def _upload(self, label: str, arrays: dict[str, np.ndarray]):
         """(weight buffer, scale buffer) for a packed array set; f16 weights get a dummy scale buffer."""
@@ -197,6 +259,8 @@ class MoeBlock:
             passes["topk"] = bound("moe_router", self._topk, [self.logits, self.ids, self.weights, step])
             passes["experts"] = [bound("moe_matvec", plan, [x if src is None else src, self.ids, w, s, dst, step])
                                  for plan, (w, s), src, dst in self._experts]
+            if self.int8:
+                passes["experts_q8"] = self._int8_passes(x, bound)
             passes["combine"] = bound("moe_combine", self._combine, [self.y, self.weights, out, step])
             self._binds[key] = (x, out, passes)  # holding x and out keeps their ids from being reused
         return self._binds[key][2]
@@ -221,13 +285,24 @@ class MoeBlock:
             per_token(passes["router_tokens"])
         pipe, bg, _ = passes["topk"]
         rec.dispatch(pipe, bg, *fold_grid(T))
-        for pass_ in passes["experts"]:
-            per_token(pass_)
+        int8 = passes.get("experts_q8") if T == 1 else None
+        for i, pass_ in enumerate(passes["experts"]):
+            if int8 and int8[i]:
+                quant, q8_pass = int8[i]
+                for p in (quant, q8_pass):
+                    if p:
+                        rec.dispatch(p[0], p[1], *p[2][1])
+            else:
+                per_token(pass_)
         pipe, bg, plan = passes["combine"]
         rec.dispatch(pipe, bg, *fold_grid(-(-T * self.D // 4 // plan[0]["WG"])))
 
-    def dispatch_count(self) -> int:
-        """Dispatches per forward, any T: router logits, top-k, gate_up and down (each twice when the shared
-        expert runs apart), combine."""
-        return 3 + 2 * (1 + (self.shared and not self.stacked))
+    def dispatch_count(self, decode: bool = False) -> int:
+        """Dispatches per forward: router logits, top-k, gate_up and down (each twice when the shared expert runs
+        apart), combine; a decode with int8 passes adds their quantize_q8 dispatches."""
+        n = 3 + 2 * (1 + (self.shared and not self.stacked))
+        if decode and self.int8:
+            passes = self._int8_passes(None, lambda *a: a)  # plans only: count what record() would dispatch
+            n += sum(1 for p in passes if p and p[0])
+        return n
 

@@ -2,9 +2,10 @@
 // (max|x| / 127), the codes round(x / scale), and their sum (for the weights' zero point or minimum), in the order
 // matvec_q8's dot4I8Packed meets the 4-bit weights. One thread per chunk. The norms write the same for their
 // output row themselves (Q8 in rms_norm / add_rms_norm), so only the other matvec inputs come through here.
-// Constants: K (a multiple of 32), WG, LAST_ROW (quantize row n_tokens - 1: the LM head after a prefill).
-// Bindings: 0 x f32[T, K] (read), 1 xq u32[K / 4] (write), 2 xm vec2<f32>[K / 32] (scale, Σ codes) (write),
-//   3 step uniform. Grid: ceil(K / 32 / WG).
+// Constants: K (a multiple of 32), WG, LAST_ROW (quantize row n_tokens - 1: the LM head after a prefill),
+//   ROW0 and X_STRIDE (otherwise rows ROW0 + grid y of x, X_STRIDE floats apart, a multiple of 4; MoE slots).
+// Bindings: 0 x f32 (read), 1 xq u32[rows, K / 4] (write; row r at r·K/4), 2 xm vec2<f32>[rows, K / 32]
+//   (scale, Σ codes) (write), 3 step uniform. Grid: (ceil(K / 32 / WG), rows).
 #import step
 #import q8_pack
 
@@ -19,8 +20,9 @@ const CHUNKS: u32 = K / 32u;
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let c = gid.x;
     if (c >= CHUNKS) { return; }
-    let base = select(0u, max(step.n_tokens, 1u) - 1u, LAST_ROW) * (K / 4u) + c * 8u;
+    let row = ROW0 + gid.y;
+    let base = select(row, max(step.n_tokens, 1u) - 1u, LAST_ROW) * (X_STRIDE / 4u) + c * 8u;
     var v: array<vec4<f32>, 8>;
     for (var j = 0u; j < 8u; j++) { v[j] = x[base + j]; }
-    store_q8_chunk(c, &v);
+    store_q8_chunk(select(row, 0u, LAST_ROW) * CHUNKS + c, &v);
 }

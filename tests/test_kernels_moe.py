@@ -367,3 +367,68 @@ def test_moe_block_refuses_too_many_tokens(gpu, rng):
     x, out = gpu.buffer("x", 4 * 2 * D), gpu.buffer("out", 4 * 2 * D)
     with pytest.raises(ValueError, match="max_tokens"):
         block.record(Recorder(gpu, "t"), x, out, 3)
+
+
+# ---- int8-activation experts (decode) ------------------------------------------------------------------------
+def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: int = 0):
+    """quantize_q8 over rows of x (as the block does): (xq buffer, xm buffer, the dequantized rows as float64)."""
+    from engine.matmul import quantize_q8_plan
+    from tests.test_kernels_q8 import unpack_codes
+
+    rows, K = x_rows.shape
+    stride = x_stride or K
+    padded = np.zeros((row0 + rows, stride), np.float32)
+    padded[row0:, :K] = x_rows
+    total = row0 + rows
+    xq, xm = poisoned(gpu, "xq", (total * K // 4,), np.uint32), poisoned(gpu, "xm", (total * K // 32, 2))
+    consts, grid = quantize_q8_plan(K, rows=rows, row0=row0, x_stride=stride)
+    run(gpu, "quantize_q8", consts, [gpu.upload("x", padded), xq, xm, step_uniform(gpu, 1)], grid)
+    codes = unpack_codes(read(gpu, xq, (total * K // 4,), np.uint32)).reshape(total, K)[row0:]
+    scales = read(gpu, xm, (total * K // 32, 2))[:, 0].reshape(total, K // 32)[row0:]
+    return xq, xm, codes * np.repeat(scales.astype(np.float64), 32, axis=1)
+
+
+@pytest.mark.parametrize("gate_up", [True, False])
+def test_expert_matvec_int8(gpu, rng, gate_up):
+    from engine.moe import expert_q8_plan
+
+    E, slots, K, N = 6, 3, 192, 37
+    w = random_weight(rng, (E, 2 * N if gate_up else N, K), "mlx4")
+    ids = rng.permutation(E)[:slots]
+    if gate_up:  # one x row for every slot
+        xq, xm, x_hat = quantized_rows(gpu, rng.standard_normal((1, K)).astype(np.float32))
+        xs = x_hat.repeat(slots, 0)
+    else:  # a row per slot, K + 32 floats apart
+        xq, xm, xs = quantized_rows(gpu, rng.standard_normal((slots, K)).astype(np.float32), K + 32)
+    consts, grid = expert_q8_plan(K, N, E, slots, gpu.subgroup_size, gate_up=gate_up, x_slot=not gate_up,
+                                  **format_knobs("mlx4"))
+    y = poisoned(gpu, "y", (slots, N))
+    run(gpu, "moe_matvec_q8", consts, [xq, gpu.upload("ids", ids.astype(np.uint32)),
+                                        gpu.upload("w", w["q_weight"].view(np.uint32)), gpu.upload("s", w["q_scale"]),
+                                        y, xm], grid)
+    full = np.einsum("sk,snk->sn", xs, values(w)[ids])
+    ref = silu(full[..., :N]) * full[..., N:] if gate_up else full
+    np.testing.assert_allclose(read(gpu, y, (slots, N)), ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("shared", [64, 128])  # stacked as expert E, or its own passes
+def test_moe_block_int8_decode(gpu, rng, shared):
+    """A decode token through the block's int8 passes (x quantized by the block itself here; in a model the norm
+    writes it): close to transformers within the int8 rounding, with the quantize dispatches counted."""
+    E, top_k, D, F = DIMS.values()
+    weights = random_moe(rng, E, D, F, shared)
+    x = rng.standard_normal((1, D)).astype(np.float32)
+    step = gpu.upload("step", np.array([1, 0, 0, 1], np.uint32), usage=UNIFORM)
+    block = MoeBlock(gpu, weights, step, top_k=top_k, max_tokens=4)
+    act = block.int8_act_bytes()
+    block.use_int8(gpu.buffer("xq", D), gpu.buffer("xm", D // 32 * 8), False, gpu.subgroup_size,
+                   gpu.buffer("aq", act), gpu.buffer("am", act // 32 * 8))
+    out = gpu.upload("out", np.full((4, D), np.nan, np.float32))
+    rec = Recorder(gpu, "moe-int8")
+    block.record(rec, gpu.upload("x", np.concatenate([x, np.zeros((3, D), np.float32)])), out, 1)
+    # one quantize for x, one for each down's slot rows
+    assert rec.dispatches == block.dispatch_count(decode=True) == block.dispatch_count() + (2 if shared == F else 3)
+    rec.submit()
+    ref = transformers_moe(weights, E, top_k, D, F, shared)(x)
+    got = read(gpu, out, (4, D))[:1]
+    assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()

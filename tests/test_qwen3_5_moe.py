@@ -288,8 +288,8 @@ def test_mlx_logits_match_mlx_lm_at_every_position(gpu, mlx_variant):
         assert sorted(rt.moe) == [0, 1, 2, 3] and all(b.stacked != q3 for b in rt.moe.values())
         assert rt.formats["layers.0.moe.router"] == rt.formats["layers.0.moe.shared_gate"] == "mlx8"
         assert rt.formats["layers.1.moe.gate_up"] == ("mlx3" if q3 else "mlx4")
-        # + quantize_q8 before o / GDN out (the norms quantize the rest; the experts read f32)
-        assert rt.dispatches_per_token == 4 + (15 if q3 else 13) * 4 + 4
+        # + quantize_q8 before o / GDN out and before the (4-bit) experts' down (the norms quantize the rest)
+        assert rt.dispatches_per_token == 4 + (15 if q3 else 13) * 4 + 4 + 4
     ids = np.random.default_rng(5).integers(0, rt.spec.vocab, 150)
     compare(model.logits(ids), mlx_reference(path)(ids))
 
@@ -481,7 +481,7 @@ def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
     r = run_bench(shape, decode_tokens=8, prompt_tokens=24, runs=1, gpu=gpu, long_prompt=0)
     moe, q3 = "moe" in shape, shape.endswith("3bit")  # 3-bit routed experts: the 4-bit shared one runs apart
     assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and 0 < r["pct_of_ceiling"]
-    q8 = (1 if moe else 2) * 4  # quantize_q8 before o / GDN out (and a dense MLP's down)
+    q8 = 2 * 4  # quantize_q8 before o / GDN out, and before the MLP's or the 4-bit experts' down
     assert r["dispatches_per_token"] == 4 + (15 if q3 else 13 if moe else 10) * 4 + q8
     assert r["moe_layers"] == (4 if moe else 0)
     assert r["active_gb_per_token"] > 0 and "pct_of_ceiling" in r["table"]
@@ -533,7 +533,7 @@ def test_real_qwen3_6_layer_widths_run(gpu):
     spec, formats = make_spec("qwen3_5_moe", config, "mlx")
     rt = HybridTransformer(gpu, spec, random_weights(spec, formats), max_context=64, prefill_chunk=8,
                            formats=formats)
-    assert all(b.stacked for b in rt.moe.values()) and rt.dispatches_per_token == 4 + 2 * 13 + 2
+    assert all(b.stacked for b in rt.moe.values()) and rt.dispatches_per_token == 4 + 2 * 13 + 2 * 2
     ids = np.random.default_rng(0).integers(0, 1024, 6)
     chunked = rt.logits(ids)
     rt.reset()

@@ -1,0 +1,69 @@
+// The body of the int8-activation decode matvecs (matvec_q8, moe_matvec_q8): one subgroup computes ROWS outputs
+// from 4-bit weight rows and one int8 activation row (q8_pack.wgsl's layout) through dot4I8Packed. Per 32-element
+// chunk: Σ (q − ZERO)·x = xs·(Σ q·xq − ZERO·Σ xq), or with AFFINE Σ (s·q + m)·x = xs·(s·Σ q·xq + m·Σ xq).
+// The including kernel declares xq (vec4<u32>), w (vec4<u32>), s (f16), y (f32), xm (vec2<f32>) and imports
+// reduce; constants K, N, ROWS, GATE_UP, ZERO, AFFINE, GROUP.
+
+const CHUNKS: u32 = K / 32u;
+const GROUPS: u32 = K / GROUP;
+const CPG: u32 = GROUP / 32u;                // chunks per scale group
+const SPG: u32 = select(1u, 2u, AFFINE);     // f16 per group: scale, or (scale, min)
+const MATS: u32 = select(1u, 2u, GATE_UP);
+const WROWS: u32 = ROWS * MATS;
+const NIB: u32 = 0x0F0F0F0Fu;
+
+// Σ q·xq over one chunk: word j's even nibbles meet u32 2j of the chunk's activation bytes, odd ones u32 2j + 1.
+fn dot32(v: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return dot4I8Packed(v.x & NIB, a.x) + dot4I8Packed((v.x >> 4u) & NIB, a.y)
+         + dot4I8Packed(v.y & NIB, a.z) + dot4I8Packed((v.y >> 4u) & NIB, a.w)
+         + dot4I8Packed(v.z & NIB, b.x) + dot4I8Packed((v.z >> 4u) & NIB, b.y)
+         + dot4I8Packed(v.w & NIB, b.z) + dot4I8Packed((v.w >> 4u) & NIB, b.w);
+}
+
+fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
+
+// Outputs first .. first + ROWS of the matrix whose weight rows start at row0 (gate rows, then up rows with
+// GATE_UP), from int8 activation row xrow, written to y[y_base + first + i]. Call from subgroup-uniform flow.
+fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane) {
+    var row: array<u32, WROWS>;  // rows past N are clamped to N - 1: read, summed, never written
+    for (var i = 0u; i < WROWS; i++) { row[i] = row0 + (i / ROWS) * N + min(first + i % ROWS, N - 1u); }
+    var acc = array<f32, WROWS>();
+    for (var c = lane.sg_lane; c < CHUNKS; c += lane.sg_size) {
+        var words: array<vec4<u32>, WROWS>;
+        var scales: array<f32, WROWS>;
+        var mins: array<f32, WROWS>;
+        for (var i = 0u; i < WROWS; i++) {
+            words[i] = w[row[i] * CHUNKS + c];
+            let si = (row[i] * GROUPS + c / CPG) * SPG;
+            scales[i] = f32(s[si]);
+            if (AFFINE) { mins[i] = f32(s[si + 1u]); }
+        }
+        let xc = xrow * CHUNKS + c;
+        let a = xq[2u * xc];
+        let b = xq[2u * xc + 1u];
+        let m = xm[xc];  // (activation scale, Σ xq)
+        let qsum = i32(m.y);
+        for (var i = 0u; i < WROWS; i++) {
+            let d = dot32(words[i], a, b);
+            if (AFFINE) {
+                acc[i] += m.x * (scales[i] * f32(d) + mins[i] * m.y);
+            } else {
+                acc[i] += m.x * scales[i] * f32(d - i32(ZERO) * qsum);
+            }
+        }
+    }
+    var total: array<f32, WROWS>;
+    for (var i = 0u; i < WROWS; i++) { total[i] = subgroupAdd(acc[i]); }
+    if (lane.sg_lane == 0u) {
+        for (var i = 0u; i < ROWS; i++) {
+            let r = first + i;
+            if (r < N) {
+                if (GATE_UP) {
+                    y[y_base + r] = silu(total[i]) * total[ROWS + i];
+                } else {
+                    y[y_base + r] = total[i];
+                }
+            }
+        }
+    }
+}

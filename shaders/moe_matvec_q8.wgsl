@@ -1,0 +1,26 @@
+// Expert matvec for MoE decode (one token) on 4-bit experts with int8 activations: moe_matvec.wgsl's routing
+// (the slot in grid z, the expert id read from the GPU) with matvec_q8's arithmetic (matvec_q8_body.wgsl), each
+// subgroup owning ROWS outputs (BLOCKS of them per workgroup, as matvec_sg.wgsl). x comes quantized: the norm's
+// int8 row for gate_up, or one quantize_q8 row per slot for down (X_SLOT).
+// Constants: K, N, EXPERTS, WG, ROWS, BLOCKS, GATE_UP, ZERO, AFFINE, GROUP, SLOTS, SLOT0, X_SLOT, Y_STRIDE.
+// Bindings: 0 xq u32[rows, K / 4] as vec4, 1 ids u32[SLOTS] (read), 2 w u32[EXPERTS, MATS·N, K / 8],
+//   3 s f16[EXPERTS, MATS·N, K / GROUP (, 2)], 4 y f32[SLOTS, Y_STRIDE] (write; row = slot),
+//   5 xm vec2<f32>[rows, K / 32]. Grid: (ceil(N / (ROWS · BLOCKS)), 1, slots in this dispatch).
+#import reduce
+#import matvec_q8_body
+
+@group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> ids: array<u32>;
+@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(3) var<storage, read> s: array<f16>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<storage, read> xm: array<vec2<f32>>;
+
+@compute @workgroup_size(WG)
+fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
+    let slot = SLOT0 + wid.z;
+    let expert = min(ids[slot], EXPERTS - 1u);  // clamped: a bad id reads a real expert, never out of bounds
+    for (var blk = lane.sg_id; blk < BLOCKS; blk += lane.n_sg) {
+        q8_block((wid.x * BLOCKS + blk) * ROWS, expert * MATS * N, select(0u, slot, X_SLOT), slot * Y_STRIDE, lane);
+    }
+}
