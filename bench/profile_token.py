@@ -3,11 +3,14 @@
 After a 600-token prefill (so decode attention runs split-K, as in the benchmark) one decode token's dispatches
 are recorded into a list instead of a pass; then each is timed alone: N_REPS back-to-back copies in one pass,
 best of 3, so a figure includes the barrier to the next dispatch. Totals per kernel are summed over the token.
+Then the host side: one token's dispatches recorded and submitted 20 times (median), and how long the GPU still
+worked after the last submit. (This replaced bench/profile_decode.py, the same for the dense shapes only.)
 
     python3 bench/profile_token.py qwen3.6-35b-a3b-4bit [phi3-mini ...]
 """
 
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -18,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine import bench  # noqa: E402
 from engine.bench_hybrid import HYBRID_SHAPES, hybrid_spec  # noqa: E402
 from engine.bench_hybrid import random_weights as hybrid_weights  # noqa: E402
-from engine.gpu import Gpu  # noqa: E402
+from engine.gpu import Gpu, Recorder  # noqa: E402
 from engine.hybrid import HybridTransformer  # noqa: E402
 from engine.transformer import DenseTransformer  # noqa: E402
 
@@ -68,6 +71,21 @@ def main(shape: str, gpu: Gpu) -> None:
     for name, times in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {name:22s} ×{len(times):4d}  {np.median(times) * 1e6:7.1f} µs each  "
               f"{sum(times) * 1e3:6.2f} ms  {100 * sum(times) / total:5.1f}%", flush=True)
+    host = []
+    gpu.sync()
+    t0 = time.perf_counter()
+    for _ in range(20):
+        t = time.perf_counter()
+        rec = Recorder(gpu, "token")
+        for pipe, bg, grid in cap.items:
+            rec.dispatch(pipe, bg, *grid)
+        rec.submit()
+        host.append(time.perf_counter() - t)
+    t1 = time.perf_counter()
+    gpu.sync()
+    t2 = time.perf_counter()
+    print(f"  host record+submit per token {np.median(host) * 1e3:.2f} ms; 20 queued tokens "
+          f"{(t2 - t0) * 1e3:.1f} ms wall, {(t2 - t1) * 1e3:.1f} ms waited after the last submit", flush=True)
 
 
 if __name__ == "__main__":

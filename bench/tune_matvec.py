@@ -1,7 +1,8 @@
 """Decode matvec variants on this GPU: rows per workgroup × threads per workgroup, per real matrix shape.
 
-Each variant is dispatched N times in one pass (as bench/profile_decode.py does) and reported as µs per
-dispatch and GB/s of weight bytes read. Run from the repo root: `python3 bench/tune_matvec.py [shape]`.
+Each variant is dispatched N times in one pass (engine.bench.dispatch_seconds, as bench/profile_token.py does) and
+reported as µs per dispatch and GB/s of weight bytes read.
+Run from the repo root: `python3 bench/tune_matvec.py [shape]`.
 """
 
 import sys

@@ -30,14 +30,14 @@ from collections.abc import Iterable
 import numpy as np
 
 from engine.attention import attention_consts
-from engine.errors import ModelFormatError, UnsupportedModelError, ZeroTVMError
+from engine.errors import UnsupportedModelError, ZeroTVMError
 from engine.formats.gguf import PackedWeight
 from engine.gpu import UNIFORM, Gpu, Recorder
 from engine.matmul import packed_shapes
 from engine.models.qwen3_5 import FULL, HybridSpec
 from engine.moe import MoeBlock
 from engine.shaders import build_source
-from engine.transformer import PAGE, SPLIT_KEYS, DenseTransformer
+from engine.transformer import PAGE, SPLIT_KEYS, DenseTransformer, checked_tensors, require_all
 
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b")  # fused at load, rows in this order
 Q4 = "q4f16_1"
@@ -193,19 +193,9 @@ class HybridTransformer(DenseTransformer):
         s, g = self.spec, self.gpu
         self.step = g.buffer("step", 16, UNIFORM)  # here, not in _alloc: the MoE blocks bind it when built
         expected = hybrid_tensor_shapes(s, self.formats)
-        canonical = {s.names[c]: c for c in expected}
         moe_left = {i: {c for c in expected if c.startswith(f"layers.{i}.moe.")} for i in s.moe_layers}
         out, seen, parts, moe_parts = {}, set(), {}, {}
-        for src, arr in weights:
-            c = canonical.get(src)
-            if c is None:
-                continue
-            shape, dtype = expected[c]
-            if arr.dtype == np.float32 and dtype == "float16":
-                arr = arr.astype(np.float16)  # norms / conv stored in f32 (or bf16 expanded) become f16
-            if tuple(arr.shape) != shape or arr.dtype != np.dtype(dtype):
-                raise ModelFormatError(
-                    f"tensor {src}: expected {dtype}{list(shape)}, found {arr.dtype}{list(arr.shape)}")
+        for src, c, arr in checked_tensors(weights, expected, s.names):
             seen.add(c)
             m, moe = _FUSED.match(c), _MOE.match(c)
             if moe is not None:  # held until the layer's last MoE tensor arrives, then uploaded as a block
@@ -227,9 +217,7 @@ class HybridTransformer(DenseTransformer):
                     out[f"layers.{m[1]}.in_proj.{m[3]}"] = self._upload(f"layers.{m[1]}.in_proj.{m[3]}",
                                                                        np.concatenate([group[p] for p in IN_PROJ]))
                     del parts[(m[1], m[3])]
-        missing = [s.names[c] for c in expected if c not in seen]
-        if missing:
-            raise ModelFormatError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}")
+        require_all(expected, s.names, seen)
         return out
 
     def _moe_block(self, i: int, parts: dict[str, dict[str, np.ndarray]]) -> MoeBlock:
@@ -292,6 +280,7 @@ class HybridTransformer(DenseTransformer):
         p, self.bg = {}, {}
         self.p = p
         self._gemm_grids: dict[tuple, tuple] = {}
+        self._mv_grids: dict[str, tuple] = {}
         offset = {"NORM_OFFSET": s.norm_offset} if s.norm_offset else None
         norm = dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm)
         p["norm0"] = pipeline(g, "rms_norm", norm, offset)
@@ -409,7 +398,7 @@ class HybridTransformer(DenseTransformer):
         its mixer, 2 residual add+norms, then 2 for a dense MLP or the MoE block's (5 with the shared expert
         stacked, 7 without)."""
         mlp = sum(b.dispatch_count(decode=True) for b in self.moe.values()) + 2 * (self.spec.n_layers - len(self.moe))
-        q8 = sum(self._q8_per_layer(b) for b in self.layer_bg)  # quantize_q8 for q8 matvecs not fed by a norm
+        q8 = sum(self._quantize_dispatches(b) for b in self.layer_bg)  # for q8 matvecs that no norm feeds
         return 2 + 8 * self.spec.n_layers + mlp + 2 + q8 + bool(self.lm_quantize)
 
     # ---- state snapshots --------------------------------------------------------------------------------

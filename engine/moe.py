@@ -30,7 +30,7 @@ import numpy as np
 from engine.errors import GpuError, UnsupportedModelError
 from engine.formats.gguf import PackedWeight
 from engine.gpu import MAX_GROUPS_PER_DIM, STORAGE, fold_grid
-from engine.matmul import MATVEC_Q8_SLOTS, MATVEC_SG_WG, _format_consts, format_knobs, matvec_plan, quantize_q8_plan
+from engine.matmul import MATVEC_SG_WG, _format_consts, format_knobs, matvec_plan, matvec_q8_plan, quantize_q8_plan
 
 ROUTER_WG = 64
 # Expert matvec shape, measured on the H200 at Qwen3.6 sizes (ROWS 1/2/4/8/16, WG ≤ 32/64): 4 rows and at most
@@ -77,22 +77,16 @@ def expert_q8_plan(K: int, N: int, experts: int, slots: int, subgroup_size: int,
                    n_slots: int | None = None, gate_up: bool = False, x_slot: bool = False, y_stride: int | None = None,
                    rows: int | None = None, wg: int = MATVEC_SG_WG, bits: int = 4, zero: int = 0, affine: bool = True,
                    group: int = 64):
-    """Constants and grid for shaders/moe_matvec_q8.wgsl (decode, one token) over slots [slot0, slot0 + n_slots)."""
-    if bits != 4:
-        raise ValueError(f"moe_matvec_q8 reads 4-bit codes, got BITS={bits}")
-    fmt = _format_consts(K, bits, zero, affine, group)
+    """Constants and grid for shaders/moe_matvec_q8.wgsl (decode, one token) over slots [slot0, slot0 + n_slots):
+    matvec_q8's constants plus the routing ones."""
+    consts, _ = matvec_q8_plan(K, N, subgroup_size, gate_up=gate_up, rows=rows, wg=wg, bits=bits, zero=zero,
+                               affine=affine, group=group)
     n_slots = slots - slot0 if n_slots is None else n_slots
-    rows = rows or max(MATVEC_Q8_SLOTS // (2 if gate_up else 1), 1)
     y_stride = y_stride or N
-    if subgroup_size < 1 or wg % subgroup_size:
-        raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
     if y_stride < N or not 0 < slot0 + n_slots <= slots:
         raise ValueError(f"bad stride or slots: Y_STRIDE={y_stride}, slots {slot0}+{n_slots} of {slots}")
-    blocks = wg // subgroup_size
-    consts = dict(K=K, N=N, EXPERTS=experts, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, SLOTS=slots,
-                  SLOT0=slot0, X_SLOT=x_slot, Y_STRIDE=y_stride, ZERO=fmt["ZERO"], AFFINE=fmt["AFFINE"],
-                  GROUP=fmt["GROUP"])
-    return consts, (-(-N // (rows * blocks)), 1, n_slots)
+    consts |= dict(EXPERTS=experts, SLOTS=slots, SLOT0=slot0, X_SLOT=x_slot, Y_STRIDE=y_stride)
+    return consts, (-(-N // (consts["ROWS"] * consts["BLOCKS"])), 1, n_slots)
 
 
 def combine_plan(D: int, slots: int, T: int, accumulate: bool = False, wg: int = COMBINE_WG):

@@ -71,6 +71,30 @@ def tensor_shapes(spec: DenseSpec, formats: dict[str, str] | None = None) -> dic
     return shapes
 
 
+def checked_tensors(weights: Iterable[tuple[str, np.ndarray]], expected: dict, names: dict):
+    """(source name, canonical name, array) for each checkpoint tensor a runtime takes (`expected`: canonical name
+    -> (shape, dtype); `names`: canonical -> source). f32 stored where f16 is expected (norms, bf16 widened) is
+    narrowed; any other shape or dtype is a ModelFormatError naming the tensor; unknown tensors are skipped."""
+    canonical = {names[c]: c for c in expected}
+    for src, arr in weights:
+        c = canonical.get(src)
+        if c is None:
+            continue
+        shape, dtype = expected[c]
+        if arr.dtype == np.float32 and dtype == "float16":
+            arr = arr.astype(np.float16)
+        if tuple(arr.shape) != shape or arr.dtype != np.dtype(dtype):
+            raise ModelFormatError(f"tensor {src}: expected {dtype}{list(shape)}, found {arr.dtype}{list(arr.shape)}")
+        yield src, c, arr
+
+
+def require_all(expected: dict, names: dict, seen) -> None:
+    """A ModelFormatError naming (some of) the expected tensors the checkpoint did not have."""
+    missing = [names[c] for c in expected if c not in seen]
+    if missing:
+        raise ModelFormatError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}")
+
+
 class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
@@ -80,7 +104,8 @@ class DenseTransformer:
         # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
         # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
         self.fused_qkv, self.matvec_rows = fused_qkv, matvec_rows
-        # Many-row matrices (gate_up, the LM head) decode with the subgroup-rows matvec where the GPU has subgroups.
+        # With f32 activations (formats other than 4-bit, or q8_decode off), many-row matrices (gate_up, the LM head)
+        # decode with the subgroup-rows matvec where the GPU has subgroups.
         self.matvec_sg = matvec_sg and gpu.use_subgroups
         # 4-bit decode matvecs take int8 activations (quantize_q8 + matvec_q8): ~3× faster matvecs on the H200
         # for int8 rounding of x, as llama.cpp's GPU decode does; q8_decode=False keeps f32 activations.
@@ -109,23 +134,9 @@ class DenseTransformer:
     # ---- weights -------------------------------------------------------------------------
     def _upload_weights(self, weights) -> dict:
         expected = tensor_shapes(self.spec, self.formats)
-        canonical = {self.spec.names[c]: c for c in expected}
-        out = {}
-        for src, arr in weights:
-            c = canonical.get(src)
-            if c is None:
-                continue
-            shape, dtype = expected[c]
-            if arr.dtype == np.float32 and dtype == "float16":
-                arr = arr.astype(np.float16)  # norms stored in f32 (or bf16 expanded) become f16
-            if tuple(arr.shape) != shape or arr.dtype != np.dtype(dtype):
-                raise ModelFormatError(
-                    f"tensor {src}: expected {dtype}{list(shape)}, found {arr.dtype}{list(arr.shape)}"
-                )
-            out[c] = self._upload(src, arr, vocab=c.startswith(("embed.", "lm_head.")))
-        missing = [self.spec.names[c] for c in expected if c not in out]
-        if missing:
-            raise ModelFormatError(f"checkpoint lacks {len(missing)} tensor(s), e.g. {', '.join(missing[:3])}")
+        out = {c: self._upload(src, arr, vocab=c.startswith(("embed.", "lm_head.")))
+               for src, c, arr in checked_tensors(weights, expected, self.spec.names)}
+        require_all(expected, self.spec.names, out)
         return out
 
     def _upload(self, label: str, arr: np.ndarray, vocab: bool = False):
@@ -177,13 +188,14 @@ class DenseTransformer:
         return self.w[f"{matrix}.q_weight"], self.w[f"{matrix}.q_scale"]
 
     def _mat_pipeline(self, kind: str, role: str, tag: str):
-        """Matvec ("mv") or GEMM ("mm") pipeline for a matrix role in a weight format, built once."""
+        """Matvec ("mv") or GEMM ("mm") pipeline for a matrix role in a weight format, built once (a matvec's
+        fixed grid, which depends on the format too, is kept in self._mv_grids under the same key)."""
         key = f"{kind}_{role}:{tag}"
         if key not in self.p:
             k, n, gu = self.mats[role]
             knobs = format_knobs(tag)
             if kind == "mv":
-                shader, consts = self._mv_plan(k, n, gu, role == "lm", knobs)[:2]
+                shader, consts, self._mv_grids[key] = self._mv_plan(k, n, gu, False, knobs)
             else:
                 shader, consts = "matmul_int4", gemm_plan(k, n, 1, gate_up=gu, **knobs)[0]
             self.p[key] = self.gpu.pipeline(shader, consts)
@@ -210,23 +222,20 @@ class DenseTransformer:
         self.x_q8 = self.gpu.buffer("x-int8", max_k)  # a few KB: allocated whether or not q8 is on
         self.x_q8_meta = self.gpu.buffer("x-int8-scales", max_k // 32 * 8)
         self.q8_out = [self.x_q8, self.x_q8_meta]  # the norms' extra bindings (written only with q8 on)
-        self.int8_roles: set[str] = set()  # matrices whose decode matvec takes int8 activations
 
     def _bind_mv(self, b: dict, name: str, tag: str, src, matrix: list, dst, label: str) -> None:
-        """b["mv_<name>"] = (pipeline, bind group) of a decode matvec. A q8 one reading the normed hidden row finds
-        it in int8 already (the norms write it); any other q8 one also gets b["q8_<name>"], the quantize_q8
-        dispatch (pipeline, bind group, grid) that fills its int8 input from `src`."""
+        """b["mv"][name]: the (pipeline, bind group, grid) dispatches of a decode matvec, in order. A q8 one reading
+        the normed hidden row finds it in int8 already (the norms write it); any other q8 one is preceded by the
+        quantize_q8 dispatch that fills its int8 input from `src`."""
         pipe = self._mat_pipeline("mv", name, tag)
-        if self._is_q8(tag):
-            self.int8_roles.add(name)
-        k, n, gu = self.mats[name]
-        b[f"grid_{name}"] = self._mv_plan(k, n, gu, False, format_knobs(tag))[2]  # the grid depends on the format
+        grid = self._mv_grids[f"mv_{name}:{tag}"]
+        steps = b.setdefault("mv", {})
         if not self._is_q8(tag):
-            b[f"mv_{name}"] = pipe, self.gpu.bind(pipe, [src, *matrix, dst, self.step], label)
+            steps[name] = [(pipe, self.gpu.bind(pipe, [src, *matrix, dst, self.step], label), grid)]
             return
-        b[f"mv_{name}"] = pipe, self.gpu.bind(pipe, [self.x_q8, *matrix, dst, self.x_q8_meta], label)
+        steps[name] = [(pipe, self.gpu.bind(pipe, [self.x_q8, *matrix, dst, self.x_q8_meta], label), grid)]
         if src is not self.hidden or not self.q8_in_norm:
-            b[f"q8_{name}"] = self._quantize(src, k, False, f"{label}.q8")
+            steps[name].insert(0, self._quantize(src, self.mats[name][0], False, f"{label}.q8"))
 
     def _quantize(self, src, k: int, last_row: bool, label: str) -> tuple:
         consts, grid = quantize_q8_plan(k, last_row)
@@ -276,7 +285,7 @@ class DenseTransformer:
         knobs = format_knobs(self._fmt(lm))
         self.lm_parts: dict[str, list] = {"mv": [], "mm": []}  # (pipeline, bind group, grid or None)
         parts = self._vocab_parts(lm)
-        q8 = self.lm_q8 = self._is_q8(self._fmt(lm))  # its int8 input: the final norm's last row, or
+        q8 = self._is_q8(self._fmt(lm))  # its int8 input: the final norm's last row, or
         apart = q8 and not self.q8_in_norm
         self.lm_quantize = self._quantize(self.hidden, s.dim, True, "lm-head.q8") if apart else None
         for r0, n in parts:
@@ -311,6 +320,7 @@ class DenseTransformer:
         self.p: dict[str, object] = {}
         self.bg: dict[str, object] = {}
         self._gemm_grids: dict[tuple, tuple] = {}
+        self._mv_grids: dict[str, tuple] = {}
         st = self.step
         self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm))
         self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm))
@@ -395,10 +405,8 @@ class DenseTransformer:
     def _mm(self, rec: Recorder, b: dict, name: str, T: int) -> None:
         """A matrix product; a q8 decode matvec not fed by a norm first quantizes its input."""
         if T == 1:
-            q = b.get(f"q8_{name}")
-            if q:
-                rec.dispatch(q[0], q[1], *q[2])
-            rec.dispatch(*b[f"mv_{name}"], *b[f"grid_{name}"])
+            for pipe, bg, grid in b["mv"][name]:
+                rec.dispatch(pipe, bg, *grid)
         else:
             k, n, gu = self.mats[name]
             rec.dispatch(*b[f"mm_{name}"], *self._gemm_grid(k, n, T, gu))
@@ -548,12 +556,13 @@ class DenseTransformer:
                 buf.unmap()
 
     @staticmethod
-    def _q8_per_layer(b: dict) -> int:
-        return sum(k.startswith("q8_") for k in b)
+    def _quantize_dispatches(b: dict, skip: tuple = ()) -> int:
+        """quantize_q8 dispatches a layer's decode matvecs add (matrices in `skip` are not recorded)."""
+        return sum(len(steps) - 1 for name, steps in b["mv"].items() if name not in skip)
 
     def _count_decode_dispatches(self) -> int:
         """Dispatches in one greedy decode step without split attention (the sampler adds one); q8 matvecs not
         fed by a norm add their quantize_q8."""
-        per_layer = sum((7 if "qkv_fused" in b else 8) + self._q8_per_layer(b) - ("qkv_fused" in b and "q8_qkv" in b)
-                        for b in self.layer_bg)
+        per_layer = sum(7 + self._quantize_dispatches(b, ("qkv",)) if "qkv_fused" in b  # the fused QKV reads f32
+                        else 8 + self._quantize_dispatches(b) for b in self.layer_bg)
         return 2 + per_layer + 2 + bool(self.lm_quantize)

@@ -73,8 +73,9 @@ DECODE_TOL = {False: 5e-3, True: 2e-2}
 
 
 def uses_q8(rt) -> bool:
-    """Whether any decode matvec of this runtime takes int8 activations."""
-    return bool(rt.lm_q8 or rt.int8_roles)
+    """Whether any decode matvec of this runtime (a layer's or the LM head's) takes int8 activations."""
+    pipes = [step[0] for b in rt.layer_bg for steps in b["mv"].values() for step in steps]
+    return any(p.label == "matvec_q8" for p in pipes + [part[0] for part in rt.lm_parts["mv"]])
 
 
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
@@ -82,7 +83,7 @@ def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
     _, mlc = tiny
     # split_keys=48 makes decode attention use split-K partitions past 48 tokens.
     model = load_model(mlc, gpu=gpu, max_context=320, prefill_chunk=64, split_keys=48, q8_decode=q8)
-    assert any(k.startswith("q8_") for k in model.runtime.layer_bg[0]) == q8
+    assert uses_q8(model.runtime) == q8
     rt = model.runtime
     ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 160)
     full = model.logits(ids)
@@ -178,7 +179,7 @@ def test_vocabulary_matrices_split_across_bindings(gpu, tmp_path, monkeypatch, m
     ids = np.random.default_rng(4).integers(0, 288, 24).tolist()
     assert max(ids) >= 256  # some tokens live in the second part of the table
     whole = load_model(out, gpu=gpu, max_context=64)
-    assert whole.runtime.lm_q8  # the LM head parts below are int8-activation matvecs
+    assert whole.runtime.lm_parts["mv"][0][0].label == "matvec_q8"  # the parts below: int8-activation matvecs
     ref = whole.logits(ids)
     ref_tokens = [r.token for r in whole.generate(ids[:5], max_tokens=8)]
     whole.runtime.reset()
