@@ -108,10 +108,6 @@ class Gpu:
             wanted.append("subgroup")
         if "timestamp-query" in a.features:
             wanted.append("timestamp-query")
-        # Tensor cores for the prefill GEMM (shaders/matmul_coop.wgsl); ZEROTVM_COOP=0 leaves them off.
-        self.has_coop = "cooperative-matrix" in a.features and os.environ.get("ZEROTVM_COOP", "1") != "0"
-        if self.has_coop:
-            wanted.append("cooperative-matrix")
         limit_names = (
             "max-storage-buffer-binding-size",
             "max-buffer-size",

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import weakref
 
-from engine.gpu import UNIFORM, Recorder, fold_grid
+from engine.gpu import fold_grid
 from engine.shaders import build_source
 
 MATVEC_WG = 64
@@ -165,11 +165,9 @@ def prefers_subgroup_rows(K: int, N: int, gate_up: bool) -> bool:
 
 def gemm_plan(
     K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_TM, tn: int | None = None,
-    *, y_stride: int | None = None, subgroup: int = 0, bits: int = 4, zero: int = 7, affine: bool = False,
-    group: int = 32,
+    *, y_stride: int | None = None, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
 ) -> tuple[dict, tuple[int, int, int]]:
-    """Constants and grid for shaders/matmul_int4.wgsl: Y[T, N]; with `subgroup` (the GPU's subgroup size) for
-    shaders/matmul_coop.wgsl, whose tiles are fixed at the default 64 × 64. The constants do not depend on T."""
+    """Constants and grid for shaders/matmul_int4.wgsl: Y[T, N]. The constants do not depend on T."""
     fmt = _format_consts(K, bits, zero, affine, group)
     _check_n(N)
     tn = tn or (GEMM_TN // 2 if gate_up else GEMM_TN)
@@ -178,61 +176,9 @@ def gemm_plan(
         raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4 and 128·(TM + staged W rows) ≤ {WORKGROUP_BYTES}")
     # y_stride: floats per row of Y (default N); a part of the vocabulary writes its columns of a wider Y.
     consts = dict(K=K, N=N, TM=tm, TN=tn, GATE_UP=gate_up, YS=y_stride or N, **fmt)
-    if subgroup:
-        if (tm, tn * (2 if gate_up else 1)) != (64, 64):
-            raise ValueError(f"matmul_coop's tile is 64 tokens × 64 weight rows, got TM={tm}, TN={tn}")
-        consts["SG"] = subgroup
     # Output-column tiles fold into (x, z); y walks the token tiles.
     x, z = fold_grid(-(-N // tn))
     return consts, (x, max(-(-T // tm), 1), z)
-
-
-def gemm_shader(gpu) -> tuple[str, int]:
-    """(prefill GEMM shader, subgroup size it is built for): matmul_coop on tensor cores where the GPU offers
-    cooperative matrices and passes coop_gemm_check, else matmul_int4 (subgroup size 0)."""
-    return ("matmul_coop", gpu.subgroup_size) if coop_gemm_check(gpu) else ("matmul_int4", 0)
-
-
-_coop_checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def coop_gemm_check(gpu) -> bool:
-    """Whether matmul_coop runs correctly here, tried once per Gpu on a small GEMM against matmul_int4.
-
-    The kernel assumes 4 subgroups of the probed size per workgroup and 16×16 f16 tiles with f32 accumulators;
-    a driver that compiles it but runs another subgroup size or lacks that tile shape fails this check, and the
-    runtime then keeps the f32 GEMM rather than producing wrong numbers."""
-    if not getattr(gpu, "has_coop", False) or gpu.subgroup_size < 1:
-        return False
-    if gpu not in _coop_checked:
-        _coop_checked[gpu] = _coop_agrees(gpu)
-    return _coop_checked[gpu]
-
-
-def _coop_agrees(gpu) -> bool:
-    import numpy as np
-
-    rng = np.random.default_rng(0)
-    K, N, T = 128, 96, 70  # two token tiles (the second partial), a partial column tile
-    x = rng.standard_normal((T, K)).astype(np.float16).astype(np.float32)  # f16-exact: only the sums differ
-    w = rng.integers(0, 2**32, size=(N, K // 8), dtype=np.uint32)
-    s = rng.uniform(0.01, 0.02, size=(N, K // 32)).astype(np.float16)
-    ins = [gpu.upload("coop-check-x", x), gpu.upload("coop-check-w", w), gpu.upload("coop-check-s", s)]
-    step = gpu.upload("coop-check-step", np.array([T, 0, 0, 1], np.uint32), UNIFORM)
-    outs = []
-    try:
-        for shader, sg in (("matmul_int4", 0), ("matmul_coop", gpu.subgroup_size)):
-            consts, grid = gemm_plan(K, N, T, subgroup=sg)
-            y = gpu.upload("coop-check-y", np.full((T, N), np.nan, np.float32))
-            pipe = gpu.pipeline(shader, consts)
-            rec = Recorder(gpu, "coop-check")
-            rec.dispatch(pipe, gpu.bind(pipe, [*ins, y, step], "coop-check"), *grid)
-            rec.submit()
-            outs.append(gpu.read(y).reshape(T, N))
-    except Exception:  # a driver that rejects the shader: the f32 GEMM it is
-        return False
-    ref, got = outs
-    return bool(np.isfinite(got).all() and np.abs(got - ref).max() <= 1e-3 * np.abs(ref).max())
 
 
 def embedding_plan(

@@ -11,7 +11,6 @@ import re
 from engine.resources import shader_path
 
 _IMPORT = re.compile(r"^#import\s+(\w+)\s*$", re.M)
-_ENABLE = re.compile(r"^enable\s+\w+\s*;[ \t]*$", re.M)
 
 
 def const_block(consts: dict) -> str:
@@ -43,7 +42,4 @@ def build_source(name: str, consts: dict, gpu) -> str:
         return _IMPORT.sub(lambda m: expand(m.group(1)), text)
 
     body = expand(name)
-    # WGSL wants every `enable` before any declaration, and the constants go first: hoist a kernel's own.
-    enables = "".join(line + "\n" for line in _ENABLE.findall(body))
-    body = _ENABLE.sub("", body)
-    return f"enable f16;\n{enables}// ---- constants injected at pipeline build ----\n{const_block(consts)}\n\n{body}"
+    return f"enable f16;\n// ---- constants injected at pipeline build ----\n{const_block(consts)}\n\n{body}"

@@ -21,7 +21,6 @@ from engine.matmul import (
     embedding_plan,
     format_knobs,
     gemm_plan,
-    gemm_shader,
     matvec_plan,
     matvec_q8_plan,
     matvec_sg_plan,
@@ -100,11 +99,8 @@ class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
                  formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None,
-                 matvec_sg: bool = True, q8_decode: bool = True, q8_in_norm: bool = True, coop_gemm: bool = True):
+                 matvec_sg: bool = True, q8_decode: bool = True, q8_in_norm: bool = True):
         self.gpu, self.spec = gpu, spec
-        # Prefill GEMMs run on tensor cores where the GPU offers cooperative matrices (f16 inputs, f32 sums);
-        # coop_gemm=False keeps the f32 tiled GEMM everywhere.
-        self.gemm_shader, self.gemm_sg = gemm_shader(gpu) if coop_gemm else ("matmul_int4", 0)
         # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
         # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
         self.fused_qkv, self.matvec_rows = fused_qkv, matvec_rows
@@ -201,7 +197,7 @@ class DenseTransformer:
             if kind == "mv":
                 shader, consts, self._mv_grids[key] = self._mv_plan(k, n, gu, False, knobs)
             else:
-                shader, consts = self.gemm_shader, gemm_plan(k, n, 1, gate_up=gu, subgroup=self.gemm_sg, **knobs)[0]
+                shader, consts = "matmul_int4", gemm_plan(k, n, 1, gate_up=gu, **knobs)[0]
             self.p[key] = self.gpu.pipeline(shader, consts)
         return self.p[key]
 
@@ -300,8 +296,7 @@ class DenseTransformer:
             pipe = g.pipeline(shader, consts)
             ins = [self.x_q8, *table, y, self.x_q8_meta] if q8 else [self.hidden, *table, y, st]
             self.lm_parts["mv"].append((pipe, g.bind(pipe, ins, f"lm-head-{r0}"), grid))
-            pipe = g.pipeline(self.gemm_shader, gemm_plan(s.dim, n, 1, y_stride=s.vocab, subgroup=self.gemm_sg,
-                                                          **knobs)[0])
+            pipe = g.pipeline("matmul_int4", gemm_plan(s.dim, n, 1, y_stride=s.vocab, **knobs)[0])
             self.lm_parts["mm"].append((pipe, g.bind(pipe, [self.hidden, *table, y, st], f"lm-head-all-{r0}"), n))
 
     def _record_embed(self, rec: Recorder, T: int) -> None:
