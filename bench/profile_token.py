@@ -5,10 +5,13 @@ are recorded into a list instead of a pass; then each is timed alone: N_REPS bac
 best of 3, so a figure includes the barrier to the next dispatch. Totals per kernel are summed over the token.
 Then the host side: one token's dispatches recorded and submitted 20 times (median), and how long the GPU still
 worked after the last submit. (This replaced bench/profile_decode.py, the same for the dense shapes only.)
+With --prefill T: the dispatches of one T-token prefill chunk from an empty cache instead (N_REPS 5).
 
-    python3 bench/profile_token.py qwen3.6-35b-a3b-4bit [phi3-mini ...]
+    python3 bench/profile_token.py qwen3.6-35b-a3b-4bit [phi3-mini ...] [--prefill 512] [--options JSON]
 """
 
+import argparse
+import json
 import sys
 import time
 from collections import defaultdict
@@ -44,33 +47,42 @@ class Capture:
         pass
 
 
-def runtime(shape: str, gpu: Gpu):
+def runtime(shape: str, gpu: Gpu, **options):
     if shape in HYBRID_SHAPES:
         spec, formats = hybrid_spec(shape)
         return HybridTransformer(gpu, spec, hybrid_weights(spec, formats), max_context=1024, prefill_chunk=512,
-                                 formats=formats)
+                                 formats=formats, **options)
     spec = bench.shape_spec(shape)
-    return DenseTransformer(gpu, spec, bench.random_weights(spec), max_context=1024, prefill_chunk=512)
+    return DenseTransformer(gpu, spec, bench.random_weights(spec), max_context=1024, prefill_chunk=512, **options)
 
 
-def main(shape: str, gpu: Gpu) -> None:
-    rt = runtime(shape, gpu)
+def main(shape: str, gpu: Gpu, prefill: int = 0, options: dict | None = None) -> None:
+    rt = runtime(shape, gpu, **(options or {}))
     rt.reset()
-    rt.prefill(np.random.default_rng(1).integers(0, rt.spec.vocab, CONTEXT).astype(np.uint32))
-    rt.read_sampled(0)
-    splits = rt._splits(CONTEXT + 1)
-    rt._write_step(1, CONTEXT, 1, splits)
     cap = Capture()
-    rt._record_body(cap, 1, splits)
-    rt._record_sample(cap)
+    if prefill:
+        rt._write_step(prefill, 0, 0, 1)
+        gpu.write(rt.tokens, np.random.default_rng(1).integers(0, rt.spec.vocab, prefill).astype(np.uint32))
+        rt._record_body(cap, prefill, 1)
+    else:
+        rt.prefill(np.random.default_rng(1).integers(0, rt.spec.vocab, CONTEXT).astype(np.uint32))
+        rt.read_sampled(0)
+        splits = rt._splits(CONTEXT + 1)
+        rt._write_step(1, CONTEXT, 1, splits)
+        rt._record_body(cap, 1, splits)
+        rt._record_sample(cap)
     per_kernel: dict[str, list[float]] = defaultdict(list)
     for pipe, bg, grid in cap.items:
-        per_kernel[pipe.label].append(bench.dispatch_seconds(gpu, pipe, bg, grid, N_REPS))
+        per_kernel[pipe.label].append(bench.dispatch_seconds(gpu, pipe, bg, grid, 5 if prefill else N_REPS))
     total = sum(sum(v) for v in per_kernel.values())
-    print(f"{shape}: {cap.dispatches} dispatches, sum of their times {total * 1e3:.2f} ms", flush=True)
+    what = f"{prefill}-token prefill chunk" if prefill else "decode token"
+    print(f"{shape} {what} {options or ''}: {cap.dispatches} dispatches, sum of their times {total * 1e3:.2f} ms"
+          + (f" ({prefill / total:,.0f} tok/s)" if prefill else ""), flush=True)
     for name, times in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {name:22s} ×{len(times):4d}  {np.median(times) * 1e6:7.1f} µs each  "
               f"{sum(times) * 1e3:6.2f} ms  {100 * sum(times) / total:5.1f}%", flush=True)
+    if prefill:
+        return
     host = []
     gpu.sync()
     t0 = time.perf_counter()
@@ -89,6 +101,11 @@ def main(shape: str, gpu: Gpu) -> None:
 
 
 if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shapes", nargs="*", default=["phi3-mini"])
+    ap.add_argument("--prefill", type=int, default=0, help="profile a prefill chunk of this many tokens")
+    ap.add_argument("--options", default="{}", help="JSON runtime options, e.g. '{\"coop_gemm\": false}'")
+    args = ap.parse_args()
     g = Gpu()
-    for s in sys.argv[1:] or ["phi3-mini"]:
-        main(s, g)
+    for s in args.shapes:
+        main(s, g, args.prefill, json.loads(args.options))
