@@ -1,10 +1,13 @@
 """A/B runs of runtime options in one process, one GPU, one run (absolute times drift between runs).
 
     python3 bench/ab.py phi3-mini qwen3-4b --variants '{"fused_qkv": true, "matvec_rows": 8}' '{}'
+
+A variant's "env" object sets environment variables for its run only (e.g. {"env": {"ZEROTVM_RAW_DISPATCH": "0"}}).
 """
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,5 +28,13 @@ if __name__ == "__main__":
     for shape in args.shapes:
         for variant in args.variants:
             opts = json.loads(variant)
-            r = run_bench(shape, runs=3, long_prompt=0, timestamps=True, gpu=gpu, **opts)
+            env = opts.pop("env", {})
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            try:
+                r = run_bench(shape, runs=3, long_prompt=0, timestamps=True, gpu=gpu, **opts)
+            finally:
+                for k, v in saved.items():
+                    os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            opts = {**opts, **({"env": env} if env else {})}
             print(json.dumps({"shape": shape, "options": opts, **{k: r.get(k) for k in KEYS}}), flush=True)

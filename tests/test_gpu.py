@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from engine.errors import GpuError
-from engine.gpu import Gpu, fold_grid, list_adapters, pick_adapter
+from engine.gpu import Gpu, Recorder, fold_grid, list_adapters, pick_adapter
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 
@@ -33,6 +33,44 @@ def test_opengl_adapter_is_refused_for_lack_of_f16():
         pytest.skip("no OpenGL adapter on this machine to refuse")
     with pytest.raises(GpuError, match="lacks shader-f16"):
         Gpu(gl[0])
+
+
+_COUNTER = """
+@group(0) @binding(0) var<storage, read_write> o: array<u32>;
+@compute @workgroup_size(1) fn main(@builtin(workgroup_id) w: vec3<u32>) { o[w.x] += w.y + 1u; }
+"""
+_TWO_BUFFERS = """
+@group(0) @binding(0) var<storage, read> a: array<u32>;
+@group(0) @binding(1) var<storage, read_write> o: array<u32>;
+@compute @workgroup_size(1) fn main() { o[0] += a[0]; }
+"""
+
+
+def _pipeline(gpu, code, label):
+    module = gpu.device.create_shader_module(label=label, code=code)
+    return gpu.device.create_compute_pipeline(label=label, layout="auto", compute={"module": module,
+                                                                                  "entry_point": "main"})
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_recorder_dispatches_in_order_and_reports_encoding_errors(gpu, raw):
+    # The raw wgpu-native path must record exactly what the checked wgpu-py calls record, across a copy (new
+    # pass), and a bad bind group must still raise a validation error naming it, not pass silently.
+    counter = _pipeline(gpu, _COUNTER, "counter")
+    bufs = [gpu.upload(f"o{i}", np.zeros(4, np.uint32)) for i in range(2)]
+    groups = [gpu.bind(counter, [b], f"o{i}") for i, b in enumerate(bufs)]
+    rec = Recorder(gpu, "order", raw=raw)
+    rec.dispatch(counter, groups[0], 2, 3)  # o0 = [1+2+3, same, 0, 0]
+    rec.copy(bufs[0], 0, bufs[1], 8, 8)  # o1[2:4] = o0[0:2]
+    rec.dispatch(counter, groups[1], 1)  # o1[0] += 1
+    rec.submit()
+    assert gpu.read(bufs[0], np.uint32).tolist() == [6, 6, 0, 0]
+    assert gpu.read(bufs[1], np.uint32).tolist() == [1, 0, 6, 6]
+    wrong = gpu.bind(_pipeline(gpu, _TWO_BUFFERS, "two"), [bufs[0], bufs[1]], "two-buffer-group")
+    rec = Recorder(gpu, "bad", raw=raw)
+    rec.dispatch(counter, wrong, 1)
+    with pytest.raises(Exception, match="two-buffer-group"):
+        rec.submit()
 
 
 def test_fold_grid():
