@@ -5,6 +5,9 @@ matvec_int4 (decode, one activation row) and matmul_int4 (prefill GEMM, T rows) 
 3 y f32, 4 step uniform. With gate_up the weight holds gate rows then up rows and y gets
 silu(gate)·up ([N] or [T, N]). The defaults are untuned starting points.
 
+The int8-activation kernels (matvec_q8 in decode, matmul_q8 in prefill) read 4-bit weights the same way but take
+x as quantize_q8 writes it (xq codes, xm (scale, Σ codes) per 32-element chunk; shaders/q8_pack.wgsl).
+
 Weight formats are kernel constants (see FORMATS): integer codes q of BITS bits, w = (q − ZERO)·scale,
 plus a per-group minimum with AFFINE (w = scale·q + min, GGUF Q4_1), one scale per GROUP elements
 along K; or plain f16 weights (BITS=16, binding 2 is then bound but never read). The defaults are
@@ -39,6 +42,12 @@ MATVEC_Q8_SLOTS = 2
 QUANTIZE_WG = 64
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
+# The int8-activation prefill GEMM (shaders/matmul_q8.wgsl): 64 tokens × 64 staged weight rows, 4×4 per thread
+# (256 threads), 2 chunks of K per staged step. Untuned: a starting point for the H200 (bench/gemm_probe.py).
+GEMM_Q8_TM = 64
+GEMM_Q8_TN = 64  # halved with gate_up, as GEMM_TN
+GEMM_Q8_KC = 2
+GEMM_Q8_MAX_WG = 256  # WebGPU's default maxComputeInvocationsPerWorkgroup
 WORKGROUP_BYTES = 16384
 EMBED_WG = 64
 CHUNK = 32  # elements every kernel walks K by; GROUP must be a multiple of it
@@ -177,6 +186,39 @@ def gemm_plan(
     # y_stride: floats per row of Y (default N); a part of the vocabulary writes its columns of a wider Y.
     consts = dict(K=K, N=N, TM=tm, TN=tn, GATE_UP=gate_up, YS=y_stride or N, **fmt)
     # Output-column tiles fold into (x, z); y walks the token tiles.
+    x, z = fold_grid(-(-N // tn))
+    return consts, (x, max(-(-T // tm), 1), z)
+
+
+def gemm_q8_plan(
+    K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_Q8_TM, tn: int | None = None,
+    kc: int | None = None, *, y_stride: int | None = None, bits: int = 4, zero: int = 7, affine: bool = False,
+    group: int = 32,
+) -> tuple[dict, tuple[int, int, int]]:
+    """Constants and grid for shaders/matmul_q8.wgsl: Y[T, N] from X quantized by quantize_q8 (T rows). The
+    constants do not depend on T. `kc`: chunks per staged step (default GEMM_Q8_KC, or 1 where K has an odd
+    number of chunks)."""
+    if bits != 4:
+        raise ValueError(f"matmul_q8 reads 4-bit codes, got BITS={bits}")
+    fmt = _format_consts(K, bits, zero, affine, group)
+    _check_n(N)
+    tn = tn or (GEMM_Q8_TN // 2 if gate_up else GEMM_Q8_TN)
+    chunks = K // CHUNK
+    kc = kc or (GEMM_Q8_KC if chunks % GEMM_Q8_KC == 0 else 1)
+    wn = tn * (2 if gate_up else 1)
+    threads = tm // 4 * (wn // 4)
+    if tm % 4 or tn % 4 or tm < 4 or tn < 4 or threads > GEMM_Q8_MAX_WG:
+        raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4 and (TM/4)·(staged W rows/4) ≤ {GEMM_Q8_MAX_WG} "
+                         f"threads, got {threads}")
+    if kc < 1 or chunks % kc:
+        raise ValueError(f"KC={kc} must divide the {chunks} chunks of K={K}")
+    lds = kc * (tm + wn) * (48 if affine else 40)
+    if lds > WORKGROUP_BYTES:
+        raise ValueError(f"TM={tm}, staged W rows {wn}, KC={kc}: {lds} bytes of workgroup memory > {WORKGROUP_BYTES}")
+    if y_stride is not None and y_stride < N:
+        raise ValueError(f"YS={y_stride} is narrower than N={N}")
+    consts = dict(K=K, N=N, TM=tm, TN=tn, KC=kc, GATE_UP=gate_up, YS=y_stride or N, ZERO=fmt["ZERO"],
+                  AFFINE=fmt["AFFINE"], GROUP=fmt["GROUP"])
     x, z = fold_grid(-(-N // tn))
     return consts, (x, max(-(-T // tm), 1), z)
 

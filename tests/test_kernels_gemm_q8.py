@@ -1,0 +1,175 @@
+"""The int8-activation prefill GEMM (shaders/matmul_q8.wgsl): T rows quantized by quantize_q8, checked against
+float64 numpy on exactly the codes and scales the kernel reads, for every 4-bit format, gate_up, a wider output
+row (YS), fewer tokens than buffer rows, partial tiles, folded grids and the tile options."""
+
+import numpy as np
+import pytest
+
+from engine.gpu import MAX_GROUPS_PER_DIM
+from engine.matmul import FORMATS, gemm_q8_plan, quantize_q8_plan
+from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.test_kernels_matmul import random_packed, reference_fmt
+from tests.test_kernels_q8 import reference_quantize, unpack_codes
+
+Q4 = {tag: FORMATS[tag] for tag in ("q4f16_1", "q4_0", "q4_1", "mlx4")}
+
+
+def pack_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q8_pack.wgsl's layout written from its spec, row by row: (xq u32 [T, K/4], xm f32 [T, K/32, 2])."""
+    xq, xm = [], []
+    for row in x:
+        q, scale, total = reference_quantize(row)
+        words = q.reshape(-1, 4, 8)  # chunk, 8-element word, element
+        xq.append(np.stack([words[:, :, 0::2], words[:, :, 1::2]], axis=2).reshape(-1).view(np.uint32))
+        xm.append(np.stack([scale, total.astype(np.float32)], axis=1))
+    return np.stack(xq), np.stack(xm)
+
+
+def dequantized(xq: np.ndarray, xm: np.ndarray) -> np.ndarray:
+    """float64 X as the GEMM sees it: codes × their chunk's scale."""
+    codes = np.stack([unpack_codes(row) for row in xq]).astype(np.float64)
+    return codes * np.repeat(xm[..., 0].astype(np.float64), 32, axis=1)
+
+
+def scaled_activations(rng, T: int, K: int) -> np.ndarray:
+    """Rows whose chunks span two orders of magnitude (so per-chunk scales matter), one chunk all zero."""
+    x = rng.standard_normal((T, K)) * rng.uniform(0.1, 10, (T, K // 32)).repeat(32, axis=1)
+    x[:, 32:64] = 0
+    return x.astype(np.float32)
+
+
+def quantize_rows(gpu, x: np.ndarray):
+    """quantize_q8 over all T rows (one dispatch, grid (ceil(K/32/WG), T)): the buffers and their contents."""
+    T, K = x.shape
+    xq, xm = poisoned(gpu, "xq", (T, K // 4), np.uint32), poisoned(gpu, "xm", (T, K // 32, 2))
+    consts, grid = quantize_q8_plan(K, rows=T)
+    run(gpu, "quantize_q8", consts, [gpu.upload("x", x), xq, xm, step_uniform(gpu, T)], grid)
+    return xq, xm, read(gpu, xq, (T, K // 4), np.uint32), read(gpu, xm, (T, K // 32, 2))
+
+
+def run_gemm_q8(gpu, x, w, s, N, gate_up, fmt, n_tokens=None, y_stride=None, **plan):
+    """Quantize x's rows on the GPU, run matmul_q8 into a NaN-poisoned Y [rows, YS]; (Y, the X it read)."""
+    T, K = x.shape
+    n_tokens = T if n_tokens is None else n_tokens
+    xq_buf, xm_buf, xq, xm = quantize_rows(gpu, x)
+    consts, grid = gemm_q8_plan(K, N, T, gate_up=gate_up, y_stride=y_stride, **plan, **fmt)
+    ys = consts["YS"]
+    y = poisoned(gpu, "y", (T, ys))
+    run(gpu, "matmul_q8", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
+                                   step_uniform(gpu, n_tokens)], grid)
+    return read(gpu, y, (T, ys)), dequantized(xq, xm), grid
+
+
+def assert_matches(out, ref):
+    assert np.isfinite(out).all(), "unwritten (NaN) or non-finite outputs"
+    err = np.abs(out - ref).max() / np.abs(ref).max()
+    assert err <= 1e-5, f"max error {err:.2e} of max|ref|"
+
+
+def test_quantize_q8_rows_match_the_layout_spec(gpu, rng):
+    """The T-row quantize the runtime dispatches writes row t at t·K/4 exactly as q8_pack.wgsl says."""
+    x = scaled_activations(rng, 9, 320)
+    _, _, xq, xm = quantize_rows(gpu, x)
+    ref_q, ref_m = pack_rows(x)
+    np.testing.assert_array_equal(xq, ref_q)
+    np.testing.assert_allclose(xm[..., 0], ref_m[..., 0], rtol=1e-7, atol=0)
+    np.testing.assert_array_equal(xm[..., 1], ref_m[..., 1])
+
+
+@pytest.mark.parametrize("tag", list(Q4))
+@pytest.mark.parametrize(
+    "T,K,N,gate_up",
+    [
+        (1, 64, 5, False),
+        (5, 256, 37, False),  # several scale groups (8 at 32, 4 at 64) and steps
+        (64, 128, 64, False),  # exact tiles
+        (70, 192, 130, False),  # T and N both past a tile edge
+        (5, 64, 38, True),  # even N ending mid-tile: the last thread writes one gate/up pair
+        (67, 128, 33, True),
+    ],
+)
+def test_gemm_q8_on_the_quantized_x(gpu, rng, tag, T, K, N, gate_up):
+    fmt = Q4[tag]
+    w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
+    out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt)
+    assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
+
+
+@pytest.mark.parametrize("tag", ["q4f16_1", "q4_1"])
+def test_gemm_q8_is_close_to_the_f32_product(gpu, rng, tag):
+    """Against the unrounded x the int8 rounding shows: a few % of max|y| at most (per chunk, codes are within
+    half a step of max|x|/127)."""
+    fmt, T, K, N = Q4[tag], 33, 512, 70
+    w, s = random_packed(rng, N, K, **fmt)
+    x = rng.standard_normal((T, K)).astype(np.float32)
+    out, _, _ = run_gemm_q8(gpu, x, w, s, N, False, fmt)
+    exact = reference_fmt(x, w, s, N, False, fmt)
+    err = np.abs(out - exact).max() / np.abs(exact).max()
+    assert 1e-5 < err < 3e-2, f"int8 rounding error {err:.2e} of max|y|"
+
+
+@pytest.mark.parametrize("gate_up", [False, True])
+def test_gemm_q8_writes_only_live_rows_and_its_columns(gpu, rng, gate_up):
+    """A buffer of 8 rows with 5 tokens this forward, and a vocabulary slice of N columns in rows YS wide: rows
+    t ≥ n_tokens and columns ≥ N stay untouched (NaN)."""
+    fmt, T, K, N, n_tokens, ys = Q4["q4_0"], 8, 128, 21, 5, 29
+    w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
+    out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, n_tokens=n_tokens,
+                                y_stride=ys)
+    assert np.isnan(out[n_tokens:]).all() and np.isnan(out[:, N:]).all()
+    assert_matches(out[:n_tokens, :N], reference_fmt(x_hat[:n_tokens], w, s, N, gate_up, fmt))
+
+
+@pytest.mark.parametrize(
+    "tag,K,plan",
+    [
+        ("q4_1", 96, {}),  # 3 chunks: KC falls back to 1
+        ("q4_0", 192, dict(kc=3)),  # 15 KiB of workgroup memory (AFFINE's minima would not fit)
+        ("q4_1", 128, dict(kc=1)),
+        ("q4_1", 256, dict(tm=32, tn=128)),  # 256 threads as 8 × 32
+        ("mlx4", 256, dict(tm=128, tn=32)),
+        ("q4_1", 128, dict(tm=16, tn=16)),  # 16 threads: each stages several items
+    ],
+)
+def test_gemm_q8_tile_options(gpu, rng, tag, K, plan):
+    fmt, T, N = Q4[tag], 37, 45
+    for gate_up in (False, True):
+        w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
+        if gate_up and "tn" in plan:  # the same staged weight rows: half as many outputs
+            plan = dict(plan, tn=plan["tn"] // 2)
+        out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, **plan)
+        assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
+
+
+def test_gemm_q8_folded_grid(gpu, rng):
+    # More than 65,535 column tiles (4-wide here): they fold into (x, z) while y keeps the token tiles.
+    fmt, K, N, T = Q4["q4f16_1"], 32, 4 * MAX_GROUPS_PER_DIM + 40, 5
+    w, s = random_packed(rng, N, K, **fmt)
+    out, x_hat, grid = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, False, fmt, tm=4, tn=4)
+    assert grid[1] == 2 and grid[2] > 1
+    assert_matches(out, reference_fmt(x_hat, w, s, N, False, fmt))
+
+
+def test_gemm_q8_plan_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="4-bit"):
+        gemm_q8_plan(64, 8, 4, **FORMATS["q8_0"])
+    with pytest.raises(ValueError, match="4-bit"):
+        gemm_q8_plan(64, 8, 4, bits=16)
+    with pytest.raises(ValueError, match="multiple of 64"):
+        gemm_q8_plan(96, 8, 4, **FORMATS["mlx4"])  # K must hold whole groups
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gemm_q8_plan(48, 8, 4)
+    with pytest.raises(ValueError, match="N must be positive"):
+        gemm_q8_plan(64, 0, 4)
+    with pytest.raises(ValueError, match="threads"):
+        gemm_q8_plan(64, 8, 4, tm=128, tn=64)
+    with pytest.raises(ValueError, match="multiples of 4"):
+        gemm_q8_plan(64, 8, 4, tn=6)
+    with pytest.raises(ValueError, match="KC=3 must divide"):
+        gemm_q8_plan(128, 8, 4, kc=3)
+    with pytest.raises(ValueError, match="workgroup memory"):
+        gemm_q8_plan(192, 8, 4, kc=3, **FORMATS["q4_1"])
+    with pytest.raises(ValueError, match="narrower"):
+        gemm_q8_plan(64, 8, 4, y_stride=7)
+    consts, grid = gemm_q8_plan(3072, 8192, 512, gate_up=True)
+    assert (consts["TN"], consts["KC"], grid) == (32, 2, (256, 8, 1))
