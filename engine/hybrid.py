@@ -36,6 +36,7 @@ from engine.gpu import UNIFORM, Gpu, Recorder
 from engine.matmul import packed_shapes
 from engine.models.qwen3_5 import FULL, HybridSpec
 from engine.moe import MoeBlock
+from engine.sampling import GpuArgmax
 from engine.shaders import build_source
 from engine.transformer import PAGE, SPLIT_KEYS, DenseTransformer, checked_tensors, require_all
 
@@ -285,7 +286,6 @@ class HybridTransformer(DenseTransformer):
         norm = dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm)
         p["norm0"] = pipeline(g, "rms_norm", norm, offset)
         p["add_norm"] = pipeline(g, "add_rms_norm", norm, offset)
-        p["argmax"] = g.pipeline("argmax", dict(WG=256, VOCAB=s.vocab))
         attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
         p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
         p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
@@ -323,7 +323,7 @@ class HybridTransformer(DenseTransformer):
         self.bg["norm0"] = bind(p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st, *self.q8_out],
                                 "norm0")
         self.bg["combine"] = bind(p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
-        self.bg["argmax"] = bind(p["argmax"], [self.logits_buf, self.tokens, self.ring, st], "argmax")
+        self.argmax = GpuArgmax(g, s.vocab, self.logits_buf, self.tokens, self.ring, st)
         self.layer_bg = [self._bind_layer(i) for i in range(s.n_layers)]
 
     def _bind_layer(self, i: int) -> dict:
@@ -399,7 +399,7 @@ class HybridTransformer(DenseTransformer):
         stacked, 7 without)."""
         mlp = sum(b.dispatch_count(decode=True) for b in self.moe.values()) + 2 * (self.spec.n_layers - len(self.moe))
         q8 = sum(self._quantize_dispatches(b) for b in self.layer_bg)  # for q8 matvecs that no norm feeds
-        return 2 + 8 * self.spec.n_layers + mlp + 2 + q8 + bool(self.lm_quantize)
+        return 2 + 8 * self.spec.n_layers + mlp + 1 + len(self.argmax.steps) + q8 + bool(self.lm_quantize)
 
     # ---- state snapshots --------------------------------------------------------------------------------
     def _snapshots(self) -> list[tuple[int, object]]:

@@ -118,6 +118,40 @@ def _read_generation_config(path: str) -> dict:
     return cfg
 
 
+ARGMAX_WG = 256
+ARGMAX_SLICE = 2048  # logits per first-pass workgroup: ~8 a thread; 74 workgroups for a 151,936 vocabulary
+
+
+def argmax_plan(vocab: int) -> tuple[dict, dict | None, int]:
+    """(argmax.wgsl constants, argmax_parts.wgsl constants or None, first-pass workgroups): a vocabulary of more
+    than two slices is reduced in two passes."""
+    parts = -(-vocab // ARGMAX_SLICE)
+    if parts <= 2:
+        return dict(WG=ARGMAX_WG, VOCAB=vocab, PARTS=0), None, 0
+    slice_ = -(-vocab // parts)
+    return (dict(WG=ARGMAX_WG, VOCAB=vocab, PARTS=parts),
+            dict(WG=ARGMAX_WG, VOCAB=vocab, PARTS=parts, SLICE=slice_), parts)
+
+
+class GpuArgmax:
+    """Greedy decoding's token pick: the largest logit of row 0 into tokens[0] and ring[step.out_index]."""
+
+    def __init__(self, gpu: Gpu, vocab: int, logits, tokens, ring, step):
+        final, first, self.parts = argmax_plan(vocab)
+        self.steps = []  # (pipeline, bind group, workgroups)
+        src = logits
+        if first:
+            src = gpu.buffer("argmax-parts", 8 * self.parts)
+            pipe = gpu.pipeline("argmax_parts", first)
+            self.steps.append((pipe, gpu.bind(pipe, [logits, src], "argmax-parts"), self.parts))
+        pipe = gpu.pipeline("argmax", final)
+        self.steps.append((pipe, gpu.bind(pipe, [src, tokens, ring, step], "argmax"), 1))
+
+    def record(self, rec: Recorder) -> None:
+        for pipe, bg, groups in self.steps:
+            rec.dispatch(pipe, bg, groups)
+
+
 class GpuSampler:
     """Replaces the argmax dispatch: penalty + sampling kernels, bound once to the runtime's buffers.
 

@@ -29,7 +29,7 @@ from engine.matmul import (
     quantize_q8_plan,
 )
 from engine.models.base import DenseSpec
-from engine.sampling import GpuSampler, SamplingParams
+from engine.sampling import GpuArgmax, GpuSampler, SamplingParams
 
 PAGE = 16  # tokens per KV page
 SPLIT_KEYS = 64  # decode attention splits its keys into blocks of this size (more workgroups in flight)
@@ -324,7 +324,6 @@ class DenseTransformer:
         st = self.step
         self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm))
         self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm))
-        self.p["argmax"] = g.pipeline("argmax", dict(WG=256, VOCAB=s.vocab))
         attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
         rope = dict(WG=64, H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE,
                     QK_NORM=s.qk_norm, EPS=float(s.eps))
@@ -345,7 +344,7 @@ class DenseTransformer:
         self.bg["norm0"] = bind(self.p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st, *self.q8_out],
                                 "norm0")
         self.bg["combine"] = bind(self.p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
-        self.bg["argmax"] = bind(self.p["argmax"], [self.logits_buf, self.tokens, self.ring, st], "argmax")
+        self.argmax = GpuArgmax(g, s.vocab, self.logits_buf, self.tokens, self.ring, st)
         ins = {"qkv": self.hidden, "o": self.attn, "gate_up": self.hidden, "down": self.ffn}
         outs = {"qkv": self.qkv, "o": self.delta, "gate_up": self.ffn, "down": self.delta}
         self.layer_bg = []
@@ -431,7 +430,7 @@ class DenseTransformer:
         """LM head on the last row, then the next token into tokens[0] and ring[out_index]."""
         self._record_lm(rec, 1)
         if self._greedy:
-            rec.dispatch(self.p["argmax"], self.bg["argmax"], 1)
+            self.argmax.record(rec)
         else:
             self.sampler.record(rec)
 
@@ -565,4 +564,4 @@ class DenseTransformer:
         fed by a norm add their quantize_q8."""
         per_layer = sum(7 + self._quantize_dispatches(b, ("qkv",)) if "qkv_fused" in b  # the fused QKV reads f32
                         else 8 + self._quantize_dispatches(b) for b in self.layer_bg)
-        return 2 + per_layer + 2 + bool(self.lm_quantize)
+        return 2 + per_layer + 1 + len(self.argmax.steps) + bool(self.lm_quantize)

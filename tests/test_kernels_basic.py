@@ -5,6 +5,7 @@ import pytest
 
 from engine.gpu import Recorder
 from engine.matmul import embedding_pipeline, embedding_plan, format_knobs
+from engine.sampling import ARGMAX_SLICE, GpuArgmax
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 
@@ -134,23 +135,38 @@ def test_add_rms_norm(any_gpu, rng, T, D, q8):
     assert_q8_row(g, xq, xm, out[-1] if q8 else None)  # the last row in int8, or nothing written
 
 
-@pytest.mark.parametrize("V", [5, 1000, 32064, 151936])
+def greedy_pick(gpu, logits, out_index=0):
+    """GpuArgmax (one pass, or two past 2 slices) over `logits`; returns (tokens[0], the ring)."""
+    tokens = poisoned(gpu, "tokens", (4,), np.uint32)
+    ring = poisoned(gpu, "ring", (8,), np.uint32)
+    picker = GpuArgmax(gpu, len(logits), gpu.upload("l", logits), tokens, ring, step_uniform(gpu, out_index=out_index))
+    rec = Recorder(gpu, "argmax-test")
+    picker.record(rec)
+    rec.submit()
+    return int(read(gpu, tokens, (4,), np.uint32)[0]), read(gpu, ring, (8,), np.uint32), picker
+
+
+@pytest.mark.parametrize("V", [5, 1000, 4097, 32064, 151936, 248320])
 def test_argmax_writes_token_and_ring(gpu, rng, V):
     logits = rng.standard_normal(V).astype(np.float32)
     logits[rng.integers(V)] = 50.0
-    tokens = poisoned(gpu, "tokens", (4,), np.uint32)
-    ring = poisoned(gpu, "ring", (8,), np.uint32)
-    run(gpu, "argmax", dict(WG=256, VOCAB=V), [gpu.upload("l", logits), tokens, ring, step_uniform(gpu, out_index=3)],
-        (1,))
+    token, ring, picker = greedy_pick(gpu, logits, out_index=3)
     want = int(np.argmax(logits))
-    assert read(gpu, tokens, (4,), np.uint32)[0] == want
-    ring_vals = read(gpu, ring, (8,), np.uint32)
-    assert ring_vals[3] == want and ring_vals[2] == np.iinfo(np.uint32).max
+    assert token == want and ring[3] == want and ring[2] == np.iinfo(np.uint32).max
+    assert (picker.parts > 0) == (V > 2 * ARGMAX_SLICE)  # big vocabularies take the two-pass path
 
 
-def test_argmax_ties_pick_lowest_index(gpu):
-    logits = np.zeros(1000, np.float32)
-    logits[[700, 300, 999]] = 2.0
-    tokens, ring = poisoned(gpu, "tokens", (1,), np.uint32), poisoned(gpu, "ring", (1,), np.uint32)
-    run(gpu, "argmax", dict(WG=256, VOCAB=1000), [gpu.upload("l", logits), tokens, ring, step_uniform(gpu)], (1,))
-    assert read(gpu, tokens, (1,), np.uint32)[0] == 300
+@pytest.mark.parametrize("V", [1000, 151936])
+def test_argmax_ties_pick_lowest_index(gpu, V):
+    # Ties inside one slice, across slices and at the last element; all logits negative around them.
+    logits = np.full(V, -5.0, np.float32)
+    hits = [V - 1, V // 2, 300, 700]
+    logits[hits] = -1.0
+    assert greedy_pick(gpu, logits)[0] == 300
+
+
+def test_argmax_in_the_last_partial_slice(gpu, rng):
+    V = 3 * ARGMAX_SLICE + 7  # four slices of ceil(V/4); the maximum sits in the short last one
+    logits = rng.standard_normal(V).astype(np.float32)
+    logits[V - 3] = 9.0
+    assert greedy_pick(gpu, logits)[0] == V - 3
