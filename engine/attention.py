@@ -24,26 +24,3 @@ def qkv_fused_plan(dim: int, rope: dict, pairs: int = 4) -> tuple[dict, tuple[in
         raise ValueError(f"pairs={pairs} must be even and at most WG={rope['WG']}")
     rows = (rope["H"] + 2 * rope["KVH"]) * rope["HD"]
     return dict(rope, K=dim, PAIRS=pairs), fold_grid(-(-rows // (2 * pairs)))
-
-
-def attention_prefill_consts(n_heads: int, n_kv_heads: int, head_dim: int, page: int,
-                             workgroup_bytes: int = 16384) -> dict:
-    """Constants for attention_prefill.wgsl: QB queries per workgroup and KB keys per block, the largest that fit
-    `workgroup_bytes` (QB f32 query rows + KB f16 key rows + QB·KB weights), and RG row groups of HD/4 threads."""
-    if head_dim % 4 or head_dim > 1024:
-        raise ValueError(f"head_dim {head_dim} must be a multiple of 4 and at most 1024")
-    c = head_dim // 4
-    for qb, kb in ((16, 32), (16, 16), (8, 16), (8, 8), (4, 8), (2, 4), (1, 4)):
-        if qb * head_dim * 4 + kb * head_dim * 2 + qb * kb * 4 + kb * 4 + 12 * qb <= workgroup_bytes:
-            break
-    else:
-        raise ValueError(f"head_dim {head_dim} does not fit {workgroup_bytes} bytes of workgroup memory")
-    rg = 1
-    while rg * 2 <= qb and rg * 2 * c <= 256:
-        rg *= 2
-    return dict(H=n_heads, KVH=n_kv_heads, HD=head_dim, PAGE=page, SCALE=1.0 / math.sqrt(head_dim),
-                QB=qb, KB=kb, RG=rg)
-
-
-def attention_prefill_grid(consts: dict, n_tokens: int) -> tuple[int, int]:
-    return consts["H"], -(-n_tokens // consts["QB"])

@@ -4,7 +4,6 @@ causal attention (plain and split-K + combine), and decode-vs-prefill agreement.
 import numpy as np
 import pytest
 
-from engine.attention import attention_prefill_consts, attention_prefill_grid
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 PAGE = 16
@@ -329,35 +328,6 @@ def test_attention(any_gpu, rng, H, KVH, HD, T, pos0, WG):
         if splits == 3 and pos0 == 0:
             assert empty.any(), "this case is meant to hold splits with no keys"
         assert (part_ml[..., 0][empty] <= -1e38).all() and (part_o[empty] == 0).all()
-
-
-@pytest.mark.parametrize(
-    "H,KVH,HD,T,pos0",
-    [
-        (8, 2, 96, 37, 0),  # GQA, Phi-3's head, a partial query block, first chunk
-        (4, 4, 128, 20, 45),  # a later chunk: keys from the cache before it, pages crossed
-        (2, 1, 256, 11, 3),  # widest head: smaller blocks
-        (4, 2, 64, 1, 9),  # one row
-        (2, 2, 32, 70, 130),  # many key blocks
-    ],
-)
-def test_attention_prefill_blocks_match_reference(gpu, rng, H, KVH, HD, T, pos0):
-    a = AttentionSetup(gpu, rng, H, KVH, HD, T, pos0)
-    consts = attention_prefill_consts(H, KVH, HD, PAGE)
-    out = poisoned(gpu, "out", (T + 3, H * HD))  # rows past n_tokens must stay unwritten
-    _run(gpu, "attention_prefill", consts, a.bufs + [out, step_uniform(gpu, T, pos0)],
-         attention_prefill_grid(consts, T))
-    got = read(gpu, out, (T + 3, H * HD))
-    np.testing.assert_allclose(got[:T], attention_ref(a.q, a.k, a.v, pos0, a.scale), rtol=1e-4, atol=1e-5)
-    assert np.isnan(got[T:]).all()
-
-
-def test_attention_prefill_plan_fits_workgroup_memory():
-    for hd, want in ((64, (16, 32)), (96, (16, 32)), (128, (16, 16)), (256, (8, 8))):
-        c = attention_prefill_consts(8, 2, hd, PAGE)
-        assert (c["QB"], c["KB"]) == want and c["QB"] % c["RG"] == 0 and c["RG"] * hd // 4 <= 256
-    with pytest.raises(ValueError, match="multiple of 4"):
-        attention_prefill_consts(8, 2, 90, PAGE)
 
 
 # ---- decode path == prefill path -------------------------------------------------------------------
