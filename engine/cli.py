@@ -388,7 +388,8 @@ def _add_chat_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-tokens", type=int, help="longest reply in tokens (default 1024)")
     s.add_argument("--context", type=int, help="context window in tokens (default: the model's)")
     s.add_argument("--exact-decode", action="store_true",
-                   help="f32 activations in decode (slower); by default 4-bit matvecs take int8 ones, as llama.cpp's")
+                   help="f32 activations in decode and prefill (slower); by default the 4-bit matrix products take "
+                        "int8 ones, as llama.cpp's")
     s.add_argument("--temperature", type=float, help="0 = greedy")
     s.add_argument("--top-k", type=int)
     s.add_argument("--top-p", type=float)

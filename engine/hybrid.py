@@ -353,8 +353,7 @@ class HybridTransformer(DenseTransformer):
         for name, (src, dst) in ios.items():
             tag = self._fmt(f"{c}.{name}")
             self._bind_mv(b, name, tag, src, self._matrix(f"{c}.{name}"), dst, f"{c}.mv_{name}")
-            pipe = self._mat_pipeline("mm", name, tag)
-            b[f"mm_{name}"] = pipe, g.bind(pipe, [src, *self._matrix(f"{c}.{name}"), dst, st], f"{c}.mm_{name}")
+            self._bind_mm(b, name, tag, src, self._matrix(f"{c}.{name}"), dst, f"{c}.mm_{name}")
         next_norm = w[f"layers.{i + 1}.attn_norm"] if i + 1 < s.n_layers else w["norm"]
         b["add_norm1"] = g.bind(p["add_norm"], [self.res[0], self.delta, w[f"{c}.mlp_norm"], self.res[1],
                                                 self.hidden, st, *self.q8_out], f"{c}.add_norm1")

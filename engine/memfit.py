@@ -92,6 +92,7 @@ def _scratch(dim: int, q_dim: int, qkv_rows: int, ffn_rows: int, n_heads: int, v
              32]
     max_k = max(dim, q_dim, ffn_rows)  # the int8 copy of one activation row for the q8 matvecs, + chunk scales
     sizes += [max_k, max_k // 32 * 8]
+    sizes += [chunk * max_k, chunk * max_k // 32 * 8]  # and of a prefill chunk's rows for the int8 GEMMs
     return sum(_up(s) for s in uploads) + sum(_buf(s) for s in sizes)
 
 

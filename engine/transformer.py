@@ -21,6 +21,7 @@ from engine.matmul import (
     embedding_plan,
     format_knobs,
     gemm_plan,
+    gemm_q8_plan,
     matvec_plan,
     matvec_q8_plan,
     matvec_sg_plan,
@@ -99,7 +100,7 @@ class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
                  formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None,
-                 matvec_sg: bool = True, q8_decode: bool = True, q8_in_norm: bool = True):
+                 matvec_sg: bool = True, q8_decode: bool = True, q8_in_norm: bool = True, q8_prefill: bool = True):
         self.gpu, self.spec = gpu, spec
         # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
         # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
@@ -108,8 +109,12 @@ class DenseTransformer:
         # decode with the subgroup-rows matvec where the GPU has subgroups.
         self.matvec_sg = matvec_sg and gpu.use_subgroups
         # 4-bit decode matvecs take int8 activations (quantize_q8 + matvec_q8): ~3× faster matvecs on the H200
-        # for int8 rounding of x, as llama.cpp's GPU decode does; q8_decode=False keeps f32 activations.
+        # for int8 rounding of x, as llama.cpp's GPU decode does; q8_decode=False keeps f32 activations (in prefill
+        # too: it is the exact-arithmetic switch).
         self.q8 = q8_decode and gpu.use_subgroups
+        # Prefill GEMMs on 4-bit weights take int8 activations too (quantize_q8 over the chunk's rows + matmul_q8),
+        # so prefill and decode round alike; q8_prefill=False (or q8_decode=False) keeps the f32 GEMM.
+        self.q8_prefill = q8_prefill and self.q8
         # The norms write their output row in int8 too, sparing the matvecs they feed a quantize_q8 dispatch each
         # (q8_in_norm=False dispatches those, for A/B runs).
         self.q8_in_norm = self.q8 and q8_in_norm and spec.dim % 32 == 0 and spec.dim <= 8192  # norm_q8.wgsl's room
@@ -196,6 +201,8 @@ class DenseTransformer:
             knobs = format_knobs(tag)
             if kind == "mv":
                 shader, consts, self._mv_grids[key] = self._mv_plan(k, n, gu, False, knobs)
+            elif self._is_q8_prefill(tag):
+                shader, consts = "matmul_q8", gemm_q8_plan(k, n, 1, gate_up=gu, **knobs)[0]
             else:
                 shader, consts = "matmul_int4", gemm_plan(k, n, 1, gate_up=gu, **knobs)[0]
             self.p[key] = self.gpu.pipeline(shader, consts)
@@ -217,11 +224,18 @@ class DenseTransformer:
     def _is_q8(self, tag: str) -> bool:
         return self.q8 and FORMATS[tag]["bits"] == 4
 
+    def _is_q8_prefill(self, tag: str) -> bool:
+        return self.q8_prefill and FORMATS[tag]["bits"] == 4
+
     def _alloc_q8(self, max_k: int) -> None:
-        """One int8 copy of an activation row (+ its chunk scales and sums), rewritten before each q8 matvec."""
+        """One int8 copy of an activation row (+ its chunk scales and sums), rewritten before each q8 matvec; with
+        q8 prefill, the int8 copy of a chunk's rows that each int8 GEMM's quantize_q8 rewrites."""
         self.x_q8 = self.gpu.buffer("x-int8", max_k)  # a few KB: allocated whether or not q8 is on
         self.x_q8_meta = self.gpu.buffer("x-int8-scales", max_k // 32 * 8)
         self.q8_out = [self.x_q8, self.x_q8_meta]  # the norms' extra bindings (written only with q8 on)
+        if self.q8_prefill:
+            self.rows_q8 = self.gpu.buffer("x-int8-rows", self.chunk * max_k)
+            self.rows_q8_meta = self.gpu.buffer("x-int8-rows-scales", self.chunk * max_k // 32 * 8)
 
     def _bind_mv(self, b: dict, name: str, tag: str, src, matrix: list, dst, label: str) -> None:
         """b["mv"][name]: the (pipeline, bind group, grid) dispatches of a decode matvec, in order. A q8 one reading
@@ -236,6 +250,23 @@ class DenseTransformer:
         steps[name] = [(pipe, self.gpu.bind(pipe, [self.x_q8, *matrix, dst, self.x_q8_meta], label), grid)]
         if src is not self.hidden or not self.q8_in_norm:
             steps[name].insert(0, self._quantize(src, self.mats[name][0], False, f"{label}.q8"))
+
+    def _bind_mm(self, b: dict, name: str, tag: str, src, matrix: list, dst, label: str) -> None:
+        """b["mm"][name]: the (pipeline, bind group, grid key) dispatches of a prefill GEMM, in order: matmul_int4 on
+        f32 rows, or quantize_q8 of the chunk's rows then matmul_q8 (4-bit weights with q8 prefill)."""
+        pipe = self._mat_pipeline("mm", name, tag)
+        k, n, gu = self.mats[name]
+        steps = b.setdefault("mm", {})
+        if not self._is_q8_prefill(tag):
+            steps[name] = [(pipe, self.gpu.bind(pipe, [src, *matrix, dst, self.step], label), ("gemm", k, n, gu))]
+            return
+        bg = self.gpu.bind(pipe, [self.rows_q8, *matrix, dst, self.rows_q8_meta, self.step], label)
+        steps[name] = [self._quantize_rows(src, k, f"{label}.q8"), (pipe, bg, ("gemm_q8", k, n, gu))]
+
+    def _quantize_rows(self, src, k: int, label: str) -> tuple:
+        """quantize_q8 of a prefill chunk's rows of `src` into rows_q8 (its grid key: the grid depends on T)."""
+        pipe = self.gpu.pipeline("quantize_q8", quantize_q8_plan(k)[0])
+        return pipe, self.gpu.bind(pipe, [src, self.rows_q8, self.rows_q8_meta, self.step], label), ("quantize", k)
 
     def _quantize(self, src, k: int, last_row: bool, label: str) -> tuple:
         consts, grid = quantize_q8_plan(k, last_row)
@@ -283,11 +314,14 @@ class DenseTransformer:
                                      groups))
         lm = "embed" if s.tied_embeddings else "lm_head"
         knobs = format_knobs(self._fmt(lm))
-        self.lm_parts: dict[str, list] = {"mv": [], "mm": []}  # (pipeline, bind group, grid or None)
+        self.lm_parts: dict[str, list] = {"mv": [], "mm": []}  # (pipeline, bind group, grid or grid key)
         parts = self._vocab_parts(lm)
         q8 = self._is_q8(self._fmt(lm))  # its int8 input: the final norm's last row, or
         apart = q8 and not self.q8_in_norm
         self.lm_quantize = self._quantize(self.hidden, s.dim, True, "lm-head.q8") if apart else None
+        q8_all = self._is_q8_prefill(self._fmt(lm))  # the all-rows GEMM: one quantize_q8 of hidden for every part
+        if q8_all:
+            self.lm_parts["mm"].append(self._quantize_rows(self.hidden, s.dim, "lm-head-all.q8"))
         for r0, n in parts:
             whole = len(parts) == 1
             table = self._matrix(lm) if whole else self._row_ranges(lm, r0, n)
@@ -296,8 +330,13 @@ class DenseTransformer:
             pipe = g.pipeline(shader, consts)
             ins = [self.x_q8, *table, y, self.x_q8_meta] if q8 else [self.hidden, *table, y, st]
             self.lm_parts["mv"].append((pipe, g.bind(pipe, ins, f"lm-head-{r0}"), grid))
-            pipe = g.pipeline("matmul_int4", gemm_plan(s.dim, n, 1, y_stride=s.vocab, **knobs)[0])
-            self.lm_parts["mm"].append((pipe, g.bind(pipe, [self.hidden, *table, y, st], f"lm-head-all-{r0}"), n))
+            if q8_all:
+                pipe = g.pipeline("matmul_q8", gemm_q8_plan(s.dim, n, 1, y_stride=s.vocab, **knobs)[0])
+                ins, key = [self.rows_q8, *table, y, self.rows_q8_meta, st], ("gemm_q8", s.dim, n, False)
+            else:
+                pipe = g.pipeline("matmul_int4", gemm_plan(s.dim, n, 1, y_stride=s.vocab, **knobs)[0])
+                ins, key = [self.hidden, *table, y, st], ("gemm", s.dim, n, False)
+            self.lm_parts["mm"].append((pipe, g.bind(pipe, ins, f"lm-head-all-{r0}"), key))
 
     def _record_embed(self, rec: Recorder, T: int) -> None:
         for pipe, bg, groups in self.embed_parts:
@@ -311,15 +350,15 @@ class DenseTransformer:
             for pipe, bg, grid in self.lm_parts["mv"]:
                 rec.dispatch(pipe, bg, *grid)
         else:
-            for pipe, bg, n in self.lm_parts["mm"]:
-                rec.dispatch(pipe, bg, *self._gemm_grid(self.spec.dim, n, T))
+            for pipe, bg, key in self.lm_parts["mm"]:
+                rec.dispatch(pipe, bg, *self._prefill_grid(key, T))
 
     # ---- pipelines and bind groups (built once) ---------------------------------------------
     def _build(self) -> None:
         g, s, w = self.gpu, self.spec, self.w
         self.p: dict[str, object] = {}
         self.bg: dict[str, object] = {}
-        self._gemm_grids: dict[tuple, tuple] = {}
+        self._gemm_grids: dict[tuple, tuple] = {}  # prefill grids (GEMMs and their quantize_q8) per (key, T)
         self._mv_grids: dict[str, tuple] = {}
         st = self.step
         self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm))
@@ -354,9 +393,7 @@ class DenseTransformer:
             for name in matrix_dims(s):
                 tag = self._fmt(f"{c}.{name}")
                 self._bind_mv(b, name, tag, ins[name], self._matrix(f"{c}.{name}"), outs[name], f"{c}.mv_{name}")
-                pipe = self._mat_pipeline("mm", name, tag)
-                b[f"mm_{name}"] = pipe, bind(pipe, [ins[name], *self._matrix(f"{c}.{name}"), outs[name], st],
-                                             f"{c}.mm_{name}")
+                self._bind_mm(b, name, tag, ins[name], self._matrix(f"{c}.{name}"), outs[name], f"{c}.mm_{name}")
             # The fused decode kernel reads q4f16_1 only and cannot see whole heads for q/k norms.
             if self.fused_qkv and self._fmt(f"{c}.qkv") == "q4f16_1" and not s.qk_norm:
                 if "qkv_fused" not in self.p:
@@ -402,20 +439,26 @@ class DenseTransformer:
             rec.dispatch(p["add_norm"], b["add_norm2"], T)
 
     def _mm(self, rec: Recorder, b: dict, name: str, T: int) -> None:
-        """A matrix product; a q8 decode matvec not fed by a norm first quantizes its input."""
+        """A matrix product; a q8 decode matvec not fed by a norm, and a q8 prefill GEMM, first quantize the input."""
         if T == 1:
             for pipe, bg, grid in b["mv"][name]:
                 rec.dispatch(pipe, bg, *grid)
         else:
-            k, n, gu = self.mats[name]
-            rec.dispatch(*b[f"mm_{name}"], *self._gemm_grid(k, n, T, gu))
+            for pipe, bg, key in b["mm"][name]:
+                rec.dispatch(pipe, bg, *self._prefill_grid(key, T))
 
-    def _gemm_grid(self, k: int, n: int, T: int, gate_up: bool = False) -> tuple:
-        """A prefill GEMM's grid, planned once per (shape, chunk length) instead of on every dispatch."""
-        key = (k, n, T, gate_up)
-        if key not in self._gemm_grids:
-            self._gemm_grids[key] = gemm_plan(k, n, T, gate_up=gate_up)[1]
-        return self._gemm_grids[key]
+    def _prefill_grid(self, key: tuple, T: int) -> tuple:
+        """The grid of a prefill dispatch (key: ("gemm" | "gemm_q8", K, N, gate_up) or ("quantize", K)), planned once
+        per (key, chunk length) instead of on every dispatch."""
+        if (key, T) not in self._gemm_grids:
+            kind, k, *shape = key
+            if kind == "quantize":
+                grid = quantize_q8_plan(k, rows=T)[1]
+            else:
+                plan = gemm_q8_plan if kind == "gemm_q8" else gemm_plan
+                grid = plan(k, shape[0], T, gate_up=shape[1])[1]
+            self._gemm_grids[key, T] = grid
+        return self._gemm_grids[key, T]
 
     def _record_attention(self, rec: Recorder, b: dict, T: int, splits: int) -> None:
         """Paged attention over the cache; past SPLIT_KEYS keys decode splits them and combines the parts."""

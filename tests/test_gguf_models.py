@@ -8,7 +8,7 @@ import torch
 from gguf import GGMLQuantizationType
 
 from engine.model import load_model
-from tests.test_dense_models import DECODE_TOL, compare, uses_q8
+from tests.test_dense_models import DECODE_TOL, compare, compare_int8, uses_q8, uses_q8_prefill
 from tests.test_gguf_format import gguf_tensors, roundtrip, write_gguf
 from tests.tiny_models import cached_tiny_hf
 
@@ -89,14 +89,18 @@ def test_gguf_logits_match_transformers(gpu, case):
     ours = model.logits(ids)
     with torch.no_grad():
         ref = hf(torch.tensor(ids[None])).logits[0].numpy()
-    compare(ours, ref)
+    q8 = uses_q8(model.runtime)
+    assert q8 == any(f in ("q4_0", "q4_1") for f in model.runtime.formats.values())  # 4-bit formats only
+    assert uses_q8_prefill(model.runtime) == q8  # the prefill GEMMs too
+    compare_int8(ours, ref) if q8 else compare(ours, ref)
     # Decode kernels (unfused QKV for non-MLC formats, per-format matvecs) agree with the prefill GEMMs.
     model.runtime.reset()
     per_token = model.runtime.logits(ids[:40], chunk=1)
-    q8 = uses_q8(model.runtime)
-    assert q8 == any(f in ("q4_0", "q4_1") for f in model.runtime.formats.values())  # 4-bit formats only
     assert np.abs(per_token - ours[:40]).max() / np.abs(ours).max() < DECODE_TOL[q8]
-    if q8:  # and with f32 activations the decode kernels compute what the GEMMs compute
+    if q8:  # and with f32 activations everywhere: transformers' numbers, and decode computes what the GEMMs compute
         exact = load_model(path, gpu=gpu, max_context=256, prefill_chunk=64, q8_decode=False)
+        full = exact.logits(ids)
+        compare(full, ref)
+        exact.runtime.reset()
         per_token = exact.runtime.logits(ids[:40], chunk=1)
-        assert np.abs(per_token - ours[:40]).max() / np.abs(ours).max() < DECODE_TOL[False]
+        assert np.abs(per_token - full[:40]).max() / np.abs(full).max() < DECODE_TOL[False]

@@ -76,7 +76,8 @@ def test_logits_match_transformers_at_every_position(model, tiny):
 def test_untied_lm_head(gpu, tmp_path):
     hf = cached_tiny_hf("qwen3_5", seed=1, tie_word_embeddings=False)
     assert cli_main(["convert", str(hf), str(tmp_path / "mlc")]) == 0
-    model = load_model(tmp_path / "mlc", gpu=gpu, max_context=64, prefill_chunk=16)
+    # f32 activations: this compares with transformers' arithmetic (int8 ones move this model's logits ~5%)
+    model = load_model(tmp_path / "mlc", gpu=gpu, max_context=64, prefill_chunk=16, q8_decode=False)
     assert "lm_head.q_weight" in model.runtime.spec.names.values()
     ids = np.random.default_rng(2).integers(0, model.runtime.spec.vocab, 24)
     with torch.no_grad():
@@ -105,7 +106,8 @@ def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(model):
 
 
 def assert_int8_decode_steps_match_the_full_forward(model, positions=(10, 30, 50, 70, 89), outliers: int = 0):
-    """One int8-activation decode step after an f32 prefill of the prefix, against that row of the full forward.
+    """One int8-activation decode step after a prefill of the prefix (int8 GEMMs too, unless the model pins
+    q8_prefill=False; a MoE block's experts prefill in f32), against that row of the full forward.
     One step is bounded by the int8 rounding; over many steps a tiny random hybrid amplifies it through the
     recurrence (90 steps: 8% on the Qwen3.5 test model, 45% on the MoE one), so whole decodes are not compared.
     `outliers`: positions allowed past the tolerance (a MoE router's near-tied top-k can flip on the noise)."""
@@ -133,6 +135,21 @@ def test_int8_decode(gpu, tiny):
     rt = model.runtime
     assert rt.dispatches_per_token == 4 + 10 * rt.spec.n_layers + 2 * rt.spec.n_layers
     assert_recorded_count(rt)
+
+
+def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
+    """Every dense projection of the hybrid (GDN in_proj and out, attention qkv, gate and o, the MLP) prefills
+    with int8 activations (matmul_q8) as it decodes (matvec_q8): without split-K attention the logits agree to f32
+    rounding (exactly, at these K)."""
+    model = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=320)
+    rt = model.runtime
+    gemms = {(name, steps[-1][0].label) for b in rt.layer_bg for name, steps in b["mm"].items()}
+    assert gemms == {(name, "matmul_q8") for name in ("in_proj", "out", "qkv", "gate", "o", "gate_up", "down")}
+    ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 90)
+    full = model.logits(ids)
+    rt.reset()
+    per_token = rt.logits(ids, chunk=1)
+    assert np.abs(per_token - full).max() <= 1e-5 * np.abs(full).max()
 
 
 def test_int8_from_the_norms_equals_a_quantize_dispatch(gpu, tiny):
@@ -178,7 +195,8 @@ def test_norm_offset_runs_raw_zero_centred_norms(gpu, tiny, model):
         for name, arr in weights:
             yield name, (arr.astype(np.float32) - 1).astype(np.float16) if name.endswith(centred) else arr
 
-    rt = HybridTransformer(gpu, spec, raw(ckpt.load(list(spec.names.values()))), max_context=64, prefill_chunk=32)
+    rt = HybridTransformer(gpu, spec, raw(ckpt.load(list(spec.names.values()))), max_context=64, prefill_chunk=32,
+                           q8_decode=False)  # f32 activations, as the model it is compared with
     ids = [5, 9, 200, 7, 31, 64, 2, 8]
     np.testing.assert_array_equal(rt.logits(ids), model.logits(ids))
 

@@ -279,7 +279,10 @@ def mlx_model(gpu):
 
 def test_mlx_logits_match_mlx_lm_at_every_position(gpu, mlx_variant):
     variant, path = mlx_variant
-    model = load_model(path, gpu=gpu, max_context=160, prefill_chunk=32, split_keys=48)
+    # f32 prefill: the logits are compared with mlx-lm's f32 arithmetic (with int8 activations these tiny random
+    # models move by up to 65%, in decode and prefill alike: near-tied routers flip); the decode stays int8, so the
+    # dispatch counts below are the default ones.
+    model = load_model(path, gpu=gpu, max_context=160, prefill_chunk=32, split_keys=48, q8_prefill=False)
     rt = model.runtime
     if variant == "dense":
         assert not rt.moe and rt.formats["embed"] == "mlx4" and rt.spec.tied_embeddings
