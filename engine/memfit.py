@@ -20,9 +20,9 @@ import numpy as np
 
 from engine.catalog import CatalogEntry
 from engine.models.base import DenseSpec
-from engine.sampling import WINDOW
+from engine.sampling import WINDOW, argmax_plan
 from engine.sysmem import SystemMemory, system_memory
-from engine.transformer import MAX_SPLITS, PAGE, RING, tensor_shapes
+from engine.transformer import MAX_SPLITS, PAGE, Q8_PREFILL_MIN_DIM, RING, tensor_shapes
 
 __all__ = ["MemoryEstimate", "FitReport", "GpuMemory", "estimate", "check_fit", "gpu_memory", "system_memory",
            "SystemMemory"]
@@ -92,7 +92,11 @@ def _scratch(dim: int, q_dim: int, qkv_rows: int, ffn_rows: int, n_heads: int, v
              32]
     max_k = max(dim, q_dim, ffn_rows)  # the int8 copy of one activation row for the q8 matvecs, + chunk scales
     sizes += [max_k, max_k // 32 * 8]
-    sizes += [chunk * max_k, chunk * max_k // 32 * 8]  # and of a prefill chunk's rows for the int8 GEMMs
+    if dim >= Q8_PREFILL_MIN_DIM:  # and of a prefill chunk's rows for the int8 GEMMs (the default from this dim)
+        sizes += [chunk * max_k, chunk * max_k // 32 * 8]
+    parts = argmax_plan(vocab)[2]
+    if parts:  # the two-pass argmax's (value, index) pairs
+        sizes.append(8 * parts)
     return sum(_up(s) for s in uploads) + sum(_buf(s) for s in sizes)
 
 

@@ -33,6 +33,7 @@ from engine.models.base import DenseSpec
 from engine.sampling import GpuArgmax, GpuSampler, SamplingParams
 
 PAGE = 16  # tokens per KV page
+Q8_PREFILL_MIN_DIM = 2048  # Phi-3 3072, Qwen3-4B 2560, Qwen3.6 2048; SmolLM2-135M 576
 SPLIT_KEYS = 64  # decode attention splits its keys into blocks of this size (more workgroups in flight)
 MAX_SPLITS = 32
 RING = 4096  # slots in the GPU ring of sampled token ids
@@ -100,7 +101,8 @@ class DenseTransformer:
     def __init__(self, gpu: Gpu, spec: DenseSpec, weights: Iterable[tuple[str, np.ndarray]],
                  max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
                  formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None,
-                 matvec_sg: bool = True, q8_decode: bool = True, q8_in_norm: bool = True, q8_prefill: bool = True):
+                 matvec_sg: bool = True, q8_decode: bool = True, q8_in_norm: bool = True,
+                 q8_prefill: bool | None = None):
         self.gpu, self.spec = gpu, spec
         # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
         # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
@@ -114,6 +116,10 @@ class DenseTransformer:
         self.q8 = q8_decode and gpu.use_subgroups
         # Prefill GEMMs on 4-bit weights take int8 activations too (quantize_q8 over the chunk's rows + matmul_q8),
         # so prefill and decode round alike; q8_prefill=False (or q8_decode=False) keeps the f32 GEMM.
+        # By default only for models of dim ≥ Q8_PREFILL_MIN_DIM: int8 rounding of every prefill row costs a small
+        # model real accuracy (the 135M demo's first answer token flips) while its GEMMs are too small to matter.
+        if q8_prefill is None:
+            q8_prefill = spec.dim >= Q8_PREFILL_MIN_DIM
         self.q8_prefill = q8_prefill and self.q8
         # The norms write their output row in int8 too, sparing the matvecs they feed a quantize_q8 dispatch each
         # (q8_in_norm=False dispatches those, for A/B runs).

@@ -14,7 +14,7 @@ from app.window import MainWindow
 from engine import demo
 from engine.sampling import SamplingParams
 from engine.session import ChatSettings
-from tests.fixtures_demo import assert_names_paris, demo_gguf
+from tests.fixtures_demo import demo_gguf
 from tests.test_cli_models import tiny_repo  # noqa: F401 (fixture)
 from tests.test_hub import hub, memory_keyring  # noqa: F401 (fixtures)
 
@@ -73,7 +73,7 @@ def test_first_launch_loads_the_demo_and_answers(qtbot, window):
     stored = window.store.messages(window.conv_id)
     assert [m["role"] for m in stored] == ["user", "assistant"] and stored[1]["content"] == reply.answer
     assert window.conversations.count() == 1 and "capital of France" in window.conversations.item(0).text()
-    assert_names_paris(reply.answer, window.facts["int8_decode"])  # int8 decode loads int8 prefill too
+    assert "Paris" in reply.answer, reply.answer
 
 
 def test_stop_regenerate_edit_and_new_chat(qtbot, window):
@@ -206,12 +206,12 @@ def test_signals_do_not_leak_references():
     assert len(got) == 200 and sys.getrefcount(True) >= before - 5
 
 
-def test_self_test_command(data_dir, gpu):
+def test_self_test_command(data_dir):
     env = dict(os.environ)
     out = subprocess.run([sys.executable, "-m", "app", "--self-test"], capture_output=True, text=True, env=env,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert_names_paris(out.stdout.split("A:", 1)[-1], gpu.use_subgroups)  # the app's default: int8 where it can
+    assert "Paris" in out.stdout.split("A:", 1)[-1], out.stdout
 
 
 def test_download_flow_progress_cancel_resume_then_selectable(qtbot, tiny_repo, hub, monkeypatch):  # noqa: F811
@@ -369,9 +369,9 @@ def test_a_message_sent_while_the_model_loads_goes_out_when_it_is_ready(qtbot, d
     assert "as soon as the model has loaded" in w.status.text() and w.store.list_conversations() == []
     qtbot.waitUntil(lambda: w.conv_id is not None and len(w.store.messages(w.conv_id)) == 2 and w.request == 0,
                     timeout=LOAD_MS + REPLY_MS)
-    answer, int8 = w.store.messages(w.conv_id)[1]["content"], w.facts["int8_decode"]
+    answer = w.store.messages(w.conv_id)[1]["content"]
     w.close()
-    assert_names_paris(answer, int8)
+    assert "Paris" in answer, answer
 
 
 def test_copy_buttons_put_the_answer_and_code_on_the_clipboard(qtbot, data_dir):

@@ -9,7 +9,7 @@ from engine.cli import main as cli_main
 from engine.model import load_model
 from engine.sampling import SamplingParams
 from engine.session import ChatSession, ChatSettings
-from tests.fixtures_demo import CACHE, assert_names_paris, demo_gguf
+from tests.fixtures_demo import CACHE, demo_gguf
 from tests.test_dense_models import uses_q8, uses_q8_prefill
 
 
@@ -26,7 +26,8 @@ def demo(gpu, demo_path):
 def test_greedy_answer_names_paris(demo):
     chat = ChatSession(demo, ChatSettings(max_tokens=24, sampling=SamplingParams()))
     answer = "".join(e.answer for e in chat.send("What is the capital of France?"))
-    assert_names_paris(answer, demo.runtime.q8_prefill)
+    assert not demo.runtime.q8_prefill  # below Q8_PREFILL_MIN_DIM: f32 prefill by default
+    assert "Paris" in answer, answer
 
 
 STORY = ("The old lighthouse keeper climbed the spiral stairs every evening at dusk. He trimmed the wick, "
@@ -43,7 +44,7 @@ TOP1_TOL = {"f32-prefill": 2e-2, "int8-prefill": 4e-2, "int8-decode": 4e-2}
 
 @pytest.mark.parametrize("path", list(TOP1_TOL))
 def test_top1_agrees_with_transformers_over_64_teacher_forced_tokens(demo, demo_path, path):
-    """The prefill GEMMs with f32 activations (q8_prefill=False) and with int8 ones (the default), and the default
+    """The prefill GEMMs with f32 activations (the demo's default) and with int8 ones (q8_prefill=True), and the default
     decode kernels run one token at a time, on real weights."""
     from transformers import AutoModelForCausalLM
 
@@ -53,8 +54,8 @@ def test_top1_agrees_with_transformers_over_64_teacher_forced_tokens(demo, demo_
     start = len(demo.tokenizer.chat_prompt(messages[:1]).ids) - 1
     window = slice(start, start + 64)  # the logits that predict the first 64 tokens of the answer
     if path.endswith("prefill"):
-        model = demo if path == "int8-prefill" else load_model(demo_path, gpu=demo.runtime.gpu, max_context=512,
-                                                                q8_prefill=False)
+        model = demo if path == "f32-prefill" else load_model(demo_path, gpu=demo.runtime.gpu, max_context=512,
+                                                               q8_prefill=True)
         assert uses_q8_prefill(model.runtime) == (path == "int8-prefill")
         ours = model.logits(ids)[window]
         model.runtime.reset()
@@ -81,4 +82,4 @@ def test_cli_generate_uses_the_installed_demo(monkeypatch, capsys, gpu, demo_pat
                      "--max-tokens", "20", "--context", "256", *exact]) == 0
     out = capsys.readouterr()
     assert "context" in out.err
-    assert_names_paris(out.out, gpu.use_subgroups and not exact)  # int8 prefill: the CLI's default where it can
+    assert "Paris" in out.out, out.out

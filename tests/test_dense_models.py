@@ -79,7 +79,8 @@ def uses_q8_prefill(rt) -> bool:
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
     hf_dir, mlc = tiny
-    model = load_model(mlc, gpu=gpu, max_context=256, prefill_chunk=64, q8_decode=q8)
+    # These tiny models are below Q8_PREFILL_MIN_DIM: int8 prefill is asked for explicitly.
+    model = load_model(mlc, gpu=gpu, max_context=256, prefill_chunk=64, q8_decode=q8, q8_prefill=q8)
     assert uses_q8_prefill(model.runtime) == q8
     ref_model = reference_model(hf_dir, mlc)
     ids = np.random.default_rng(0).integers(0, model.runtime.spec.vocab, 150)

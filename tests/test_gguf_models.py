@@ -84,7 +84,7 @@ def case(request, tmp_path_factory):
 
 def test_gguf_logits_match_transformers(gpu, case):
     path, hf = case
-    model = load_model(path, gpu=gpu, max_context=256, prefill_chunk=64)
+    model = load_model(path, gpu=gpu, max_context=256, prefill_chunk=64, q8_prefill=True)  # tiny: ask for int8
     ids = np.random.default_rng(0).integers(0, model.runtime.spec.vocab, 100)
     ours = model.logits(ids)
     with torch.no_grad():

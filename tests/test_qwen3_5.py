@@ -141,7 +141,7 @@ def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
     """Every dense projection of the hybrid (GDN in_proj and out, attention qkv, gate and o, the MLP) prefills
     with int8 activations (matmul_q8) as it decodes (matvec_q8): without split-K attention the logits agree to f32
     rounding (exactly, at these K)."""
-    model = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=320)
+    model = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=320, q8_prefill=True)
     rt = model.runtime
     gemms = {(name, steps[-1][0].label) for b in rt.layer_bg for name, steps in b["mm"].items()}
     assert gemms == {(name, "matmul_q8") for name in ("in_proj", "out", "qkv", "gate", "o", "gate_up", "down")}
