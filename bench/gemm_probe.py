@@ -22,8 +22,7 @@ from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
 from engine.matmul import gemm_plan, gemm_q8_plan, quantize_q8_plan  # noqa: E402
 
 TOLERANCE = 5e-2  # int8 x vs f32 x, relative to max|y|
-# With --tiles: other tile shapes, 8 token rows per thread (fewer workgroup-memory loads per dot4I8Packed), K steps.
-TILES = [dict(rt=8), dict(tm=128, rt=8), dict(tm=32, tn=128), dict(tm=128, tn=32), dict(kc=1), dict(kc=3)]
+TILES = [dict(tm=32, tn=128), dict(tm=128, tn=32), dict(kc=1), dict(kc=3)]  # with --tiles
 
 
 def matrices(shape: str, quick: bool) -> dict[str, tuple[int, int, bool]]:
@@ -90,8 +89,8 @@ def probe(g: Gpu, name: str, K: int, N: int, gate_up: bool, T: int, reps: int, t
         err = np.abs(out - ref).max() / np.abs(ref).max()
         verdict = "ok" if err < TOLERANCE else "BAD"  # NaN (an unwritten output) fails too
         t = dispatch_seconds(g, pipe, bg, grid, reps) * 1e6
-        tile = f"TM={consts['TM']} TN={consts['TN']} RT={consts['RT']} KC={consts['KC']}"
-        print(f"    {label:30s} {t:9.1f} us  {tile:23s} vs f32 {err:.1e} {verdict}  "
+        tile = f"TM={consts['TM']} TN={consts['TN']} KC={consts['KC']}"
+        print(f"    {label:30s} {t:9.1f} us  {tile:18s} vs f32 {err:.1e} {verdict}  "
               f"ratio {t_f32 / (t_quant + t):.2f}x", flush=True)
         t_default = t if t_default is None else t_default
     for buf in (w, s, x, xq, xm, y_f32, y_q8):

@@ -42,12 +42,10 @@ MATVEC_Q8_SLOTS = 2
 QUANTIZE_WG = 64
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
-# The int8-activation prefill GEMM (shaders/matmul_q8.wgsl): 64 tokens × 64 staged weight rows, 4 rows × 4 columns
-# per thread (256 threads), 2 chunks of K per staged step. Untuned: a starting point for the H200 (bench/gemm_probe.py
-# --tiles times the alternatives, e.g. 8 rows per thread: fewer workgroup-memory loads per dot4I8Packed).
+# The int8-activation prefill GEMM (shaders/matmul_q8.wgsl): 64 tokens × 64 staged weight rows, 4×4 per thread
+# (256 threads), 2 chunks of K per staged step. Untuned: a starting point for the H200 (bench/gemm_probe.py).
 GEMM_Q8_TM = 64
 GEMM_Q8_TN = 64  # halved with gate_up, as GEMM_TN
-GEMM_Q8_RT = 4
 GEMM_Q8_KC = 2
 GEMM_Q8_MAX_WG = 256  # WebGPU's default maxComputeInvocationsPerWorkgroup
 WORKGROUP_BYTES = 16384
@@ -192,22 +190,14 @@ def gemm_plan(
     return consts, (x, max(-(-T // tm), 1), z)
 
 
-def gemm_q8_workgroup_bytes(tm: int, wn: int, rt: int, kc: int, affine: bool) -> int:
-    """matmul_q8's workgroup memory: int8 X and W tiles (rows padded by one vec4), their f32 scales, with AFFINE the
-    X code sums and W minima (else one vec4 each)."""
-    tiles = 32 * kc * (tm + rt) + 32 * kc * (wn + 4)
-    scales = 4 * kc * (tm + wn)
-    return tiles + scales + (scales if affine else 32)
-
-
 def gemm_q8_plan(
     K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_Q8_TM, tn: int | None = None,
-    kc: int | None = None, rt: int = GEMM_Q8_RT, *, y_stride: int | None = None, bits: int = 4, zero: int = 7,
-    affine: bool = False, group: int = 32,
+    kc: int | None = None, *, y_stride: int | None = None, bits: int = 4, zero: int = 7, affine: bool = False,
+    group: int = 32,
 ) -> tuple[dict, tuple[int, int, int]]:
     """Constants and grid for shaders/matmul_q8.wgsl: Y[T, N] from X quantized by quantize_q8 (T rows). The
     constants do not depend on T. `kc`: chunks per staged step (default GEMM_Q8_KC, or 1 where K has an odd
-    number of chunks); `rt`: token rows per thread (4 or 8; each thread has 4 columns)."""
+    number of chunks)."""
     if bits != 4:
         raise ValueError(f"matmul_q8 reads 4-bit codes, got BITS={bits}")
     fmt = _format_consts(K, bits, zero, affine, group)
@@ -216,21 +206,18 @@ def gemm_q8_plan(
     chunks = K // CHUNK
     kc = kc or (GEMM_Q8_KC if chunks % GEMM_Q8_KC == 0 else 1)
     wn = tn * (2 if gate_up else 1)
-    if rt not in (4, 8):
-        raise ValueError(f"RT (rows per thread) must be 4 or 8, got {rt}")
-    threads = tm // rt * (wn // 4)
-    if tm % rt or tn % 4 or tm < rt or tn < 4 or threads > GEMM_Q8_MAX_WG:
-        raise ValueError(f"TM={tm}, TN={tn}, RT={rt}: need TM a multiple of RT, TN of 4, and (TM/RT)·(staged W "
-                         f"rows/4) ≤ {GEMM_Q8_MAX_WG} threads, got {threads}")
+    threads = tm // 4 * (wn // 4)
+    if tm % 4 or tn % 4 or tm < 4 or tn < 4 or threads > GEMM_Q8_MAX_WG:
+        raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4 and (TM/4)·(staged W rows/4) ≤ {GEMM_Q8_MAX_WG} "
+                         f"threads, got {threads}")
     if kc < 1 or chunks % kc:
         raise ValueError(f"KC={kc} must divide the {chunks} chunks of K={K}")
-    lds = gemm_q8_workgroup_bytes(tm, wn, rt, kc, affine)
+    lds = kc * (tm + wn) * (48 if affine else 40)
     if lds > WORKGROUP_BYTES:
-        raise ValueError(f"TM={tm}, staged W rows {wn}, RT={rt}, KC={kc}: {lds} bytes of workgroup memory > "
-                         f"{WORKGROUP_BYTES}")
+        raise ValueError(f"TM={tm}, staged W rows {wn}, KC={kc}: {lds} bytes of workgroup memory > {WORKGROUP_BYTES}")
     if y_stride is not None and y_stride < N:
         raise ValueError(f"YS={y_stride} is narrower than N={N}")
-    consts = dict(K=K, N=N, TM=tm, TN=tn, RT=rt, KC=kc, GATE_UP=gate_up, YS=y_stride or N, ZERO=fmt["ZERO"],
+    consts = dict(K=K, N=N, TM=tm, TN=tn, KC=kc, GATE_UP=gate_up, YS=y_stride or N, ZERO=fmt["ZERO"],
                   AFFINE=fmt["AFFINE"], GROUP=fmt["GROUP"])
     x, z = fold_grid(-(-N // tn))
     return consts, (x, max(-(-T // tm), 1), z)

@@ -6,17 +6,15 @@
 // A workgroup computes a TM×TN tile of Y; each step stages KC chunks (32·KC of K) of the TM int8 X rows and of the
 // tile's weight rows in workgroup memory. The weight nibbles are unpacked to int8 once at staging, with the zero
 // point subtracted there (so the inner loop is dot4I8Packed and nothing else), in the order dot32 pairs them with
-// the activation bytes. Each thread keeps its RT×4 int sums per chunk, then folds them into f32 with the two scales.
+// the activation bytes. Each thread keeps its 4×4 int sums per chunk, then folds them into f32 with the two scales.
 // The next step's global loads are issued into registers before the current step's math (one stage of prefetch).
-// Workgroup rows are padded by one vec4 (pitches XP, WP) and staged in an order that lets each quarter-warp's
-// 16-byte stores hit 8 different bank groups (measured by bank model only, not on hardware).
-// Threads: WG = (TM/RT)·(TN·MATS/4); thread (tx, ty) owns rows RT·ty .. RT·ty + RT − 1 and tile columns 4tx..4tx+3.
-// With GATE_UP the staged tile holds 2·TN weight rows laid out so a thread's 4 columns are (gate j, gate j+1, up j,
+// Threads: WG = (TM/4)·(TN·MATS/4); thread (tx, ty) owns rows 4ty..4ty+3 and tile columns 4tx..4tx+3. With
+// GATE_UP the staged tile holds 2·TN weight rows laid out so a thread's 4 columns are (gate j, gate j+1, up j,
 // up j+1), j = j0 + 2tx (as matmul_int4): it finishes silu(gate)·up itself.
-// Constants: K (a multiple of GROUP and of 32·KC), N outputs, TM (a multiple of RT), TN (a multiple of 4), RT (rows
-//   per thread: 4 or 8), KC (chunks per step), GATE_UP (W has 2N rows, gate [0, N) then up [N, 2N); Y[t, j] =
-//   silu(gate)·up), YS (floats per row of Y, ≥ N: a slice of the vocabulary writes its columns of the full logits),
-//   ZERO, AFFINE, GROUP (matvec_q8's formats: q4f16_1, q4_0, q4_1, mlx4). Workgroup memory: gemm_q8_plan's count.
+// Constants: K (a multiple of GROUP and of 32·KC), N outputs, TM, TN (multiples of 4), KC (chunks per step),
+//   GATE_UP (W has 2N rows, gate [0, N) then up [N, 2N); Y[t, j] = silu(gate)·up), YS (floats per row of Y, ≥ N: a
+//   slice of the vocabulary writes its columns of the full logits), ZERO, AFFINE, GROUP (matvec_q8's formats:
+//   q4f16_1, q4_0, q4_1, mlx4). Workgroup memory: KC·(TM + WN)·48 bytes with AFFINE, ·40 without (WN = TN·MATS).
 // Bindings: 0 xq u32[rows, K/4] read as vec4 (int8 codes, row t at t·K/4), 1 w u32[N or 2N, K/8] read as vec4 (one
 //   per 32-element chunk), 2 s f16[N or 2N, K/GROUP] (with AFFINE (scale, min) pairs f16[N or 2N, K/GROUP, 2]),
 //   3 y f32[T, YS] (write), 4 xm vec2<f32>[rows, K/32] (scale, Σ codes), 5 step uniform (n_tokens).
@@ -38,10 +36,8 @@ const SPG: u32 = select(1u, 2u, AFFINE);    // f16 per group in s: scale, or (sc
 const MATS: u32 = select(1u, 2u, GATE_UP);
 const WN: u32 = TN * MATS;                  // weight rows staged per tile
 const TX: u32 = WN / 4u;
-const TY: u32 = TM / RT;
+const TY: u32 = TM / 4u;
 const WG: u32 = TX * TY;
-const XP: u32 = TY + 1u;                    // x_tile / w_tile row pitches (padded: see above)
-const WP: u32 = TX + 1u;
 const N_TILES: u32 = (N + TN - 1u) / TN;
 const NIB: u32 = 0x0F0F0F0Fu;
 const SIGN: u32 = 0x80808080u;
@@ -59,12 +55,12 @@ const X_PER: u32 = (X_ITEMS + WG - 1u) / WG;
 const XM_PER: u32 = (XM_ITEMS + WG - 1u) / WG;
 const W_PER: u32 = (W_ITEMS + WG - 1u) / WG;
 
-var<workgroup> x_tile: array<vec4<u32>, 2u * KC * RT * XP>;  // [chunk][half][row % RT][row / RT]
-var<workgroup> w_tile: array<vec4<u32>, 2u * KC * 4u * WP>;  // [half][chunk][col % 4][col / 4]: (q − ZERO) or q
-var<workgroup> x_scale: array<vec4<f32>, KC * TM / 4u>;      // [chunk][row / RT][row % RT / 4], component row % 4
-var<workgroup> w_scale: array<vec4<f32>, KC * TX>;           // [chunk][col / 4], component col % 4
-// AFFINE only (sized 1 otherwise): xs·Σ xq per row and the weights' minimum per column, laid out as the scales.
-var<workgroup> x_sum: array<vec4<f32>, select(1u, KC * TM / 4u, AFFINE)>;
+var<workgroup> x_tile: array<vec4<u32>, X_ITEMS>;       // [chunk][half][row % 4][row / 4]
+var<workgroup> w_tile: array<vec4<u32>, W_ITEMS * 2u>;  // [chunk][half][col % 4][col / 4], int8 (q − ZERO) or q
+var<workgroup> x_scale: array<vec4<f32>, KC * TY>;      // [chunk][row / 4], component row % 4
+var<workgroup> w_scale: array<vec4<f32>, KC * TX>;      // [chunk][col / 4], component col % 4
+// AFFINE only (sized 1 otherwise): xs·Σ xq per row and the weights' minimum per column.
+var<workgroup> x_sum: array<vec4<f32>, select(1u, KC * TY, AFFINE)>;
 var<workgroup> w_min: array<vec4<f32>, select(1u, KC * TX, AFFINE)>;
 
 // The weight row behind tile column c. Columns past N are clamped: loaded, computed, never written.
@@ -114,19 +110,20 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     var w_row = array<u32, W_PER>();
     for (var r = 0u; r < W_PER; r++) { w_row[r] = weight_row(min(lid + r * WG, W_ITEMS - 1u) / KC, j0); }
 
-    var acc = array<vec4<f32>, RT>();
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
     // Per step: issue step g's global loads, compute step g − 1 from workgroup memory while they are in flight,
     // then store step g.
     for (var g = 0u; g <= STEPS; g++) {
         if (g < STEPS) {
-            // X item i = ((q·KC + c)·TY + t)·2 + half: row RT·t + q, the chunk's 2 vec4 on neighbouring lanes (one
-            // 32-byte sector); rows past n_tokens are clamped (their results are never written).
+            // X rows past n_tokens are clamped (their results are never written).
             for (var r = 0u; r < X_PER; r++) {
                 let i = lid + r * WG;
                 if (i < X_ITEMS) {
-                    let rest = i / (2u * TY);
-                    let row = min(t0 + RT * (i / 2u % TY) + rest / KC, last_t);
-                    px[r] = xq[row * (2u * CHUNKS) + g * (2u * KC) + rest % KC * 2u + i % 2u];
+                    let row = min(t0 + i / (2u * KC), last_t);
+                    px[r] = xq[row * (2u * CHUNKS) + g * (2u * KC) + i % (2u * KC)];
                 }
             }
             for (var r = 0u; r < XM_PER; r++) {
@@ -146,28 +143,34 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
         if (g > 0u) {
             for (var c = 0u; c < KC; c++) {
-                var d = array<vec4<i32>, RT>();
-                for (var r = 0u; r < RT; r++) { d[r] = vec4<i32>(MAGIC); }
+                var d0 = vec4<i32>(MAGIC);
+                var d1 = vec4<i32>(MAGIC);
+                var d2 = vec4<i32>(MAGIC);
+                var d3 = vec4<i32>(MAGIC);
                 for (var h = 0u; h < 2u; h++) {
-                    let wb = (h * KC + c) * 4u * WP + tx;
-                    let b0 = w_tile[wb];
-                    let b1 = w_tile[wb + WP];
-                    let b2 = w_tile[wb + 2u * WP];
-                    let b3 = w_tile[wb + 3u * WP];
-                    let xb = (c * 2u + h) * RT * XP + ty;
-                    for (var r = 0u; r < RT; r++) { d[r] += dots(x_tile[xb + r * XP], b0, b1, b2, b3); }
+                    let p = (c * 2u + h) * 4u;
+                    let b0 = w_tile[p * TX + tx];
+                    let b1 = w_tile[(p + 1u) * TX + tx];
+                    let b2 = w_tile[(p + 2u) * TX + tx];
+                    let b3 = w_tile[(p + 3u) * TX + tx];
+                    d0 += dots(x_tile[p * TY + ty], b0, b1, b2, b3);
+                    d1 += dots(x_tile[(p + 1u) * TY + ty], b0, b1, b2, b3);
+                    d2 += dots(x_tile[(p + 2u) * TY + ty], b0, b1, b2, b3);
+                    d3 += dots(x_tile[(p + 3u) * TY + ty], b0, b1, b2, b3);
                 }
                 let ws = w_scale[c * TX + tx];
-                let mn = w_min[select(0u, c * TX + tx, AFFINE)];
-                for (var r4 = 0u; r4 < RT / 4u; r4++) {
-                    let slot = (c * TY + ty) * (RT / 4u) + r4;
-                    let xs = x_scale[slot];
-                    let xt = x_sum[select(0u, slot, AFFINE)];
-                    for (var j = 0u; j < 4u; j++) {
-                        let r = 4u * r4 + j;
-                        acc[r] = fma(bitcast<vec4<f32>>(d[r]) - MAGIC_F, xs[j] * ws, acc[r]);
-                        if (AFFINE) { acc[r] = fma(vec4<f32>(xt[j]), mn, acc[r]); }
-                    }
+                let xs = x_scale[c * TY + ty];
+                acc0 = fma(bitcast<vec4<f32>>(d0) - MAGIC_F, xs.x * ws, acc0);
+                acc1 = fma(bitcast<vec4<f32>>(d1) - MAGIC_F, xs.y * ws, acc1);
+                acc2 = fma(bitcast<vec4<f32>>(d2) - MAGIC_F, xs.z * ws, acc2);
+                acc3 = fma(bitcast<vec4<f32>>(d3) - MAGIC_F, xs.w * ws, acc3);
+                if (AFFINE) {
+                    let mn = w_min[c * TX + tx];
+                    let xt = x_sum[c * TY + ty];
+                    acc0 = fma(vec4<f32>(xt.x), mn, acc0);
+                    acc1 = fma(vec4<f32>(xt.y), mn, acc1);
+                    acc2 = fma(vec4<f32>(xt.z), mn, acc2);
+                    acc3 = fma(vec4<f32>(xt.w), mn, acc3);
                 }
             }
             workgroupBarrier();
@@ -176,16 +179,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             for (var r = 0u; r < X_PER; r++) {
                 let i = lid + r * WG;
                 if (i < X_ITEMS) {
-                    let rest = i / (2u * TY);
-                    // half + 2·chunk, then the row's place: (chunk·2 + half)·RT + row % RT, row / RT
-                    x_tile[((rest % KC * 2u + i % 2u) * RT + rest / KC) * XP + i / 2u % TY] = px[r];
+                    let m = i / (2u * KC);
+                    x_tile[(i % (2u * KC) * 4u + m % 4u) * TY + m / 4u] = px[r];
                 }
             }
             for (var r = 0u; r < XM_PER; r++) {
                 let i = lid + r * WG;
                 if (i < XM_ITEMS) {
                     let m = i / KC;
-                    let slot = (i % KC * TY + m / RT) * (RT / 4u) + m % RT / 4u;
+                    let slot = i % KC * TY + m / 4u;
                     x_scale[slot][m % 4u] = pxm[r].x;
                     if (AFFINE) { x_sum[slot][m % 4u] = pxm[r].x * pxm[r].y; }
                 }
@@ -198,9 +200,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                     let lo = codes(pw[r] & vec4<u32>(NIB));
                     let hi = codes((pw[r] >> vec4<u32>(4u)) & vec4<u32>(NIB));
                     // dot32's pairing: word j's even nibbles meet activation u32 2j, its odd nibbles u32 2j + 1.
-                    let wb = (c * 4u + col % 4u) * WP + col / 4u;
-                    w_tile[wb] = vec4<u32>(lo.x, hi.x, lo.y, hi.y);
-                    w_tile[wb + KC * 4u * WP] = vec4<u32>(lo.z, hi.z, lo.w, hi.w);
+                    w_tile[(c * 8u + col % 4u) * TX + col / 4u] = vec4<u32>(lo.x, hi.x, lo.y, hi.y);
+                    w_tile[(c * 8u + 4u + col % 4u) * TX + col / 4u] = vec4<u32>(lo.z, hi.z, lo.w, hi.w);
                     w_scale[c * TX + col / 4u][col % 4u] = pws[r].x;
                     if (AFFINE) { w_min[c * TX + col / 4u][col % 4u] = pws[r].y; }
                 }
@@ -209,10 +210,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
     }
 
-    for (var r = 0u; r < RT; r++) {
-        let t = t0 + RT * ty + r;
+    let accs = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
+    for (var r = 0u; r < 4u; r++) {
+        let t = t0 + 4u * ty + r;
         if (t >= step.n_tokens) { break; }
-        let v = acc[r];
+        let v = accs[r];
         if (GATE_UP) {
             let j = j0 + 2u * tx;
             if (j < N) { y[t * YS + j] = silu(v.x) * v.z; }
