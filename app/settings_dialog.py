@@ -100,8 +100,9 @@ class SettingsDialog(QDialog):
         self.exact_decode = QCheckBox("Exact decode arithmetic (slower)")
         self.exact_decode.setAccessibleName("Exact decode arithmetic")
         self.exact_decode.setToolTip("Replies are generated with each layer's input rounded to 8 bits, as llama.cpp "
-                                     "does on GPUs: about 1.5× faster on 4-bit models. Tick this to keep full "
-                                     "precision. Applies when a model next loads.")
+                                     "does on GPUs (prompts too, on models of 2,048 dims and up): about 1.5× faster "
+                                     "on 4-bit models. Tick this to keep full precision. Applies when a model next "
+                                     "loads.")
         self.exact_decode.setChecked(self._prefs.exact_decode)
         form.addRow(self.exact_decode)
         return group
