@@ -5,14 +5,12 @@
 // Bindings: 0 logits f32[VOCAB] or parts f32[2·PARTS], 1 tokens u32[...] (write [0]), 2 out_tokens u32[RING],
 //   3 step uniform.
 #import step
+#import argmax_reduce
 
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> tokens: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out_tokens: array<u32>;
 @group(0) @binding(3) var<uniform> step: Step;
-
-var<workgroup> best_val: array<f32, WG>;
-var<workgroup> best_idx: array<u32, WG>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32) {
@@ -30,20 +28,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
             if (l > v || (l == v && j < idx)) { v = l; idx = j; }  // slices ascend, but keep ties exact anyway
         }
     }
-    best_val[lid] = v;
-    best_idx[lid] = idx;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (lid < stride) {
-            let ov = best_val[lid + stride];
-            let oi = best_idx[lid + stride];
-            if (ov > best_val[lid] || (ov == best_val[lid] && oi < best_idx[lid])) {
-                best_val[lid] = ov;
-                best_idx[lid] = oi;
-            }
-        }
-        workgroupBarrier();
-    }
+    reduce_best(lid, v, idx);
     if (lid == 0u) {
         let token = select(best_idx[0], 0u, best_idx[0] == 0xffffffffu);
         tokens[0] = token;

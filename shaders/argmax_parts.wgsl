@@ -4,11 +4,10 @@
 // workgroup walking the whole row (Qwen3's 151,936 logits took 113 µs that way on the H200).
 // Constants: WG (power of two), VOCAB, PARTS, SLICE (= ceil(VOCAB / PARTS)).
 // Bindings: 0 logits f32[VOCAB] (read), 1 parts f32[2·PARTS] (write). Grid: PARTS workgroups.
+#import argmax_reduce
+
 @group(0) @binding(0) var<storage, read> logits: array<f32>;
 @group(0) @binding(1) var<storage, read_write> parts: array<f32>;
-
-var<workgroup> best_val: array<f32, WG>;
-var<workgroup> best_idx: array<u32, WG>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -19,20 +18,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         let l = logits[i];
         if (l > v) { v = l; idx = i; }  // strided scan: the first hit per thread is its lowest index
     }
-    best_val[lid] = v;
-    best_idx[lid] = idx;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (lid < stride) {
-            let ov = best_val[lid + stride];
-            let oi = best_idx[lid + stride];
-            if (ov > best_val[lid] || (ov == best_val[lid] && oi < best_idx[lid])) {
-                best_val[lid] = ov;
-                best_idx[lid] = oi;
-            }
-        }
-        workgroupBarrier();
-    }
+    reduce_best(lid, v, idx);
     if (lid == 0u) {
         parts[wid.x] = best_val[0];
         parts[PARTS + wid.x] = bitcast<f32>(best_idx[0]);

@@ -20,6 +20,7 @@
 //   3 y f32[T, YS] (write), 4 xm vec2<f32>[rows, K/32] (scale, Σ codes), 5 step uniform (n_tokens).
 // Grid: (x, ceil(T/TM), z) with (x, z) = fold_grid(ceil(N/TN)); rows t ≥ n_tokens and columns ≥ N are never written.
 #import step
+#import gemm_store
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -88,7 +89,6 @@ fn dots(a: vec4<u32>, b0: vec4<u32>, b1: vec4<u32>, b2: vec4<u32>, b3: vec4<u32>
     return vec4<i32>(dot16(a, b0), dot16(a, b1), dot16(a, b2), dot16(a, b3));
 }
 
-fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
@@ -210,20 +210,5 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
     }
 
-    let accs = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
-    for (var r = 0u; r < 4u; r++) {
-        let t = t0 + 4u * ty + r;
-        if (t >= step.n_tokens) { break; }
-        let v = accs[r];
-        if (GATE_UP) {
-            let j = j0 + 2u * tx;
-            if (j < N) { y[t * YS + j] = silu(v.x) * v.z; }
-            if (j + 1u < N) { y[t * YS + j + 1u] = silu(v.y) * v.w; }
-        } else {
-            for (var c = 0u; c < 4u; c++) {
-                let j = j0 + 4u * tx + c;
-                if (j < N) { y[t * YS + j] = v[c]; }
-            }
-        }
-    }
+    store_tile(array<vec4<f32>, 4>(acc0, acc1, acc2, acc3), t0, ty, j0, tx);
 }
