@@ -18,7 +18,7 @@
 //   3 y f32[T, YS] (write), 4 step uniform (n_tokens).
 // Grid: (x, ceil(T/TM), z) with (x, z) = fold_grid(ceil(N/TN)); rows t ≥ n_tokens are never written.
 #import step
-#import gemm_store
+#import gemm_tile
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
@@ -44,15 +44,6 @@ const N_TILES: u32 = (N + TN - 1u) / TN;
 
 var<workgroup> x_tile: array<vec4<f32>, TK * TY>;  // [k][row / 4]
 var<workgroup> w_tile: array<vec4<f32>, TK * TX>;  // [k][tile column / 4]
-
-// The weight row behind tile column c. Columns past N are clamped: loaded, computed, never written.
-fn weight_row(c: u32, j0: u32) -> u32 {
-    if (GATE_UP) {
-        let j = j0 + 2u * (c / 4u) + c % 2u;
-        return (c % 4u / 2u) * N + min(j, N - 1u);
-    }
-    return min(j0 + c, N - 1u);
-}
 
 
 @compute @workgroup_size(WG)

@@ -20,7 +20,7 @@
 //   3 y f32[T, YS] (write), 4 xm vec2<f32>[rows, K/32] (scale, Σ codes), 5 step uniform (n_tokens).
 // Grid: (x, ceil(T/TM), z) with (x, z) = fold_grid(ceil(N/TN)); rows t ≥ n_tokens and columns ≥ N are never written.
 #import step
-#import gemm_store
+#import gemm_tile
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -63,15 +63,6 @@ var<workgroup> w_scale: array<vec4<f32>, KC * TX>;      // [chunk][col / 4], com
 // AFFINE only (sized 1 otherwise): xs·Σ xq per row and the weights' minimum per column.
 var<workgroup> x_sum: array<vec4<f32>, select(1u, KC * TY, AFFINE)>;
 var<workgroup> w_min: array<vec4<f32>, select(1u, KC * TX, AFFINE)>;
-
-// The weight row behind tile column c. Columns past N are clamped: loaded, computed, never written.
-fn weight_row(c: u32, j0: u32) -> u32 {
-    if (GATE_UP) {
-        let j = j0 + 2u * (c / 4u) + c % 2u;
-        return (c % 4u / 2u) * N + min(j, N - 1u);
-    }
-    return min(j0 + c, N - 1u);
-}
 
 // The 4 bytes of each u32 of `v` as signed int8 (v's bytes are 4-bit codes; without AFFINE minus ZERO): bytes
 // 0x80 + q − ZERO stay in 1..0x8F (no borrow between bytes), and flipping bit 7 gives q − ZERO in two's complement.
