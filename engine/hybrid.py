@@ -38,7 +38,7 @@ from engine.models.qwen3_5 import FULL, HybridSpec
 from engine.moe import MoeBlock
 from engine.sampling import GpuArgmax
 from engine.shaders import build_source
-from engine.transformer import PAGE, SPLIT_KEYS, DenseTransformer, checked_tensors, require_all
+from engine.transformer import PAGE, PREFILL_CHUNK, SPLIT_KEYS, DenseTransformer, checked_tensors, require_all
 
 IN_PROJ = ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b")  # fused at load, rows in this order
 Q4 = "q4f16_1"
@@ -175,7 +175,8 @@ def runtime_formats(spec: HybridSpec, formats: dict[str, str] | None) -> dict[st
 
 class HybridTransformer(DenseTransformer):
     def __init__(self, gpu: Gpu, spec: HybridSpec, weights: Iterable[tuple[str, np.ndarray]],
-                 max_context: int | None = None, prefill_chunk: int = 128, split_keys: int = SPLIT_KEYS,
+                 max_context: int | None = None, prefill_chunk: int = PREFILL_CHUNK,
+                 split_keys: int = SPLIT_KEYS,
                  formats: dict[str, str] | None = None, snapshots: tuple[int, int] = (2, 3),
                  snapshot_every: int = 16, gdn_rsplit: int = 4, moe_q8: bool = True, **dense_options):
         self.moe: dict[int, MoeBlock] = {}  # layer -> its MoE block (spec.moe_layers)

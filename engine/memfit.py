@@ -22,13 +22,12 @@ from engine.catalog import CatalogEntry
 from engine.models.base import DenseSpec
 from engine.sampling import WINDOW, argmax_plan
 from engine.sysmem import SystemMemory, system_memory
-from engine.transformer import MAX_SPLITS, PAGE, Q8_PREFILL_MIN_DIM, RING, tensor_shapes
+from engine.transformer import LOGIT_ROWS, MAX_SPLITS, PAGE, PREFILL_CHUNK, Q8_PREFILL_MIN_DIM, RING, tensor_shapes
 
 __all__ = ["MemoryEstimate", "FitReport", "GpuMemory", "estimate", "check_fit", "gpu_memory", "system_memory",
            "SystemMemory"]
 
 GB = 1e9  # messages speak decimal GB, as disk and RAM sizes are sold
-PREFILL_CHUNK = 128  # DenseTransformer's default prefill chunk: activation buffers hold this many rows
 TIGHT_MARGIN = 0.15  # "tight" = the need is within 15% of what is available
 # Measured 119 MiB (imports + wgpu device on Mesa lavapipe); vendor drivers map more, so rounded up generously.
 RAM_BASELINE_BYTES = 512 * 2**20
@@ -84,7 +83,7 @@ def _scratch(dim: int, q_dim: int, qkv_rows: int, ffn_rows: int, n_heads: int, v
              rot_dim: int, chunk: int, max_binding: int | None) -> int:
     """Every non-weight, non-KV buffer DenseTransformer._alloc and GpuSampler create, in their order."""
     f32 = 4
-    logit_rows = max(1, min(chunk, max_binding // (4 * vocab))) if max_binding else chunk
+    logit_rows = max(1, min(chunk, LOGIT_ROWS, max_binding // (4 * vocab))) if max_binding else min(chunk, LOGIT_ROWS)
     uploads = [n_pages * 4, rot_dim // 2 * 4, WINDOW * 4]  # page table, RoPE table, sampler window
     sizes = [16, chunk * 4, RING * 4, chunk * dim * f32, chunk * dim * f32, chunk * dim * f32, chunk * dim * f32,
              chunk * qkv_rows * f32, chunk * q_dim * f32, chunk * q_dim * f32, chunk * ffn_rows * f32,
