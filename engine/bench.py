@@ -146,8 +146,7 @@ def _gpu_busy(rt: DenseTransformer, prompt: np.ndarray, n: int = 64) -> dict:
         rt._write_step(1, rt.n_cached, 1 + j, splits)
         rec = Recorder(g, "decode-ts", {"query_set": qs, "beginning_of_pass_write_index": 2 * j,
                                         "end_of_pass_write_index": 2 * j + 1})
-        rt._record_body(rec, 1, splits)
-        rt._record_sample(rec)
+        rt._record_decode_token(rec, splits)
         rec.submit()
         rt.n_cached += 1
     g.sync()
@@ -182,13 +181,15 @@ def _timed_decode(rt: DenseTransformer, prompt: np.ndarray, n: int) -> float:
 
 
 def _host_us_per_dispatch(rt: DenseTransformer, reps: int = 20) -> float:
-    """Time spent recording one decode token on the CPU, divided by its dispatch count."""
+    """Time spent recording one decode token on the CPU (replaying its captured plan, as decode does), divided by its
+    dispatch count."""
     from engine.gpu import Recorder
 
+    plan = rt._decode_plan(1)
     t = time.perf_counter()
     for _ in range(reps):
         rec = Recorder(rt.gpu, "host-cost")
-        rt._record_body(rec, 1, 1)
+        rec.replay(plan)
         rec.pass_.end()
         rec.encoder.finish()
     return (time.perf_counter() - t) / reps / rec.dispatches * 1e6

@@ -227,6 +227,38 @@ def fold_grid(groups: int) -> tuple[int, int]:
     return x, y
 
 
+class DispatchPlan:
+    """A run of dispatches kept for replay (a decode step's are the same token after token): the objects, and their
+    wgpu-native handles with set_pipeline dropped where the pipeline repeats."""
+
+    def __init__(self, items: list[tuple]):
+        self.items = items  # (pipeline, bind group, x, y, z)
+        self.raw, last = [], None
+        for pipeline, bind_group, x, y, z in items:
+            handle = None if pipeline is last or _RAW_PASS_CALLS is None else pipeline._internal
+            self.raw.append((handle, bind_group._internal if _RAW_PASS_CALLS else None, x, y, z))
+            last = pipeline
+        self.last_pipeline = last
+
+
+class PlanRecorder:
+    """Stands in for a Recorder to capture a DispatchPlan; a buffer copy cannot be part of one."""
+
+    def __init__(self):
+        self.items: list[tuple] = []
+        self.dispatches = 0
+
+    def dispatch(self, pipeline, bind_group, x: int, y: int = 1, z: int = 1) -> None:
+        self.items.append((pipeline, bind_group, x, y, z))
+        self.dispatches += 1
+
+    def copy(self, *_) -> None:
+        raise TypeError("a buffer copy cannot be part of a DispatchPlan")
+
+    def plan(self) -> DispatchPlan:
+        return DispatchPlan(self.items)
+
+
 class Recorder:
     """Records dispatches into one compute pass and skips redundant set_pipeline calls.
 
@@ -263,6 +295,23 @@ class Recorder:
             self.pass_.set_bind_group(0, bind_group)
             self.pass_.dispatch_workgroups(x, y, z)
         self.dispatches += 1
+
+    def replay(self, plan: DispatchPlan) -> None:
+        """The dispatches of `plan`, as if dispatched one by one (a tight loop over pre-resolved handles)."""
+        if not self._raw:
+            for pipeline, bind_group, x, y, z in plan.items:
+                self.dispatch(pipeline, bind_group, x, y, z)
+            return
+        set_pipeline, set_bind_group, dispatch, null = self._raw
+        handle = self._handle
+        for pipeline, bind_group, x, y, z in plan.raw:
+            if pipeline is not None:
+                set_pipeline(handle, pipeline)
+            set_bind_group(handle, 0, bind_group, 0, null)
+            dispatch(handle, x, y, z)
+        self._pipe = plan.last_pipeline
+        self._keep.append(plan)
+        self.dispatches += len(plan.raw)
 
     def copy(self, src, src_off: int, dst, dst_off: int, size: int) -> None:
         """A buffer copy; ends the current compute pass and opens a new one after it."""

@@ -365,9 +365,20 @@ class HybridTransformer(DenseTransformer):
     # ---- recording ------------------------------------------------------------------------------------
     def _record_body(self, rec: Recorder, T: int, splits: int) -> None:
         """Embedding through the final norm for T rows; T == 1 takes the decode kernels."""
-        s, p, v = self.spec, self.p, self.spec.gdn_v_heads
         if T == 1 and self.n_cached % self.snap_every == 0:
             self._snapshot("decode", rec)  # before this token touches the state
+        self._record_layers(rec, T, splits)
+
+    def _record_token_body(self, rec, splits: int) -> None:
+        self._record_layers(rec, 1, splits)  # the snapshot is position-dependent: _record_decode_token takes it
+
+    def _record_decode_token(self, rec: Recorder, splits: int) -> None:
+        if self.n_cached % self.snap_every == 0:
+            self._snapshot("decode", rec)
+        super()._record_decode_token(rec, splits)
+
+    def _record_layers(self, rec: Recorder, T: int, splits: int) -> None:
+        s, p, v = self.spec, self.p, self.spec.gdn_v_heads
         self._record_embed(rec, T)
         rec.dispatch(p["norm0"], self.bg["norm0"], T)
         for i, (kind, b) in enumerate(zip(s.layer_types, self.layer_bg, strict=True)):

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from engine.errors import GpuError
-from engine.gpu import Gpu, Recorder, fold_grid, list_adapters, pick_adapter
+from engine.gpu import Gpu, PlanRecorder, Recorder, fold_grid, list_adapters, pick_adapter
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 
@@ -71,6 +71,31 @@ def test_recorder_dispatches_in_order_and_reports_encoding_errors(gpu, raw):
     rec.dispatch(counter, wrong, 1)
     with pytest.raises(Exception, match="two-buffer-group"):
         rec.submit()
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_a_replayed_plan_dispatches_what_was_captured(gpu, raw):
+    # Replayed twice into one pass, between direct dispatches of another pipeline (the pass's current pipeline
+    # must be set again where the plan starts), and once after a copy opened a new pass.
+    counter = _pipeline(gpu, _COUNTER, "counter")
+    other = _pipeline(gpu, _COUNTER, "counter-2")
+    buf = gpu.upload("o", np.zeros(4, np.uint32))
+    group, group2 = gpu.bind(counter, [buf], "o"), gpu.bind(other, [buf], "o2")
+    cap = PlanRecorder()
+    cap.dispatch(counter, group, 1)  # o[0] += 1
+    cap.dispatch(counter, group, 2, 2)  # o[0], o[1] += 1 + 2 (y = 0, 1)
+    plan = cap.plan()
+    assert [p is not None for p, *_ in plan.raw] == [True, False]  # the repeated pipeline is set once
+    rec = Recorder(gpu, "replay", raw=raw)
+    rec.replay(plan)
+    rec.dispatch(other, group2, 4)  # o[0..3] += 1
+    rec.replay(plan)
+    rec.copy(buf, 0, gpu.buffer("scratch", 16), 0, 16)
+    rec.replay(plan)
+    rec.submit()
+    assert gpu.read(buf, np.uint32).tolist() == [3 * 4 + 1, 3 * 3 + 1, 1, 1] and rec.dispatches == 7
+    with pytest.raises(TypeError, match="copy"):
+        cap.copy(buf, 0, buf, 0, 4)
 
 
 def test_fold_grid():
