@@ -290,7 +290,8 @@ class HybridTransformer(DenseTransformer):
         attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
         p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
         p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
-        p["combine"] = g.pipeline("attention_combine", dict(WG=64, H=s.n_heads, HD=s.head_dim))
+        # Q8 off: the o-projection reads the gated attention output (attn_gate), not the combine's.
+        p["combine"] = g.pipeline("attention_combine", dict(WG=64, H=s.n_heads, HD=s.head_dim, Q8=False))
         p["rope_append"] = pipeline(g, "rope_append", dict(
             WG=64, H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE, QK_NORM=True,
             EPS=float(s.eps)), offset)
@@ -323,7 +324,7 @@ class HybridTransformer(DenseTransformer):
         self._build_vocab_ends()
         self.bg["norm0"] = bind(p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st, *self.q8_out],
                                 "norm0")
-        self.bg["combine"] = bind(p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
+        self.bg["combine"] = bind(p["combine"], [self.part_o, self.part_ml, self.attn, st, *self.q8_out], "combine")
         self.argmax = GpuArgmax(g, s.vocab, self.logits_buf, self.tokens, self.ring, st)
         self.layer_bg = [self._bind_layer(i) for i in range(s.n_layers)]
 

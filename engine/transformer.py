@@ -108,7 +108,7 @@ class DenseTransformer:
                  split_keys: int = SPLIT_KEYS,
                  formats: dict[str, str] | None = None, fused_qkv: bool = False, matvec_rows: int | None = None,
                  matvec_sg: bool = True, q8_decode: bool = True, q8_in_norm: bool = True,
-                 q8_prefill: bool | None = None):
+                 q8_prefill: bool | None = None, combine_q8: bool = True):
         self.gpu, self.spec = gpu, spec
         # Measured on the H200 (BENCH.md): the QKV matvec + rope_append pair beats the fused QKV+RoPE+append
         # kernel, so the fused one is an option for A/B runs; matvec_rows overrides the tuned default likewise.
@@ -130,6 +130,7 @@ class DenseTransformer:
         # The norms write their output row in int8 too, sparing the matvecs they feed a quantize_q8 dispatch each
         # (q8_in_norm=False dispatches those, for A/B runs).
         self.q8_in_norm = self.q8 and q8_in_norm and spec.dim % 32 == 0 and spec.dim <= 8192  # norm_q8.wgsl's room
+        self.combine_q8 = combine_q8  # the split-K combine writes o's int8 input (False: a quantize_q8, for A/B)
         self._plans: dict[tuple, object] = {}  # (attention splits, greedy) -> the decode step's DispatchPlan
         self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
@@ -381,7 +382,10 @@ class DenseTransformer:
                     QK_NORM=s.qk_norm, EPS=float(s.eps))
         self.p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
         self.p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
-        self.p["combine"] = g.pipeline("attention_combine", dict(WG=64, H=s.n_heads, HD=s.head_dim))
+        # With int8 decode the split-K combine also writes the o-projection's int8 input (its quantize_q8 skipped).
+        self.combine_q8 = self.combine_q8 and self.q8 and s.head_dim % 32 == 0
+        self.p["combine"] = g.pipeline("attention_combine",
+                                       dict(WG=64, H=s.n_heads, HD=s.head_dim, Q8=self.combine_q8))
         self.p["rope_append"] = g.pipeline("rope_append", rope)
         qkv_consts, self.qkv_fused_grid = qkv_fused_plan(s.dim, rope) if self.fused_qkv else (None, None)
 
@@ -395,7 +399,8 @@ class DenseTransformer:
         self._build_vocab_ends()
         self.bg["norm0"] = bind(self.p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st, *self.q8_out],
                                 "norm0")
-        self.bg["combine"] = bind(self.p["combine"], [self.part_o, self.part_ml, self.attn, st], "combine")
+        self.bg["combine"] = bind(self.p["combine"], [self.part_o, self.part_ml, self.attn, st, *self.q8_out],
+                                  "combine")
         self.argmax = GpuArgmax(g, s.vocab, self.logits_buf, self.tokens, self.ring, st)
         ins = {"qkv": self.hidden, "o": self.attn, "gate_up": self.hidden, "down": self.ffn}
         outs = {"qkv": self.qkv, "o": self.delta, "gate_up": self.ffn, "down": self.delta}
@@ -445,16 +450,18 @@ class DenseTransformer:
                 self._mm(rec, b, "qkv", T)
                 rec.dispatch(p["rope_append"], b["rope_append"], T, s.n_heads + 2 * s.n_kv_heads)
             self._record_attention(rec, b, T, splits)
-            self._mm(rec, b, "o", T)
+            self._mm(rec, b, "o", T, int8_ready=splits > 1 and self.combine_q8)
             rec.dispatch(p["add_norm"], b["add_norm1"], T)
             self._mm(rec, b, "gate_up", T)
             self._mm(rec, b, "down", T)
             rec.dispatch(p["add_norm"], b["add_norm2"], T)
 
-    def _mm(self, rec: Recorder, b: dict, name: str, T: int) -> None:
-        """A matrix product; a q8 decode matvec not fed by a norm, and a q8 prefill GEMM, first quantize the input."""
+    def _mm(self, rec: Recorder, b: dict, name: str, T: int, int8_ready: bool = False) -> None:
+        """A matrix product; a q8 decode matvec not fed by a norm, and a q8 prefill GEMM, first quantize the input
+        (unless `int8_ready`: the kernel before it wrote the int8 row, as the split-K combine does for o)."""
         if T == 1:
-            for pipe, bg, grid in b["mv"][name]:
+            steps = b["mv"][name]
+            for pipe, bg, grid in steps[1:] if int8_ready and len(steps) > 1 else steps:
                 rec.dispatch(pipe, bg, *grid)
         else:
             for pipe, bg, key in b["mm"][name]:

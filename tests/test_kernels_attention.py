@@ -296,7 +296,9 @@ def attention_split(g, a, WG, splits):
     step = step_uniform(g, a.T, a.pos0, attn_splits=splits)
     _run(g, "attention", a.consts(WG, True), a.bufs + [part_o, part_ml, step], (a.H, a.T, splits))
     out = poisoned(g, "out", (a.T, a.H * a.HD))
-    _run(g, "attention_combine", dict(WG=64, H=a.H, HD=a.HD), [part_o, part_ml, out, step], (a.H, a.T))
+    unused = [g.buffer("xq-unused", 16), g.buffer("xm-unused", 16)]
+    _run(g, "attention_combine", dict(WG=64, H=a.H, HD=a.HD, Q8=False), [part_o, part_ml, out, step, *unused],
+         (a.H, a.T))
     parts = read(g, part_o, (splits, a.T, a.H, a.HD)), read(g, part_ml, (splits, a.T, a.H, 2))
     return read(g, out, (a.T, a.H * a.HD)), parts
 
@@ -328,6 +330,24 @@ def test_attention(any_gpu, rng, H, KVH, HD, T, pos0, WG):
         if splits == 3 and pos0 == 0:
             assert empty.any(), "this case is meant to hold splits with no keys"
         assert (part_ml[..., 0][empty] <= -1e38).all() and (part_o[empty] == 0).all()
+
+
+@pytest.mark.parametrize("HD", [96, 128])
+def test_combine_writes_the_int8_row_quantize_q8_would(gpu, rng, HD):
+    # Decode (T = 1) with 3 splits: the combine's own int8 copy of its output, chunk by chunk inside each head.
+    from tests.test_kernels_q8 import assert_q8_row
+
+    a = AttentionSetup(gpu, rng, 4, 2, HD, 1, 70)
+    splits = 3
+    part_o, part_ml = poisoned(gpu, "part_o", (splits, 1, 4, HD)), poisoned(gpu, "part_ml", (splits, 1, 4, 2))
+    step = step_uniform(gpu, 1, 70, attn_splits=splits)
+    _run(gpu, "attention", a.consts(64, True), a.bufs + [part_o, part_ml, step], (4, 1, splits))
+    out = poisoned(gpu, "out", (1, 4 * HD))
+    xq, xm = poisoned(gpu, "xq", (4 * HD // 4,), np.uint32), poisoned(gpu, "xm", (4 * HD // 32, 2))
+    _run(gpu, "attention_combine", dict(WG=64, H=4, HD=HD, Q8=True), [part_o, part_ml, out, step, xq, xm], (4, 1))
+    row = read(gpu, out, (1, 4 * HD))[0]
+    np.testing.assert_allclose(row, attention_ref(a.q, a.k, a.v, 70, a.scale)[0], rtol=1e-4, atol=1e-5)
+    assert_q8_row(gpu, xq, xm, row)
 
 
 # ---- decode path == prefill path -------------------------------------------------------------------
