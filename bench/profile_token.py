@@ -24,27 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine import bench  # noqa: E402
 from engine.bench_hybrid import HYBRID_SHAPES, hybrid_spec  # noqa: E402
 from engine.bench_hybrid import random_weights as hybrid_weights  # noqa: E402
-from engine.gpu import Gpu, Recorder  # noqa: E402
+from engine.gpu import Gpu, PlanRecorder, Recorder  # noqa: E402
 from engine.hybrid import HybridTransformer  # noqa: E402
 from engine.transformer import DenseTransformer  # noqa: E402
 
 N_REPS = 50
 CONTEXT = 600
-
-
-class Capture:
-    """Stands in for a Recorder: keeps the dispatches, drops buffer copies (state snapshots)."""
-
-    def __init__(self):
-        self.items: list[tuple] = []
-        self.dispatches = 0
-
-    def dispatch(self, pipeline, bind_group, x: int, y: int = 1, z: int = 1) -> None:
-        self.items.append((pipeline, bind_group, (x, y, z)))
-        self.dispatches += 1
-
-    def copy(self, *_) -> None:
-        pass
 
 
 def runtime(shape: str, gpu: Gpu, **options):
@@ -59,7 +44,7 @@ def runtime(shape: str, gpu: Gpu, **options):
 def main(shape: str, gpu: Gpu, prefill: int = 0, options: dict | None = None) -> None:
     rt = runtime(shape, gpu, **(options or {}))
     rt.reset()
-    cap = Capture()
+    cap = PlanRecorder()
     if prefill:
         rt._write_step(prefill, 0, 0, 1)
         gpu.write(rt.tokens, np.random.default_rng(1).integers(0, rt.spec.vocab, prefill).astype(np.uint32))
@@ -69,11 +54,11 @@ def main(shape: str, gpu: Gpu, prefill: int = 0, options: dict | None = None) ->
         rt.read_sampled(0)
         splits = rt._splits(CONTEXT + 1)
         rt._write_step(1, CONTEXT, 1, splits)
-        rt._record_body(cap, 1, splits)
+        rt._record_token_body(cap, splits)  # what decode replays (a hybrid's state snapshot aside)
         rt._record_sample(cap)
     per_kernel: dict[str, list[float]] = defaultdict(list)
-    for pipe, bg, grid in cap.items:
-        per_kernel[pipe.label].append(bench.dispatch_seconds(gpu, pipe, bg, grid, 5 if prefill else N_REPS))
+    for pipe, bg, *grid in cap.items:
+        per_kernel[pipe.label].append(bench.dispatch_seconds(gpu, pipe, bg, tuple(grid), 5 if prefill else N_REPS))
     total = sum(sum(v) for v in per_kernel.values())
     what = f"{prefill}-token prefill chunk" if prefill else "decode token"
     print(f"{shape} {what} {options or ''}: {cap.dispatches} dispatches, sum of their times {total * 1e3:.2f} ms"
@@ -89,8 +74,7 @@ def main(shape: str, gpu: Gpu, prefill: int = 0, options: dict | None = None) ->
     for _ in range(20):
         t = time.perf_counter()
         rec = Recorder(gpu, "token")
-        for pipe, bg, grid in cap.items:
-            rec.dispatch(pipe, bg, *grid)
+        rec.replay(cap.plan())
         rec.submit()
         host.append(time.perf_counter() - t)
     t1 = time.perf_counter()
@@ -104,7 +88,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("shapes", nargs="*", default=["phi3-mini"])
     ap.add_argument("--prefill", type=int, default=0, help="profile a prefill chunk of this many tokens")
-    ap.add_argument("--options", default="{}", help="JSON runtime options, e.g. '{\"coop_gemm\": false}'")
+    ap.add_argument("--options", default="{}", help="JSON runtime options, e.g. '{\"q8_prefill\": false}'")
     args = ap.parse_args()
     g = Gpu()
     for s in args.shapes:

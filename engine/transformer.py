@@ -130,7 +130,9 @@ class DenseTransformer:
         # The norms write their output row in int8 too, sparing the matvecs they feed a quantize_q8 dispatch each
         # (q8_in_norm=False dispatches those, for A/B runs).
         self.q8_in_norm = self.q8 and q8_in_norm and spec.dim % 32 == 0 and spec.dim <= 8192  # norm_q8.wgsl's room
-        self.combine_q8 = combine_q8  # the split-K combine writes o's int8 input (False: a quantize_q8, for A/B)
+        # With int8 decode the split-K combine also writes the o-projection's int8 input, its quantize_q8 skipped
+        # (combine_q8=False dispatches it, for A/B runs); each head's 32-element chunks must lie inside the head.
+        self.combine_q8 = combine_q8 and self.q8 and spec.head_dim % 32 == 0
         self._plans: dict[tuple, object] = {}  # (attention splits, greedy) -> the decode step's DispatchPlan
         self.formats = formats or {}  # matrix -> weight format tag; absent = q4f16_1
         self.split_keys = split_keys
@@ -382,8 +384,6 @@ class DenseTransformer:
                     QK_NORM=s.qk_norm, EPS=float(s.eps))
         self.p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
         self.p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
-        # With int8 decode the split-K combine also writes the o-projection's int8 input (its quantize_q8 skipped).
-        self.combine_q8 = self.combine_q8 and self.q8 and s.head_dim % 32 == 0
         self.p["combine"] = g.pipeline("attention_combine",
                                        dict(WG=64, H=s.n_heads, HD=s.head_dim, Q8=self.combine_q8))
         self.p["rope_append"] = g.pipeline("rope_append", rope)
