@@ -29,14 +29,12 @@ from collections.abc import Iterable
 
 import numpy as np
 
-from engine.attention import attention_consts
 from engine.errors import UnsupportedModelError, ZeroTVMError
 from engine.formats.gguf import PackedWeight
 from engine.gpu import UNIFORM, Gpu, Recorder
 from engine.matmul import packed_shapes
 from engine.models.qwen3_5 import FULL, HybridSpec
 from engine.moe import MoeBlock
-from engine.sampling import GpuArgmax
 from engine.shaders import build_source
 from engine.transformer import PAGE, PREFILL_CHUNK, SPLIT_KEYS, DenseTransformer, checked_tensors, require_all
 
@@ -186,9 +184,10 @@ class HybridTransformer(DenseTransformer):
         self._caps = {"prompt": snapshots[0], "decode": snapshots[1]}
         self._snaps: dict[str, list[tuple[int, object]]] = {"prompt": [], "decode": []}  # (position, buffer)
         self._lag: int | None = None  # position the GDN state is at when behind n_cached (replay pending)
-        # dense_options: DenseTransformer's tuning knobs (e.g. matvec_rows), passed through unchanged.
+        # dense_options: DenseTransformer's tuning knobs (e.g. matvec_rows), passed through; the combine never
+        # writes int8 here, as the o-projection reads the gated attention output (attn_gate), not the combine's.
         super().__init__(gpu, spec, weights, max_context, prefill_chunk, split_keys,
-                         formats=runtime_formats(spec, formats), **dense_options)
+                         formats=runtime_formats(spec, formats), **{**dense_options, "combine_q8": False})
 
     # ---- weights -------------------------------------------------------------------------------
     def _upload_weights(self, weights) -> dict:
@@ -278,7 +277,7 @@ class HybridTransformer(DenseTransformer):
 
     # ---- pipelines and bind groups (built once) -----------------------------------------------------
     def _build(self) -> None:
-        g, s, w, d, st = self.gpu, self.spec, self.w, self.gdn, self.step
+        g, s, d = self.gpu, self.spec, self.gdn
         p, self.bg = {}, {}
         self.p = p
         self._gemm_grids: dict[tuple, tuple] = {}
@@ -287,11 +286,7 @@ class HybridTransformer(DenseTransformer):
         norm = dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm)
         p["norm0"] = pipeline(g, "rms_norm", norm, offset)
         p["add_norm"] = pipeline(g, "add_rms_norm", norm, offset)
-        attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
-        p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
-        p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
-        # Q8 off: the o-projection reads the gated attention output (attn_gate), not the combine's.
-        p["combine"] = g.pipeline("attention_combine", dict(WG=64, H=s.n_heads, HD=s.head_dim, Q8=False))
+        self._attention_pipelines()
         p["rope_append"] = pipeline(g, "rope_append", dict(
             WG=64, H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE, QK_NORM=True,
             EPS=float(s.eps)), offset)
@@ -314,7 +309,6 @@ class HybridTransformer(DenseTransformer):
         if len(self.moe) < s.n_layers:  # some dense MLP (an all-MoE config may have no intermediate_size)
             self.mats |= {"gate_up": (s.dim, s.ffn_dim, True), "down": (s.ffn_dim, s.dim, False)}
 
-        bind = g.bind
         self._alloc_q8(max([s.dim] + [k for k, _, _ in self.mats.values()]))
         if self.q8 and self.moe_q8 and self.moe:
             act = max(b.int8_act_bytes() for b in self.moe.values())
@@ -322,10 +316,7 @@ class HybridTransformer(DenseTransformer):
             for b in self.moe.values():
                 b.use_int8(self.x_q8, self.x_q8_meta, self.q8_in_norm, g.subgroup_size, act_q8, act_q8_meta)
         self._build_vocab_ends()
-        self.bg["norm0"] = bind(p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st, *self.q8_out],
-                                "norm0")
-        self.bg["combine"] = bind(p["combine"], [self.part_o, self.part_ml, self.attn, st, *self.q8_out], "combine")
-        self.argmax = GpuArgmax(g, s.vocab, self.logits_buf, self.tokens, self.ring, st)
+        self._bind_shared()
         self.layer_bg = [self._bind_layer(i) for i in range(s.n_layers)]
 
     def _bind_layer(self, i: int) -> dict:

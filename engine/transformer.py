@@ -379,13 +379,9 @@ class DenseTransformer:
         st = self.step
         self.p["norm0"] = g.pipeline("rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm))
         self.p["add_norm"] = g.pipeline("add_rms_norm", dict(WG=256, D=s.dim, EPS=float(s.eps), Q8=self.q8_in_norm))
-        attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
         rope = dict(WG=64, H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE,
                     QK_NORM=s.qk_norm, EPS=float(s.eps))
-        self.p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
-        self.p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
-        self.p["combine"] = g.pipeline("attention_combine",
-                                       dict(WG=64, H=s.n_heads, HD=s.head_dim, Q8=self.combine_q8))
+        self._attention_pipelines()
         self.p["rope_append"] = g.pipeline("rope_append", rope)
         qkv_consts, self.qkv_fused_grid = qkv_fused_plan(s.dim, rope) if self.fused_qkv else (None, None)
 
@@ -397,11 +393,7 @@ class DenseTransformer:
         bind = g.bind
         self._alloc_q8(max([s.dim] + [k for k, _, _ in self.mats.values()]))
         self._build_vocab_ends()
-        self.bg["norm0"] = bind(self.p["norm0"], [self.res[0], w["layers.0.attn_norm"], self.hidden, st, *self.q8_out],
-                                "norm0")
-        self.bg["combine"] = bind(self.p["combine"], [self.part_o, self.part_ml, self.attn, st, *self.q8_out],
-                                  "combine")
-        self.argmax = GpuArgmax(g, s.vocab, self.logits_buf, self.tokens, self.ring, st)
+        self._bind_shared()
         ins = {"qkv": self.hidden, "o": self.attn, "gate_up": self.hidden, "down": self.ffn}
         outs = {"qkv": self.qkv, "o": self.delta, "gate_up": self.ffn, "down": self.delta}
         self.layer_bg = []
@@ -432,6 +424,24 @@ class DenseTransformer:
             b["add_norm2"] = bind(self.p["add_norm"], [self.res[1], self.delta, next_norm, self.res[0],
                                                         self.hidden, st, *self.q8_out], f"{c}.add_norm2")
             self.layer_bg.append(b)
+
+    def _attention_pipelines(self) -> None:
+        """Paged attention (whole, and split-K with its combine): the same for every runtime of this family."""
+        s, g = self.spec, self.gpu
+        attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
+        self.p["attn"] = g.pipeline("attention", dict(attn, SPLIT=False))
+        self.p["attn_split"] = g.pipeline("attention", dict(attn, SPLIT=True))
+        self.p["combine"] = g.pipeline("attention_combine",
+                                       dict(WG=64, H=s.n_heads, HD=s.head_dim, Q8=self.combine_q8))
+
+    def _bind_shared(self) -> None:
+        """The bind groups outside the layers: the first norm, the split-K combine, and greedy sampling."""
+        g, st = self.gpu, self.step
+        self.bg["norm0"] = g.bind(self.p["norm0"], [self.res[0], self.w["layers.0.attn_norm"], self.hidden, st,
+                                                    *self.q8_out], "norm0")
+        self.bg["combine"] = g.bind(self.p["combine"], [self.part_o, self.part_ml, self.attn, st, *self.q8_out],
+                                    "combine")
+        self.argmax = GpuArgmax(g, self.spec.vocab, self.logits_buf, self.tokens, self.ring, st)
 
     # ---- recording -------------------------------------------------------------------------
     def _splits(self, kv_len: int) -> int:
