@@ -345,8 +345,10 @@ class HybridTransformer(DenseTransformer):
                                    f"{c}.gdn_norm")
         for name, (src, dst) in ios.items():
             tag = self._fmt(f"{c}.{name}")
+            # gate reads the normed rows that qkv's int8 GEMM, recorded just before it, has quantized already
+            ready = name == "gate" and len(b["mm"]["qkv"]) == 2
             self._bind_mv(b, name, tag, src, self._matrix(f"{c}.{name}"), dst, f"{c}.mv_{name}")
-            self._bind_mm(b, name, tag, src, self._matrix(f"{c}.{name}"), dst, f"{c}.mm_{name}")
+            self._bind_mm(b, name, tag, src, self._matrix(f"{c}.{name}"), dst, f"{c}.mm_{name}", rows_ready=ready)
         next_norm = w[f"layers.{i + 1}.attn_norm"] if i + 1 < s.n_layers else w["norm"]
         b["add_norm1"] = g.bind(p["add_norm"], [self.res[0], self.delta, w[f"{c}.mlp_norm"], self.res[1],
                                                 self.hidden, st, *self.q8_out], f"{c}.add_norm1")

@@ -267,9 +267,11 @@ class DenseTransformer:
         if src is not self.hidden or not self.q8_in_norm:
             steps[name].insert(0, self._quantize(src, self.mats[name][0], False, f"{label}.q8"))
 
-    def _bind_mm(self, b: dict, name: str, tag: str, src, matrix: list, dst, label: str) -> None:
+    def _bind_mm(self, b: dict, name: str, tag: str, src, matrix: list, dst, label: str,
+                 rows_ready: bool = False) -> None:
         """b["mm"][name]: the (pipeline, bind group, grid key) dispatches of a prefill GEMM, in order: matmul_int4 on
-        f32 rows, or quantize_q8 of the chunk's rows then matmul_q8 (4-bit weights with q8 prefill)."""
+        f32 rows, or quantize_q8 of the chunk's rows then matmul_q8 (4-bit weights with q8 prefill); `rows_ready`:
+        the GEMM recorded just before quantized the same rows."""
         pipe = self._mat_pipeline("mm", name, tag)
         k, n, gu = self.mats[name]
         steps = b.setdefault("mm", {})
@@ -277,7 +279,9 @@ class DenseTransformer:
             steps[name] = [(pipe, self.gpu.bind(pipe, [src, *matrix, dst, self.step], label), ("gemm", k, n, gu))]
             return
         bg = self.gpu.bind(pipe, [self.rows_q8, *matrix, dst, self.rows_q8_meta, self.step], label)
-        steps[name] = [self._quantize_rows(src, k, f"{label}.q8"), (pipe, bg, ("gemm_q8", k, n, gu))]
+        steps[name] = [(pipe, bg, ("gemm_q8", k, n, gu))]
+        if not rows_ready:
+            steps[name].insert(0, self._quantize_rows(src, k, f"{label}.q8"))
 
     def _quantize_rows(self, src, k: int, label: str) -> tuple:
         """quantize_q8 of a prefill chunk's rows of `src` into rows_q8 (its grid key: the grid depends on T)."""

@@ -145,6 +145,8 @@ def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
     rt = model.runtime
     gemms = {(name, steps[-1][0].label) for b in rt.layer_bg for name, steps in b["mm"].items()}
     assert gemms == {(name, "matmul_q8") for name in ("in_proj", "out", "qkv", "gate", "o", "gate_up", "down")}
+    # gate reads the rows qkv's GEMM quantized just before it: no quantize_q8 of its own
+    assert all(len(b["mm"]["gate"]) == 1 and len(b["mm"]["qkv"]) == 2 for b in rt.layer_bg if "gate" in b["mm"])
     ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 90)
     full = model.logits(ids)
     rt.reset()
