@@ -26,7 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ModelFormatError, UnsupportedModelError, ZeroTVMError
+from engine.formats.files import Tensor, confined, read_floats, read_json, safetensors_header, shown
 from engine.formats.q4f16_1 import GROUP, quantize_q4f16_1
+from engine.models import model_module
 
 QUANTIZATIONS = ("q4f16_1",)
 SHARD_CAP = 32 << 20  # TVM's dump_tensor_cache default (shard_cap_mb=32)
@@ -172,7 +174,7 @@ def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, qua
     if not hf_dir.is_dir():
         raise ModelFormatError(f"{hf_dir}: Hugging Face model folder not found")
     config_path = hf_dir / "config.json"
-    config = _text_config(_read_json(config_path, "the model config"))
+    config = _text_config(read_json(config_path, "the model config"))
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise ModelFormatError(f"{config_path}: no 'model_type' field")
@@ -180,6 +182,9 @@ def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, qua
         raise UnsupportedModelError(
             f"{config_path}: model_type {model_type!r} cannot be converted (supported: {', '.join(NAME_MAPS)})"
         )
+    # Every field the runtime reads, checked (types, bounds, heads, RoPE) before anything is read or written.
+    module = model_module(model_type, where=str(config_path))
+    module.spec(module.ModelArgs.from_dict(config, str(config_path)))
     weights = _HfWeights(hf_dir)
     params = _plan(model_type, config, config_path)
     for p in params:  # multimodal checkpoints nest the text model one level down
@@ -275,8 +280,6 @@ def _plan(model_type: str, config: dict, config_path: Path) -> list[_Param]:
 
 def _moe_layers(model_type: str, config: dict) -> tuple[int, tuple[int, ...]]:
     """(experts, the layers whose MLP is a MoE block), as the runtime's ModelArgs reads the config."""
-    from engine.models import model_module
-
     args = model_module(model_type).ModelArgs.from_dict(config)
     return args.num_experts, args.moe_layers()
 
@@ -311,7 +314,7 @@ def _check_sources(params: list[_Param], weights: _HfWeights, model_type: str, c
     extra = [n for n in weights.index if n not in used and n != tied_head and not n.endswith(IGNORED_SUFFIXES)
              and not n.startswith(skip)]
     if extra:
-        file = weights.index[extra[0]][0].name
+        file = weights.index[extra[0]].path.name
         raise UnsupportedModelError(
             f"{file}: tensor '{extra[0]}' has no MLC mapping for model_type {model_type!r}"
             + (f" ({len(extra) - 1} more)" if len(extra) > 1 else "")
@@ -320,9 +323,9 @@ def _check_sources(params: list[_Param], weights: _HfWeights, model_type: str, c
 
 def _check_shapes(param: _Param, weights: _HfWeights) -> None:
     """Checked from the headers before anything is written, so a bad checkpoint fails fast."""
-    shapes = [weights.index[n][2] for n in param.sources]
+    shapes = [weights.index[n].shape for n in param.sources]
     for name in param.sources:
-        path, dtype, shape = weights.index[name][:3]
+        path, dtype, shape = weights.index[name].path, weights.index[name].dtype, weights.index[name].shape
         if dtype not in _HfWeights.DTYPES:
             raise ModelFormatError(f"{path}: tensor '{name}' has dtype {dtype}; expected F32, F16 or BF16")
         dims = 3 if param.stacked and not param.experts else 2
@@ -347,29 +350,30 @@ def _gather(param: _Param, weights: _HfWeights) -> np.ndarray:
 
 
 def _where(param: _Param, weights: _HfWeights) -> str:
-    return f"{weights.index[param.sources[0]][0]}: tensor '{', '.join(param.sources)}'"
+    return f"{weights.index[param.sources[0]].path}: tensor '{', '.join(param.sources)}'"
 
 
 # -- reading Hugging Face safetensors -------------------------------------------------------------------
 
 
 class _HfWeights:
-    """Tensor index over single or sharded safetensors; reads one tensor at a time by byte range.
+    """Tensor index over single or sharded safetensors; reads one tensor at a time by byte range
+    (engine/formats/files.py: headers through the safetensors package, bf16 widened by our small reader)."""
 
-    The header is parsed directly (8-byte length + JSON) because safetensors' numpy backend cannot
-    return bfloat16, the dtype most checkpoints ship in.
-    """
-
-    DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2")}
+    DTYPES = ("F32", "F16", "F64", "BF16")
 
     def __init__(self, hf_dir: Path):
         self.hf_dir = hf_dir
         index_path = hf_dir / "model.safetensors.index.json"
         if index_path.is_file():
-            weight_map = _read_json(index_path, "the safetensors index").get("weight_map")
+            weight_map = read_json(index_path, "the safetensors index").get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ModelFormatError(f"{index_path}: no 'weight_map' object")
-            self.files = [hf_dir / f for f in dict.fromkeys(weight_map.values())]
+            self.files = []
+            for name, shard in weight_map.items():
+                file = confined(hf_dir, shard, index_path, "shard path", f" (of tensor {shown(name)})")
+                if file not in self.files:
+                    self.files.append(file)
             for f in self.files:
                 if not f.is_file():
                     raise ModelFormatError(f"{f}: listed in {index_path.name} but missing")
@@ -377,53 +381,16 @@ class _HfWeights:
             self.files = sorted(hf_dir.glob("*.safetensors"))
         if not self.files:
             raise ModelFormatError(f"{hf_dir}: no *.safetensors weights (only safetensors checkpoints convert)")
-        # name -> (file, dtype tag, shape, absolute byte offset, nbytes)
-        self.index: dict[str, tuple[Path, str, tuple[int, ...], int, int]] = {}
+        self.index: dict[str, Tensor] = {}
         for f in self.files:
-            self._scan(f)
+            self.index |= safetensors_header(f)
 
     def describe(self) -> str:
         return ", ".join(f.name for f in self.files) if len(self.files) <= 3 else f"{self.hf_dir}/*.safetensors"
 
-    def _scan(self, path: Path) -> None:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if n <= 0 or 8 + n > size:
-                raise ModelFormatError(f"{path}: not a safetensors file (bad header length)")
-            try:
-                header = json.loads(f.read(n))
-            except ValueError as e:
-                raise ModelFormatError(f"{path}: corrupt safetensors header ({e})") from None
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            try:
-                begin, end = (int(x) for x in info["data_offsets"])
-                shape = tuple(int(d) for d in info["shape"])
-                dtype = str(info["dtype"])
-            except (KeyError, TypeError, ValueError):
-                raise ModelFormatError(f"{path}: tensor '{name}' has a malformed header entry") from None
-            if 8 + n + end > size or begin > end:
-                raise ModelFormatError(f"{path}: tensor '{name}' lies past the end of the file (truncated?)")
-            self.index[name] = (path, dtype, shape, 8 + n + begin, end - begin)
-
     def read(self, name: str) -> np.ndarray:
         """The tensor as float32 (exact for f32/f16/bf16 sources)."""
-        path, dtype, shape, offset, nbytes = self.index[name]
-        np_dtype = self.DTYPES[dtype]
-        if nbytes != int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize:
-            raise ModelFormatError(f"{path}: tensor '{name}' byte size does not match its shape {list(shape)}")
-        raw = np.empty(nbytes, np.uint8)
-        with open(path, "rb") as f:
-            f.seek(offset)
-            if f.readinto(memoryview(raw)) != nbytes:
-                raise ModelFormatError(f"{path}: tensor '{name}' is cut short (truncated file?)")
-        arr = raw.view(np_dtype).reshape(shape)
-        if dtype == "BF16":
-            return (arr.astype(np.uint32) << 16).view(np.float32)
-        return arr.astype(np.float32, copy=False)
+        return read_floats(self.index[name]).astype(np.float32, copy=False)
 
 
 # -- writing the MLC folder ------------------------------------------------------------------------------
@@ -511,7 +478,7 @@ def _chat_config(hf_dir: Path, config: dict, model_type: str, quantization: str,
     model_config.update(context_window_size=ctx, prefill_chunk_size=prefill, tensor_parallel_shards=1)
     generation = {}
     if (hf_dir / "generation_config.json").is_file():
-        generation = _read_json(hf_dir / "generation_config.json", "the generation config")
+        generation = read_json(hf_dir / "generation_config.json", "the generation config")
     sampling = {k: generation.get(k, config.get(k)) for k in _GENERATION_DEFAULTS}
     sampling = {k: default if sampling[k] is None else sampling[k] for k, default in _GENERATION_DEFAULTS.items()}
     vocab = config.get("vocab_size")
@@ -542,19 +509,6 @@ def _copy_tokenizer(hf_dir: Path, out_dir: Path) -> list[str]:
             if name in TOKENIZER_FILES:
                 copied.append(name)
     return copied
-
-
-def _read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise ModelFormatError(f"{path}: missing ({what})")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except ValueError as e:
-        raise ModelFormatError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ModelFormatError(f"{path}: expected a JSON object at the top level")
-    return data
 
 
 def _write_json(path: Path, data: dict) -> None:

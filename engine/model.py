@@ -64,7 +64,7 @@ def _load(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
 
     ckpt = MlcCheckpoint(path)
     module = model_module(ckpt.model_type, where=str(path / "mlc-chat-config.json"))
-    spec = module.spec(module.ModelArgs.from_dict(ckpt.model_config))
+    spec = module.spec(module.ModelArgs.from_dict(ckpt.model_config, str(ckpt.config_path)))
     spec.names = {c: _present(ckpt, name) for c, name in spec.names.items()}
     # An architecture with its own runtime (Qwen3.5's hybrid) names it; the rest run on DenseTransformer.
     runtime_cls = module.runtime() if hasattr(module, "runtime") else DenseTransformer
@@ -94,7 +94,7 @@ def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Mo
     ckpt = GgufCheckpoint(path)
     cfg = ckpt.config
     module = model_module(cfg["model_type"], where=f"{path} (general.architecture)")
-    spec = module.spec(module.ModelArgs.from_dict(cfg))
+    spec = module.spec(module.ModelArgs.from_dict(cfg, f"{path} (GGUF metadata)"))
     # Matrices stored as F32/BF16 run through the f16 kernels (the only unquantized variant).
     formats = {name: "f16" if tag == "f32" else tag for name, tag in ckpt.formats().items()}
     spec.names = {c: c for c in tensor_shapes(spec, formats)}
@@ -119,7 +119,7 @@ def _load_mlx(path: Path, gpu, max_context, on_progress, runtime_options) -> Mod
     if not hasattr(module, "mlx_layout"):
         raise UnsupportedModelError(f"{ckpt.config_path}: MLX checkpoints of model_type {model_type!r} are not "
                                     "supported yet (only the Qwen3.5 family)")
-    spec = module.spec(module.ModelArgs.from_dict(ckpt.config))
+    spec = module.spec(module.ModelArgs.from_dict(ckpt.config, str(ckpt.config_path)))
     matrices, tensors = module.mlx_layout(spec)
     formats, spec.names = mlx_layout.plan(ckpt, matrices, tensors)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None

@@ -340,7 +340,7 @@ def test_fused_parts_must_share_a_type(tmp_path, rng):
 
 @pytest.mark.parametrize("extra,match", [
     ({}, r"field 'llama\.block_count' is missing"),
-    ({"llama.block_count": "two"}, r"field 'llama\.block_count' is 'two', expected a positive integer"),
+    ({"llama.block_count": "two"}, r"field 'llama\.block_count' is 'two', expected a whole number from 1 to 1,024"),
 ])
 def test_bad_metadata_is_named(tmp_path, rng, extra, match):
     w = hf_weights(rng, "llama", **DIMS)
@@ -376,7 +376,7 @@ def test_truncated_file_names_the_tensor(tmp_path, rng):
     with pytest.raises(ModelFormatError, match=r"cut\.gguf: tensor '.+' needs bytes up to \d+ .*truncated"):
         GgufCheckpoint(tmp_path / "cut.gguf")
     (tmp_path / "head.gguf").write_bytes(data[:200])  # cut inside the metadata
-    with pytest.raises(ModelFormatError, match=r"head\.gguf: unreadable GGUF header"):
+    with pytest.raises(ModelFormatError, match=r"head\.gguf: .*truncated"):
         GgufCheckpoint(tmp_path / "head.gguf")
 
 

@@ -225,3 +225,31 @@ def read_floats(t: Tensor) -> np.ndarray:
     if t.dtype == "BF16":
         return (arr.astype(np.uint32) << 16).view(np.float32)
     return arr
+
+
+# -- numbers read from configs and headers ----------------------------------------------------------------
+
+def whole_number(value, field: str, where: Path | str, low: int = 1, high: int | None = None,
+                 label: str | None = None) -> int:
+    """A config/header count as an int, refused (naming the file and field) unless it is a whole number in
+    [low, high]; high defaults to the field's CONFIG_LIMITS entry. 32.0 is accepted as 32; 1e9 layers is not."""
+    from engine.formats.limits import CONFIG_LIMITS, MAX_UNLISTED_COUNT
+
+    high = CONFIG_LIMITS.get(field, MAX_UNLISTED_COUNT) if high is None else high
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and float(value).is_integer() and low <= value <= high
+    if not ok:
+        raise ModelFormatError(f"{where}: {label or repr(field)} is {shown(value)}, expected a whole number from "
+                               f"{low} to {high:,}")
+    return int(value)
+
+
+def real_number(value, field: str, where: Path | str, low: float = -math.inf, high: float = math.inf,
+                low_open: bool = False, label: str | None = None) -> float:
+    """A config/header number as a float, refused unless finite and in [low, high] ((low, high] if low_open)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        span = f"{'(' if low_open else '['}{low:g}, {high:g}]"
+        raise ModelFormatError(f"{where}: {label or repr(field)} is {shown(value)}, expected a finite number in {span}")
+    return float(value)

@@ -70,3 +70,7 @@ CONFIG_LIMITS = {
     "eos_token_id": 1 << 22,
     "pad_token_id": 1 << 22,
 }
+MAX_UNLISTED_COUNT = 1 << 24  # any other whole-number field: a count no real config comes near
+# Whole-number fields where 0 means "none" (a MoE config's dense width, no shared expert, no experts, token id 0).
+CONFIG_MAY_BE_ZERO = {"intermediate_size", "shared_expert_intermediate_size", "num_experts", "sliding_window",
+                      "bos_token_id", "eos_token_id", "pad_token_id"}

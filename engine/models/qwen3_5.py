@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.errors import UnsupportedModelError
+from engine.formats.files import shown
 from engine.models.base import DenseArgs, DenseSpec, quantized
 from engine.models.llama import global_names
 
@@ -65,33 +66,35 @@ class ModelArgs(DenseArgs):
     hidden_act: str = "silu"
 
     @classmethod
-    def from_dict(cls, params: dict):
+    def from_dict(cls, params: dict, where: str = "model config"):
         """Flat (qwen3_5_text, mlc-llm) or nested (qwen3_5: text_config) configs; the top-level
         tie_word_embeddings wins, as transformers' Qwen3_5ForConditionalGeneration reads it there."""
-        text = params.get("text_config")
+        text = params.get("text_config") if isinstance(params, dict) else None
         if isinstance(text, dict):
             merged = {**params, **text}
             if "tie_word_embeddings" in params:
                 merged["tie_word_embeddings"] = params["tie_word_embeddings"]
             params = merged
-        return super().from_dict(params)
+        return super().from_dict(params, where)
 
     def kinds(self) -> tuple[str, ...]:
         n = self.num_hidden_layers
         kinds = tuple(self.layer_types or (FULL if (i + 1) % self.full_attention_interval == 0 else LINEAR
                                            for i in range(n)))
         if len(kinds) != n or set(kinds) - {LINEAR, FULL}:
-            raise UnsupportedModelError(f"layer_types must list {n} of {LINEAR!r} / {FULL!r}, got {list(kinds)}")
+            raise UnsupportedModelError(f"{self.source}: layer_types must list {n} of {LINEAR!r} / {FULL!r}, got "
+                                        f"{shown(list(kinds))}")
         return kinds
 
 
 def spec(args: ModelArgs) -> HybridSpec:
+    where = args.source
     if not args.attn_output_gate:
-        raise UnsupportedModelError("Qwen3.5 without attn_output_gate is not supported (every build gates)")
+        raise UnsupportedModelError(f"{where}: Qwen3.5 without attn_output_gate is not supported (every build gates)")
     if args.hidden_act != "silu":
-        raise UnsupportedModelError(f"hidden_act {args.hidden_act!r} is not supported (silu only)")
+        raise UnsupportedModelError(f"{where}: hidden_act {shown(args.hidden_act)} is not supported (silu only)")
     if args.linear_num_value_heads % args.linear_num_key_heads:
-        raise UnsupportedModelError("linear_num_value_heads must be a multiple of linear_num_key_heads")
+        raise UnsupportedModelError(f"{where}: linear_num_value_heads must be a multiple of linear_num_key_heads")
     kinds = args.kinds()
     names = global_names(args)
     for i, kind in enumerate(kinds):

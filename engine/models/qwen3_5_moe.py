@@ -32,9 +32,9 @@ class ModelArgs(qwen3_5.ModelArgs):
     mlp_only_layers: list[int] | None = None
 
     @classmethod
-    def from_dict(cls, params: dict):
+    def from_dict(cls, params: dict, where: str = "model config"):
         # A MoE-only config has no intermediate_size (the dense MLP width); 0 unless some layer is dense.
-        return super().from_dict({"intermediate_size": 0, **params})
+        return super().from_dict({"intermediate_size": 0, **params} if isinstance(params, dict) else params, where)
 
     def moe_layers(self) -> tuple[int, ...]:
         skip, step = set(self.mlp_only_layers or ()), max(1, self.decoder_sparse_step)
@@ -45,11 +45,11 @@ class ModelArgs(qwen3_5.ModelArgs):
 def spec(args: ModelArgs) -> HybridSpec:
     moe = args.moe_layers()
     if moe and not 1 <= args.num_experts_per_tok <= args.num_experts:
-        raise UnsupportedModelError(f"num_experts_per_tok={args.num_experts_per_tok} with num_experts="
+        raise UnsupportedModelError(f"{args.source}: num_experts_per_tok={args.num_experts_per_tok} with num_experts="
                                     f"{args.num_experts}: need 1 ≤ top-k ≤ experts")
     if len(moe) < args.num_hidden_layers and args.intermediate_size <= 0:
-        raise UnsupportedModelError("some layers have a dense MLP (mlp_only_layers / decoder_sparse_step) but the "
-                                    "config has no intermediate_size")
+        raise UnsupportedModelError(f"{args.source}: some layers have a dense MLP (mlp_only_layers / "
+                                    "decoder_sparse_step) but the config has no intermediate_size")
     base = qwen3_5.spec(args)
     names, shared = base.names, args.shared_expert_intermediate_size
     for i in moe:
