@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from engine.errors import ModelFormatError
 from engine.formats.gguf import GgufCheckpoint
+from engine.formats.limits import MAX_SPM_MERGE_WORK
 from engine.tokenizer import Tokenizer
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's llama_token_type
@@ -141,6 +142,12 @@ class _Builder:
 
     def _sentencepiece(self) -> dict:
         scores = self._array("scores", (int, float), len(self.tokens))
+        work = sum(len(t) ** 2 for t in self.tokens)
+        if work > MAX_SPM_MERGE_WORK:
+            longest = max(self.tokens, key=len)
+            raise ModelFormatError(f"{self.path}: metadata field '{GGML}tokens' holds tokens too long to rebuild "
+                                   f"SentencePiece merges from (the longest has {len(longest):,} characters); "
+                                   "not a real vocabulary")
         vocab = {}
         for i, token in enumerate(self.tokens):
             self._add(vocab, token, i)

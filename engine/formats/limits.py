@@ -74,3 +74,5 @@ MAX_UNLISTED_COUNT = 1 << 24  # any other whole-number field: a count no real co
 # Whole-number fields where 0 means "none" (a MoE config's dense width, no shared expert, no experts, token id 0).
 CONFIG_MAY_BE_ZERO = {"intermediate_size", "shared_expert_intermediate_size", "num_experts", "sliding_window",
                       "bos_token_id", "eos_token_id", "pad_token_id"}
+# tokenizer.json: real ones reach ~35 MB (262k-token vocabularies with their merges).
+MAX_TOKENIZER_BYTES = 256 << 20
