@@ -46,7 +46,10 @@ def read_bytes(path: Path, max_bytes: int, what: str = "file") -> bytes:
         if size > max_bytes:
             raise ModelFormatError(f"{path}: {size:,} bytes, more than a {what} can be ({max_bytes:,} bytes)")
         with open(path, "rb") as f:
-            return f.read(max_bytes + 1)[:max_bytes]
+            data = f.read(size + 1)  # not max_bytes + 1: read() allocates what it is asked for up front
+        if len(data) > max_bytes:
+            raise ModelFormatError(f"{path}: grew past {max_bytes:,} bytes while being read")
+        return data
     except OSError as e:
         raise ModelFormatError(f"{path}: cannot read it ({e.strerror or e})") from None
 
