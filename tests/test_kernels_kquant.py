@@ -295,6 +295,73 @@ def test_gemm_kq_folded_grid(gpu, rng):
     check_f32_product(out, x, W, M, N, False, K + 4)
 
 
+# ---- prefill GEMM, int8 activations ------------------------------------------------------------------------
+def run_gemm_q8(gpu, tag, raw, x, N, gate_up, n_tokens=None, **plan):
+    T, K = x.shape
+    xq, xm, x_hat, scale = quantize_x(gpu, x)
+    consts, grid = gemm_kq_q8_plan(tag, K, N, T, gate_up=gate_up, **plan)
+    ys = consts["YS"]
+    y = poisoned(gpu, "y", (T, ys))
+    w, wh = upload_weight(gpu, tag, raw, K)
+    run(gpu, "matmul_kq_q8", consts, [xq, w, wh, y, xm, step_uniform(gpu, n_tokens or T)], grid)
+    return read(gpu, y, (T, ys)), x_hat, scale, grid
+
+
+@pytest.mark.parametrize("tag", TAGS)
+@pytest.mark.parametrize("T,blocks,N,gate_up", [(3, 2, 37, False), (70, 3, 130, False), (5, 2, 38, True)])
+def test_gemm_kq_q8(gpu, rng, tag, T, blocks, N, gate_up):
+    K = blocks * kquant.TYPES[tag].elements
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, T, K)
+    out, x_hat, scale, _ = run_gemm_q8(gpu, tag, raw, x, N, gate_up)
+    # Exact integer sums; per chunk ≤ 6 roundings (xs·a, the half's two FMAs, xs·Σ xq), chained over K/32 chunks.
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 6 * (K // 32) + 4)
+
+
+@pytest.mark.parametrize("tag,blocks,plan", [
+    ("q5_1", 3, {}),  # 3 chunks: KC falls back to 1
+    ("q6_k", 1, dict(kc=4, tm=32, tn=32)),  # a whole super-block per step
+    ("q4_k", 1, dict(kc=1)),
+    ("q3_k", 1, dict(tm=32, tn=128)),  # 256 threads as 8 × 32
+    ("q5_k", 1, dict(tm=128, tn=32)),
+    ("q2_k", 1, dict(tm=16, tn=16)),  # 16 threads: each stages several items
+])
+def test_gemm_kq_q8_tile_options(gpu, rng, tag, blocks, plan):
+    T, N, K = 37, 45, blocks * kquant.TYPES[tag].elements
+    for gate_up in (False, True):
+        raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+        W, M = reference(tag, raw)
+        if gate_up and "tn" in plan:  # the same staged weight rows: half as many outputs
+            plan = dict(plan, tn=plan["tn"] // 2)
+        x = scaled_activations(rng, T, K)
+        out, x_hat, scale, _ = run_gemm_q8(gpu, tag, raw, x, N, gate_up, **plan)
+        check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 6 * (K // 32) + 4)
+
+
+@pytest.mark.parametrize("gate_up", [False, True])
+def test_gemm_kq_q8_writes_only_live_rows_and_its_columns(gpu, rng, gate_up):
+    tag, T, K, N, n_tokens, ys = "q6_k", 8, 256, 21, 5, 29
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, T, K)
+    out, x_hat, scale, _ = run_gemm_q8(gpu, tag, raw, x, N, gate_up, n_tokens=n_tokens, tm=4, tn=4, y_stride=ys)
+    assert np.isnan(out[n_tokens:]).all() and np.isnan(out[:, N:]).all()
+    check_int8_product(out[:n_tokens, :N], x[:n_tokens], x_hat[:n_tokens], scale[:n_tokens], W, M, N, gate_up,
+                       6 * (K // 32) + 4)
+
+
+def test_gemm_kq_q8_folded_grid(gpu, rng):
+    tag, K, N, T = "q5_0", 32, 4 * MAX_GROUPS_PER_DIM + 40, 5
+    raw = random_raw(rng, tag, N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, T, K)
+    x[:, 32:64] = 1  # K is one chunk: keep it live
+    out, x_hat, scale, grid = run_gemm_q8(gpu, tag, raw, x, N, False, tm=4, tn=4)
+    assert grid[1] == 2 and grid[2] > 1
+    check_int8_product(out, x, x_hat, scale, W, M, N, False, 6 * (K // 32) + 4)
+
+
 # ---- embedding -----------------------------------------------------------------------------------------------
 def run_embedding(gpu, tag, raw, tokens, D, vocab, **plan):
     T = len(tokens)
