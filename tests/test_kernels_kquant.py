@@ -10,6 +10,7 @@ not to |Σ w·x|, and a sum of n terms rounds by at most n·2^-24 of that.
 
 import numpy as np
 import pytest
+from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.formats import kquant
@@ -108,6 +109,26 @@ def test_pack_rows_keeps_every_byte_and_dequantizes_like_gguf(rng, tag):
     order = np.array([3, 0, 4, 1, 2])
     moved = {name: a[order] for name, a in arrays.items()}
     np.testing.assert_array_equal(kquant.dequantize(tag, moved), gguf_dequantize(raw[order], t.qtype))
+
+
+def test_pack_rows_takes_the_rows_gguf_reader_maps(rng, tmp_path):
+    # A file written by the gguf package as llama.cpp lays tensors out; the reader's row slices go in unchanged.
+    path, raws = tmp_path / "k.gguf", {}
+    writer = GGUFWriter(path, "llama")
+    for tag, t in kquant.TYPES.items():
+        k = 2 * t.elements if t.elements == 256 else 96  # Q5_0 / Q5_1: rows that are not a multiple of 256
+        raws[tag] = random_raw(rng, tag, 7, k), k
+        writer.add_tensor(f"blk.0.{tag}.weight", raws[tag][0], raw_dtype=t.qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    for tensor in GGUFReader(path).tensors:
+        tag = kquant.TAGS[tensor.tensor_type]
+        raw, k = raws[tag]
+        assert tensor.data.shape == raw.shape and list(tensor.shape) == [k, 7]
+        arrays = kquant.pack_rows(tag, tensor.data[2:6], k, tensor.name)
+        np.testing.assert_array_equal(kquant.raw_bytes(tag, arrays), raw[2:6])
 
 
 def test_pack_rows_refuses_damaged_tensors(rng):
