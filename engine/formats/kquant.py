@@ -103,19 +103,20 @@ def pack_rows(tag: str, raw: np.ndarray, k: int, what: str = "tensor") -> dict[s
     if k <= 0 or k % t.elements or raw.shape[1] != blocks * t.nbytes:
         raise ValueError(f"{what}: a {tag.upper()} row of {k} elements is {k // t.elements * t.nbytes} bytes in "
                          f"whole {t.elements}-element blocks, the file has {raw.shape[1]}; the file is damaged")
-    b = raw.reshape(raw.shape[0], blocks, t.nbytes)
+    rows = raw.shape[0]
+    b = np.ascontiguousarray(raw).view("<u2").reshape(rows, blocks, t.nbytes // 2)  # every block size is even
     for off in _HALF_FIELDS[tag]:
-        halves = np.ascontiguousarray(b[:, :, off:off + 2]).view("<f2")
-        if not np.isfinite(halves).all():
-            row = int(np.argwhere(~np.isfinite(halves))[0][0])
+        inf_nan = (b[:, :, off // 2] & 0x7C00) == 0x7C00  # an all-ones f16 exponent
+        if inf_nan.any():
+            row = int(np.argwhere(inf_nan)[0][0])
             raise ValueError(f"{what}: row {row} has a non-finite block scale (f16 at byte {off} of a {tag.upper()} "
                              "block); the file is damaged")
-    rows = raw.shape[0]
     if t.d_at is None:
-        return {"q_blocks": np.ascontiguousarray(b).reshape(rows, -1).view("<u4")}
-    rest = np.delete(b, [t.d_at, t.d_at + 1], axis=2)
-    return {"q_blocks": np.ascontiguousarray(rest).reshape(rows, -1).view("<u4"),
-            "q_d": np.ascontiguousarray(b[:, :, t.d_at:t.d_at + 2]).reshape(rows, -1).view("<f2")}
+        return {"q_blocks": b.reshape(rows, -1).view("<u4")}
+    d = t.d_at // 2
+    flat = b.reshape(rows * blocks, -1)  # one block a row: 2-D slices copy an order of magnitude faster here
+    body = np.concatenate([flat[:, :d], flat[:, d + 1:]], axis=1)  # the block less d, its bytes in their order
+    return {"q_blocks": body.reshape(rows, -1).view("<u4"), "q_d": np.ascontiguousarray(b[:, :, d]).view("<f2")}
 
 
 def raw_bytes(tag: str, arrays: dict[str, np.ndarray]) -> np.ndarray:
