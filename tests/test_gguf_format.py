@@ -12,8 +12,9 @@ from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.gguf import GgufCheckpoint, PackedWeight, dequantize, pack_rows, unpermute_index
+from engine.formats.gguf import GgufCheckpoint, dequantize, pack_rows, unpermute_index
 from engine.matmul import format_knobs, matvec_plan
+from engine.packed import PackedWeight
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 Q = GGMLQuantizationType

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
@@ -24,6 +25,9 @@ from engine.formats.limits import (
     MAX_TEXT_BYTES,
 )
 
+# on_progress(part index, parts, path, bytes done, bytes total): a reader's load() calls it after each shard or
+# weight it finishes.
+ProgressFn = Callable[[int, int, str, int, int], None]
 _REQUIRED = object()
 # A JSON string literal (brackets inside strings do not nest); the unrolled form never backtracks.
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)

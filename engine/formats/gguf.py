@@ -42,7 +42,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.files import real_number, shown, whole_number
+from engine.formats.files import ProgressFn, real_number, shown, whole_number
 from engine.formats.limits import (
     CONFIG_LIMITS,
     MAX_GGUF_ARRAY,
@@ -55,7 +55,7 @@ from engine.formats.limits import (
     MAX_GGUF_TENSORS,
     MAX_UNLISTED_COUNT,
 )
-from engine.formats.mlc import ProgressFn
+from engine.packed import PackedWeight
 
 Q = GGMLQuantizationType
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -64,16 +64,6 @@ TAGS = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.F16: "f16", Q.F32: "f3
 SUPPORTED_TYPES = "Q4_0, Q4_1, Q8_0, F16, F32, BF16"
 CHUNK = 32  # the kernels walk K in 32-element chunks
 ROWS_PER_READ = 4096  # rows repacked at a time: bounds the temporaries for a large embedding table
-
-
-class PackedWeight(dict):
-    """One canonical weight: {array name: array} in our layout, plus what the runtime needs to run it."""
-
-    def __init__(self, arrays: dict, format: str, shape: tuple[int, ...], sources: tuple[str, ...]):
-        super().__init__(arrays)
-        self.format = format  # "q4_0" / "q4_1" / "q8_0" / "f16" / "f32"
-        self.shape = shape  # logical shape: (N, K) for matrices, (D,) for norms
-        self.sources = sources  # the GGUF tensors it was built from, in row order
 
 
 @dataclass(frozen=True)

@@ -18,14 +18,14 @@ from __future__ import annotations
 import difflib
 import math
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from engine.errors import ModelFormatError
-from engine.formats.files import confined, read_json, shown
+from engine.formats.files import ProgressFn, confined, read_json, shown
 from engine.formats.limits import MAX_TENSOR_DIMS
 
 CHAT_CONFIG = "mlc-chat-config.json"
@@ -40,9 +40,6 @@ _NUMPY_DTYPES = {
 }
 _RECORD_FIELDS = ("name", "shape", "dtype", "format", "nbytes", "byteOffset")
 _RECORD_FORMATS = ("raw", "f32-to-bf16")
-
-# on_progress(shard_index, n_shards, shard_path, bytes_done, bytes_total), called once per finished shard.
-ProgressFn = Callable[[int, int, str, int, int], None]
 
 
 @dataclass(frozen=True)

@@ -46,9 +46,17 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.files import Tensor, confined, read_array, read_floats, read_json, safetensors_header, shown
-from engine.formats.gguf import PackedWeight
-from engine.formats.mlc import ProgressFn
+from engine.formats.files import (
+    ProgressFn,
+    Tensor,
+    confined,
+    read_array,
+    read_floats,
+    read_json,
+    safetensors_header,
+    shown,
+)
+from engine.packed import PackedWeight
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"

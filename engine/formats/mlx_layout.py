@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.gguf import PackedWeight
-from engine.formats.mlc import ProgressFn
+from engine.formats.files import ProgressFn
 from engine.formats.mlx import MlxCheckpoint
+from engine.packed import PackedWeight
 
 
 def _keys(tag: str) -> tuple[str, ...]:
