@@ -14,7 +14,7 @@ from engine.catalog import CatalogEntry, kv_bytes_per_token, local_key, supporte
 from engine.errors import ModelFormatError
 from engine.formats.files import read_json, whole_number
 from engine.formats.mlc import CHAT_CONFIG
-from engine.models import SUPPORTED, model_module
+from engine.models import model_module, supported
 from engine.models.base import DenseSpec
 
 GENERATION_KEYS = ("temperature", "top_k", "top_p", "min_p")
@@ -90,7 +90,7 @@ def _mlc(path: Path) -> CatalogEntry:
     ckpt = MlcCheckpoint(path)
     model_type, cfg = ckpt.model_type, ckpt.model_config
     where = str(ckpt.config_path)
-    if model_type in SUPPORTED:
+    if model_type in supported():
         dims = _spec_dims(_spec(model_type, cfg, where))
     else:
         dims = _config_dims(cfg, where)

@@ -283,8 +283,9 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """A model folder's tokenizer, or a .gguf file's (built from its metadata)."""
     path = Path(path)
     if path.suffix.lower() == ".gguf":
-        from engine.formats.gguf_tokenizer import load_tokenizer as load_gguf_tokenizer
-        return load_gguf_tokenizer(path)
+        from engine.formats.gguf_tokenizer import read_tokenizer
+
+        return Tokenizer.from_parts(*read_tokenizer(path))
     if not path.is_dir():
         raise ModelFormatError(f"{path}: not a model folder")
     return Tokenizer.from_dir(path)

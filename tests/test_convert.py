@@ -250,7 +250,7 @@ def test_bad_model_type(phi3_hf, tmp_path):
     src = _copy(phi3_hf, tmp_path / "hf")
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, "model_type": "gpt2"}))
-    with pytest.raises(UnsupportedModelError, match=r"config\.json: model_type 'gpt2' cannot be converted"):
+    with pytest.raises(UnsupportedModelError, match=r"config\.json: model_type 'gpt2' is not supported"):
         convert_hf_to_mlc(src, tmp_path / "out")
     del config["model_type"]
     (src / "config.json").write_text(json.dumps(config))

@@ -36,12 +36,12 @@ from engine.errors import ModelFormatError, ZeroTVMError
 from engine.formats import files
 from engine.formats.files import read_array, safetensors_header
 from engine.formats.gguf import GgufCheckpoint
-from engine.formats.gguf_tokenizer import load_tokenizer as load_gguf_tokenizer
 from engine.formats.limits import CONFIG_LIMITS, MAX_GGUF_ARRAY, MAX_GGUF_TENSORS, MAX_JSON_DEPTH
 from engine.formats.mlc import MlcCheckpoint
 from engine.formats.mlx import MlxCheckpoint
 from engine.models import SUPPORTED, model_module
 from engine.tokenizer import Tokenizer
+from engine.tokenizer import load_tokenizer as load_gguf_tokenizer
 from tests.tiny_models import DEFAULTS, write_tiny_tokenizer
 
 Q = GGMLQuantizationType

@@ -55,10 +55,10 @@ from engine.formats.limits import (
     MAX_GGUF_TENSORS,
     MAX_UNLISTED_COUNT,
 )
+from engine.models.weights import Weight
 from engine.packed import PackedWeight
 
 Q = GGMLQuantizationType
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # GGUF tensor types we repack without loss, and the format tag each becomes.
 TAGS = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.F16: "f16", Q.F32: "f32", Q.BF16: "f32"}
 SUPPORTED_TYPES = "Q4_0, Q4_1, Q8_0, F16, F32, BF16"
@@ -263,20 +263,17 @@ class GgufCheckpoint:
             raise ModelFormatError(f"{self.path}: metadata field 'general.architecture' is missing or not a string")
         return arch
 
-    def _supported_arch(self) -> str:
-        arch = self.architecture
-        if arch not in ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"{self.path}: architecture '{arch}' (general.architecture) is not supported; "
-                f"supported: {', '.join(ARCHITECTURES)}"
-            )
-        return arch
+    @cached_property
+    def model_type(self) -> str:
+        """The config.json model_type of the architecture file that reads this general.architecture."""
+        from engine.models import gguf_model_type
+
+        return gguf_model_type(self.architecture, str(self.path))
 
     @cached_property
     def config(self) -> dict:
         """The model's hyperparameters under Hugging Face config.json names."""
-        arch = self._supported_arch()
-        a = f"{arch}."
+        model_type, a = self.model_type, f"{self.architecture}."
         dim = self._number(a + "embedding_length", int, field="hidden_size")
         heads = self._number(a + "attention.head_count", int, field="num_attention_heads")
         head_dim = self._number(a + "attention.key_length", int, dim // heads, field="head_dim")
@@ -295,8 +292,7 @@ class GgufCheckpoint:
                 f"'token_embd.weight' has {vocab} rows"
             )
         cfg = {
-            "model_type": arch,
-            "architectures": [ARCHITECTURES[arch]],
+            "model_type": model_type,
             "hidden_size": dim,
             "num_hidden_layers": self._number(a + "block_count", int, field="num_hidden_layers"),
             "num_attention_heads": heads,
@@ -375,39 +371,24 @@ class GgufCheckpoint:
         return f"it has {len(self._tensors)} tensors, {'similar' if close else 'e.g.'}: {', '.join(some)}"
 
     @cached_property
+    def table(self) -> list[Weight]:
+        """The architecture's weights (engine/models/weights.py) for this file's config; load_model sets the one it
+        built its spec from."""
+        from engine.models import model_module
+
+        module = model_module(self.model_type, str(self.path))
+        return module.weights(module.spec(module.ModelArgs.from_dict(self.config, f"{self.path} (GGUF metadata)")))
+
+    @cached_property
     def _sources(self) -> dict[str, list[_Part]]:
-        """Canonical name -> the GGUF tensors (with expected shapes) it is made of, in row order."""
-        cfg, arch = self.config, self._supported_arch()
-        dim, hd, ffn = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
-        h, kvh = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        permuted = arch == "llama"  # the only one convert_hf_to_gguf permutes for interleaved RoPE
-
-        def norm(name, size):
-            return [_Part(name, None, size)]
-
-        out = {"embed": [_Part("token_embd.weight", cfg["vocab_size"], dim)], "norm": norm("output_norm.weight", dim)}
-        if not cfg["tie_word_embeddings"]:
-            out["lm_head"] = [_Part("output.weight", cfg["vocab_size"], dim)]
-        for i in range(cfg["num_hidden_layers"]):
-            b, c = f"blk.{i}.", f"layers.{i}."
-            out[c + "attn_norm"] = norm(b + "attn_norm.weight", dim)
-            out[c + "mlp_norm"] = norm(b + "ffn_norm.weight", dim)
-            if arch == "phi3" and b + "attn_qkv.weight" in self._tensors:
-                out[c + "qkv"] = [_Part(b + "attn_qkv.weight", (h + 2 * kvh) * hd, dim)]
-            else:
-                out[c + "qkv"] = [_Part(b + "attn_q.weight", h * hd, dim, h if permuted else None),
-                                  _Part(b + "attn_k.weight", kvh * hd, dim, kvh if permuted else None),
-                                  _Part(b + "attn_v.weight", kvh * hd, dim)]
-            out[c + "o"] = [_Part(b + "attn_output.weight", dim, h * hd)]
-            if arch == "phi3" and b + "ffn_gate.weight" not in self._tensors:
-                # Phi-3's gate_up_proj is one matrix ([gate; up] rows); llama.cpp stores it as ffn_up.
-                out[c + "gate_up"] = [_Part(b + "ffn_up.weight", 2 * ffn, dim)]
-            else:
-                out[c + "gate_up"] = [_Part(b + "ffn_gate.weight", ffn, dim), _Part(b + "ffn_up.weight", ffn, dim)]
-            out[c + "down"] = [_Part(b + "ffn_down.weight", dim, ffn)]
-            if arch == "qwen3":
-                out[c + "q_norm"] = norm(b + "attn_q_norm.weight", hd)
-                out[c + "k_norm"] = norm(b + "attn_k_norm.weight", hd)
+        """Canonical name -> the GGUF tensors (with expected shapes) it is made of, in row order: of each weight's
+        alternatives, the first whose tensors the file holds (the last, to report what is missing, if none)."""
+        out = {}
+        for w in self.table:
+            if not w.gguf:
+                continue
+            parts = next((alt for alt in w.gguf if all(p.name in self._tensors for p in alt)), w.gguf[-1])
+            out[w.name] = [_Part(p.name, p.rows, w.shape[-1], p.heads) for p in parts]
         for name in self._tensors:  # biases would be silently dropped: refuse instead
             if name.startswith("blk.") and name.endswith(".bias"):
                 raise UnsupportedModelError(f"{self.path}: tensor '{name}': bias terms are not supported")
@@ -427,9 +408,8 @@ class GgufCheckpoint:
         if parts is None:
             close = difflib.get_close_matches(name, self._sources, n=3)
             raise ModelFormatError(
-                f"{self.path}: no weight '{name}'; canonical names are embed, norm, lm_head (untied only) and "
-                f"layers.N.<attn_norm|mlp_norm|qkv|o|gate_up|down|q_norm|k_norm>"
-                + (f"; similar: {', '.join(close)}" if close else "")
+                f"{self.path}: no weight '{name}'; this {self.architecture} model has {len(self._sources)} weights, "
+                + (f"similar: {', '.join(close)}" if close else f"e.g. {', '.join(list(self._sources)[:5])}")
             )
         tags = {}
         for part in parts:

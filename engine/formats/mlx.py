@@ -256,26 +256,32 @@ class MlxCheckpoint:
     # -- MoE ----------------------------------------------------------------------------------------
 
     def moe_weights(self, layer: int) -> dict[str, PackedWeight]:
-        """A MoE layer's weights keyed by their path under `model.layers.{layer}.mlp.` (gate,
-        switch_mlp.{gate,up,down}_proj, and shared_expert.{gate,up,down}_proj + shared_expert_gate when the
-        config has a shared expert), shapes checked against config.json before anything is read."""
-        cfg = self.config
-        e, d, i = (_int(cfg, k, self.config_path) for k in ("num_experts", "hidden_size", "moe_intermediate_size"))
-        want = {"gate": (e, d), "switch_mlp.gate_proj": (e, i, d), "switch_mlp.up_proj": (e, i, d),
-                "switch_mlp.down_proj": (e, d, i)}
-        shared = cfg.get("shared_expert_intermediate_size") or 0
-        if shared:
-            want |= {"shared_expert.gate_proj": (shared, d), "shared_expert.up_proj": (shared, d),
-                     "shared_expert.down_proj": (d, shared), "shared_expert_gate": (1, d)}
-        prefix = f"model.layers.{layer}.mlp."
-        plans = {}
-        for part, shape in want.items():
-            plan = self._plan(f"{prefix}{part}.weight")
-            if plan.shape != shape:
-                t = plan.tensors[0]
-                raise ModelFormatError(f"{t.path}: tensor '{t.key}' holds a {list(plan.shape)} matrix; config.json "
-                                       f"implies {list(shape)}")
-            plans[part] = plan
+        """A MoE layer's weights keyed by their path under `model.layers.{layer}.mlp.` (for Qwen3.5-MoE: gate,
+        switch_mlp.{gate,up,down}_proj, and shared_expert.{gate,up,down}_proj + shared_expert_gate when the config
+        has a shared expert), named by the architecture file and checked against its shapes before anything is
+        read."""
+        from engine.models import model_module
+
+        where = str(self.config_path)
+        module = model_module(self.config.get("model_type"), where)
+        spec = module.spec(module.ModelArgs.from_dict(self.config, where))
+        table = [w for w in module.weights(spec) if w.name.startswith(f"layers.{layer}.moe.")]
+        if not table:
+            raise ModelFormatError(f"{where}: layer {layer} has no mixture-of-experts block")
+        prefix, plans = f"model.layers.{layer}.mlp.", {}
+        for w in table:
+            parts = [self._plan(n) for n in w.mlx]
+            first = parts[0]
+            joined = (*first.shape[:-2], sum(p.shape[-2] for p in parts), first.shape[-1])
+            if joined != w.shape or any(p.shape[:-2] != first.shape[:-2] or p.shape[-1] != first.shape[-1]
+                                        for p in parts):
+                t = first.tensors[0]
+                held = " + ".join(str(list(p.shape)) for p in parts)
+                raise ModelFormatError(f"{t.path}: tensor '{t.key}' holds a {held} matrix; config.json implies "
+                                       f"{list(w.shape)}" if len(parts) == 1 else
+                                       f"{t.path}: tensors {', '.join(repr(p.tensors[0].key) for p in parts)} hold "
+                                       f"{held} rows; config.json implies {list(w.shape)} joined")
+            plans |= {n.removeprefix(prefix).removesuffix(".weight"): p for n, p in zip(w.mlx, parts, strict=True)}
         return {part: self._read(plan) for part, plan in plans.items()}
 
 
@@ -353,12 +359,6 @@ def _settings(q: dict, where: Path, field: str) -> dict:
                                    f"{'a string' if k == 'mode' else 'a whole number'}")
     return out
 
-
-def _int(cfg: dict, key: str, where: Path) -> int:
-    value = cfg.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ModelFormatError(f"{where}: '{key}' is {shown(value)}, expected a positive integer")
-    return value
 
 
 def _to_f16(arr: np.ndarray, t: Tensor) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Pieces shared by the per-architecture files: ModelArgs base, the dense-model spec, RoPE tables."""
+"""Pieces shared by the per-architecture files: ModelArgs base, the specs the runtime builds from, RoPE tables."""
 
 from __future__ import annotations
 
@@ -60,9 +60,15 @@ def checked_field(name: str, value, annotation: str, where: str):
 _TYPE_WORDS = {"bool": "boolean (true or false)", "str": "string", "dict": "JSON object"}
 
 
+# The blocks a layer is made of, as the runtime names them: its token mixer and its feed-forward block.
+ATTENTION, GATED_ATTENTION, GATED_DELTANET = "attention", "gated_attention", "gated_deltanet"
+MLP, MOE = "mlp", "moe"
+MIXERS, FFNS = (ATTENTION, GATED_ATTENTION, GATED_DELTANET), (MLP, MOE)
+
+
 @dataclass
 class DenseSpec:
-    """What the dense-transformer runtime needs, independent of the checkpoint's naming."""
+    """What the runtime needs to build a model, independent of the checkpoint's naming."""
 
     dim: int
     n_layers: int
@@ -79,8 +85,55 @@ class DenseSpec:
     qk_norm: bool = False
     # canonical name -> checkpoint name; canonical names: embed, norm, lm_head (unless tied), and
     # layers.{i}.{attn_norm, qkv, o, mlp_norm, gate_up, down, q_norm, k_norm}; quantized ones add
-    # .q_weight / .q_scale.
+    # .q_weight / .q_scale. An architecture's spec() fills in its MLC names; loaders of other formats replace them.
     names: dict[str, str] = field(default_factory=dict)
+    # Per layer (mixer, ffn), from MIXERS and FFNS: which blocks the runtime builds for it. Empty: attention + MLP.
+    layer_blocks: tuple[tuple[str, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.layer_blocks:
+            self.layer_blocks = ((ATTENTION, MLP),) * self.n_layers
+        self.layer_blocks = tuple(tuple(b) for b in self.layer_blocks)
+        if len(self.layer_blocks) != self.n_layers or any(m not in MIXERS or f not in FFNS
+                                                           for m, f in self.layer_blocks):
+            raise ValueError(f"layer_blocks must give one (mixer, ffn) of {MIXERS} x {FFNS} per layer "
+                             f"({self.n_layers}), got {self.layer_blocks}")
+
+
+LINEAR, FULL = "linear_attention", "full_attention"  # Qwen3.5's layer_types entries
+
+
+@dataclass
+class HybridSpec(DenseSpec):
+    """DenseSpec plus the Gated DeltaNet side; n_heads/n_kv_heads/head_dim describe the attention layers."""
+
+    layer_types: tuple[str, ...] = ()  # per layer: LINEAR (GDN) or FULL (gated attention)
+    gdn_k_heads: int = 0
+    gdn_v_heads: int = 0
+    gdn_k_dim: int = 0
+    gdn_v_dim: int = 0
+    conv_kernel: int = 4
+    norm_offset: float = 0.0  # added to zero-centred norm weights at run time (0.0: the +1 is baked in)
+    # Mixture-of-experts MLPs (Qwen3.5-MoE / Qwen3.6, engine/models/qwen3_5_moe.py); none: dense MLPs everywhere.
+    moe_layers: tuple[int, ...] = ()
+    n_experts: int = 0
+    top_k: int = 0
+    moe_ffn_dim: int = 0  # per routed expert
+    shared_ffn_dim: int = 0  # 0: no shared expert
+    norm_topk_prob: bool = True
+    attn_layers: tuple[int, ...] = field(init=False, default=())
+
+    def __post_init__(self) -> None:
+        self.attn_layers = tuple(i for i, t in enumerate(self.layer_types) if t == FULL)
+        if not self.layer_blocks:  # from layer_types and moe_layers unless the architecture declared them
+            moe = set(self.moe_layers)
+            self.layer_blocks = tuple((GATED_ATTENTION if t == FULL else GATED_DELTANET, MOE if i in moe else MLP)
+                                      for i, t in enumerate(self.layer_types))
+        super().__post_init__()
+
+    @property
+    def conv_dim(self) -> int:  # q | k | v channels of in_proj_qkv, all through the conv
+        return 2 * self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * self.gdn_v_dim
 
 
 @dataclass
@@ -113,7 +166,7 @@ class DenseArgs(BaseModelArgs):
         partial = real_number(partial, "partial_rotary_factor", self.source, low=0.0, high=1.0, low_open=True)
         return theta, partial, scaling
 
-    def dense_spec(self, names: dict[str, str], qk_norm: bool = False) -> DenseSpec:
+    def dense_spec(self, qk_norm: bool = False) -> DenseSpec:
         heads, where = self.num_attention_heads, self.source
         kv_heads = self.num_key_value_heads or heads
         if heads % kv_heads:
@@ -131,7 +184,7 @@ class DenseArgs(BaseModelArgs):
             n_kv_heads=kv_heads, head_dim=head_dim, ffn_dim=self.intermediate_size,
             vocab=self.vocab_size, eps=self.rms_norm_eps, inv_freq=inv_freq, rot_dim=rot,
             context_length=self.context_window_size or self.max_position_embeddings,
-            tied_embeddings=self.tie_word_embeddings, qk_norm=qk_norm, names=names,
+            tied_embeddings=self.tie_word_embeddings, qk_norm=qk_norm,
         )
 
 
@@ -167,8 +220,3 @@ def _llama3_scaling(inv: np.ndarray, cfg: dict, where: str) -> np.ndarray:
     scaled = np.where(wavelen > old_ctx / low, inv / factor, inv)
     mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
     return np.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled).astype(np.float32)
-
-
-def quantized(names: dict[str, str], canonical: str, source: str) -> None:
-    names[f"{canonical}.q_weight"] = f"{source}.q_weight"
-    names[f"{canonical}.q_scale"] = f"{source}.q_scale"
