@@ -120,8 +120,8 @@ def _load_mlx(path: Path, gpu, max_context, on_progress, runtime_options) -> Mod
     reason = format_support(model_type, "mlx")
     if reason:
         raise UnsupportedModelError(f"{ckpt.config_path}: {reason}")
-    spec, table = _architecture(model_type, ckpt.config, str(ckpt.config_path))
-    matrices, tensors = mlx_sources(table)
+    spec, ckpt.table = _architecture(model_type, ckpt.config, str(ckpt.config_path))
+    matrices, tensors = mlx_sources(ckpt.table)
     formats, spec.names = mlx_layout.plan(ckpt, matrices, tensors)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     weights = mlx_layout.stream(ckpt, matrices, tensors, spec.names, on_progress)

@@ -345,9 +345,9 @@ def bf16(rng, shape) -> bytes:
     return (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype("<u2").tobytes()
 
 
-MLX_CONFIG = {"model_type": "qwen3_5_moe_text", "quantization": {"group_size": 64, "bits": 4, "mode": "affine",
-                                                                  "model.layers.0.mlp.gate": {"group_size": 64,
-                                                                                              "bits": 8}}}
+MLX_CONFIG = {**DEFAULTS["qwen3_5_moe"], "model_type": "qwen3_5_moe_text",
+              "quantization": {"group_size": 64, "bits": 4, "mode": "affine",
+                               "model.layers.0.mlp.gate": {"group_size": 64, "bits": 8}}}
 
 
 def write_mlx(folder: Path, rng) -> Path:

@@ -41,6 +41,7 @@ import difflib
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +57,7 @@ from engine.formats.files import (
     safetensors_header,
     shown,
 )
+from engine.models.weights import Weight
 from engine.packed import PackedWeight
 
 CONFIG = "config.json"
@@ -64,7 +66,6 @@ SINGLE = "model.safetensors"
 PREFIX = "language_model."
 GROUP = 64  # the group size of the mlx4/mlx8 tags
 WIDE = {2: 4, 3: 4, 4: 4, 5: 8, 6: 8, 8: 8}  # stored bits -> the kernel layout's bits
-F32_PARAMS = ("A_log", "dt_bias")  # the GDN gates take these in f32; every other float tensor becomes f16
 ELEMENTS_PER_PASS = 1 << 22  # bounds the temporaries while widening codes or converting floats
 _FLOATS = ("BF16", "F16", "F32")
 
@@ -202,7 +203,7 @@ class MlxCheckpoint:
         if t.dtype not in _FLOATS:
             raise ModelFormatError(f"{t.path}: tensor '{t.key}' is {t.dtype} without scales; expected a float "
                                    "tensor or a quantized weight/scales/biases triple")
-        f32 = name.rpartition(".")[2] in F32_PARAMS
+        f32 = t.key in self._float32
         return _Plan((t,), "f32" if f32 else "f16", t.shape, 16 if t.dtype in ("BF16", "F16") else 32)
 
     def formats(self, names: Iterable[str] | None = None) -> dict[str, str]:
@@ -255,17 +256,30 @@ class MlxCheckpoint:
 
     # -- MoE ----------------------------------------------------------------------------------------
 
+    @cached_property
+    def table(self) -> list[Weight]:
+        """The architecture's weights (engine/models/weights.py) for this config; load_model sets the one it built
+        its spec from."""
+        from engine.models import model_module
+
+        where = str(self.config_path)
+        module = model_module(self.config.get("model_type"), where)
+        return module.weights(module.spec(module.ModelArgs.from_dict(self.config, where)))
+
+    @cached_property
+    def _float32(self) -> set[str]:
+        """Full keys of the tensors the architecture keeps in f32 (Gated DeltaNet's A_log and dt_bias); every other
+        float tensor becomes f16."""
+        names = {w.mlx[0] for w in self.table if w.dtype == "float32" and w.mlx}
+        return {self._where[n][0] for n in names if n in self._where}
+
     def moe_weights(self, layer: int) -> dict[str, PackedWeight]:
         """A MoE layer's weights keyed by their path under `model.layers.{layer}.mlp.` (for Qwen3.5-MoE: gate,
         switch_mlp.{gate,up,down}_proj, and shared_expert.{gate,up,down}_proj + shared_expert_gate when the config
         has a shared expert), named by the architecture file and checked against its shapes before anything is
         read."""
-        from engine.models import model_module
-
         where = str(self.config_path)
-        module = model_module(self.config.get("model_type"), where)
-        spec = module.spec(module.ModelArgs.from_dict(self.config, where))
-        table = [w for w in module.weights(spec) if w.name.startswith(f"layers.{layer}.moe.")]
+        table = [w for w in self.table if w.name.startswith(f"layers.{layer}.moe.")]
         if not table:
             raise ModelFormatError(f"{where}: layer {layer} has no mixture-of-experts block")
         prefix, plans = f"model.layers.{layer}.mlp.", {}
