@@ -5,21 +5,23 @@ import subprocess
 import sys
 
 import pytest
-from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit, QListWidget, QPlainTextEdit
 
 from app.prefs import AppPrefs
-from app.store import ConversationStore
-from app.window import MainWindow
 from engine import demo
 from engine.sampling import SamplingParams
 from engine.session import ChatSettings
-from tests.fixtures_demo import demo_gguf
-from tests.test_cli_models import tiny_repo  # noqa: F401 (fixture)
-from tests.test_hub import hub, memory_keyring  # noqa: F401 (fixtures)
-
-LOAD_MS = 120_000
-REPLY_MS = 120_000
+from tests.helpers import (
+    LOAD_MS,
+    REPLY_MS,
+    cached_mlx,
+    demo_gguf,
+    open_window,
+    send,
+    wait_idle,
+    wait_loaded,
+)
+from tests.helpers import TINY_QWEN3_KEY as KEY
 
 
 @pytest.fixture
@@ -31,28 +33,6 @@ def data_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
     monkeypatch.setenv("ZEROTVM_MODELS", str(models))
     return tmp_path
-
-
-def open_window(qtbot, data_dir, settings=None, auto_setup=True, prefs=None) -> MainWindow:
-    store = ConversationStore(data_dir / "chats.sqlite3")
-    settings = settings or ChatSettings(max_tokens=12, sampling=SamplingParams(), seed=0)
-    window = MainWindow(store, settings, prefs or AppPrefs(context=512), data_dir / "app.json", [], None, auto_setup)
-    qtbot.addWidget(window)
-    window.show()
-    return window
-
-
-def wait_loaded(qtbot, window):
-    qtbot.waitUntil(lambda: window.facts is not None, timeout=LOAD_MS)
-
-
-def send(qtbot, window, text):
-    window.input.setPlainText(text)
-    qtbot.keyClick(window.input, Qt.Key.Key_Return)
-
-
-def wait_idle(qtbot, window):
-    qtbot.waitUntil(lambda: window.request == 0, timeout=REPLY_MS)
 
 
 @pytest.fixture
@@ -214,8 +194,7 @@ def test_self_test_command(data_dir):
     assert "Paris" in out.stdout.split("A:", 1)[-1], out.stdout
 
 
-def test_download_flow_progress_cancel_resume_then_selectable(qtbot, tiny_repo, hub, monkeypatch):  # noqa: F811
-    from tests.test_cli_models import KEY
+def test_download_flow_progress_cancel_resume_then_selectable(qtbot, tiny_repo, hub, monkeypatch):
 
     home = tiny_repo.parent.parent / "home"
     w = open_window(qtbot, home, auto_setup=False)
@@ -304,8 +283,6 @@ def test_sidebar_rename_export_delete(qtbot, data_dir, monkeypatch, tmp_path):
 def test_app_loads_and_chats_with_an_mlx_moe_model(qtbot, data_dir):
     """A Qwen3.5-MoE-architecture MLX folder (tiny, made by mlx-lm) added by path loads and answers in the app."""
     from engine.catalog import add_local
-    from tests.test_qwen3_5_moe import cached_mlx
-
     entry = add_local(cached_mlx("q4"))
     assert entry.runs
     w = open_window(qtbot, data_dir, settings=ChatSettings(max_tokens=6, sampling=SamplingParams()),
@@ -323,10 +300,9 @@ def test_app_loads_and_chats_with_an_mlx_moe_model(qtbot, data_dir):
     w.close()
 
 
-def test_verify_and_remove_a_downloaded_model(qtbot, tiny_repo, hub, monkeypatch):  # noqa: F811
+def test_verify_and_remove_a_downloaded_model(qtbot, tiny_repo, hub, monkeypatch):
     from PySide6.QtWidgets import QMessageBox
 
-    from tests.test_cli_models import KEY
 
     w = open_window(qtbot, tiny_repo.parent.parent / "home", auto_setup=False)
     errors = []

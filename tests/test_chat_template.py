@@ -15,8 +15,7 @@ from engine.chat import ThinkingSplitter
 from engine.cli import main
 from engine.errors import ModelFormatError
 from engine.tokenizer import Tokenizer
-from tests.fixtures_tokenizers import FetchError, qwen3_tokenizer_dir
-from tests.tiny_models import write_tiny_tokenizer
+from tests.helpers import FetchError, qwen3_tokenizer_dir, write_tiny_tokenizer
 
 IM_START, IM_END, ENDOFTEXT = 151644, 151645, 151643
 

@@ -11,7 +11,16 @@ import torch
 from engine.cli import main as cli_main
 from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
 from engine.model import load_model
-from tests.tiny_models import make_tiny_hf
+from tests.helpers import (
+    DECODE_TOL,
+    assert_greedy_decode_is_teacher_forced_argmax,
+    cached_tiny_hf,
+    compare,
+    compare_int8,
+    make_tiny_hf,
+    uses_q8,
+    uses_q8_prefill,
+)
 
 CONFIGS = {
     "phi3": ("phi3", dict(vocab_size=250)),  # vocab not a multiple of 32
@@ -48,34 +57,6 @@ def tiny(request, tmp_path_factory):
     return hf_dir, out
 
 
-def compare(ours, ref, tol=1e-2, margin=1e-2):
-    """Max error within tol of max|ref|, and the same top-1 wherever the reference's top two differ by > margin."""
-    rel = np.abs(ours - ref).max() / np.abs(ref).max()
-    assert rel <= tol, f"max relative error {rel:.3g}"
-    top2 = np.sort(ref, axis=1)[:, -2:]
-    sure = (top2[:, 1] - top2[:, 0]) > margin
-    assert np.array_equal(ours.argmax(1)[sure], ref.argmax(1)[sure])
-
-
-# Decode with f32 activations computes what the prefill GEMMs compute (to f32 rounding). With int8 activations
-# (q8_decode, the default on GPUs with subgroups) every 4-bit matrix input, in decode and in prefill, carries int8
-# rounding: against f32 arithmetic, up to 2e-2 of max|logit| (measured up to 9.4e-3 on the tiny models here); and
-# decode against prefill: the same rounding but for int8 codes that f32 rounding differences (split-K attention)
-# push across a rounding boundary (measured up to 4.4e-3).
-DECODE_TOL = {False: 5e-3, True: 2e-2}
-
-
-def compare_int8(ours, ref):
-    """compare() for int8 activations: their tolerance, and top-1 checked where the top two differ by more than
-    twice the error it allows."""
-    compare(ours, ref, DECODE_TOL[True], 2 * DECODE_TOL[True] * np.abs(ref).max())
-
-
-def uses_q8_prefill(rt) -> bool:
-    """Whether a prefill GEMM of this runtime takes int8 activations (matmul_q8)."""
-    return any(step[0].label == "matmul_q8" for b in rt.layer_bg for steps in b["mm"].values() for step in steps)
-
-
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
     hf_dir, mlc = tiny
@@ -88,12 +69,6 @@ def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
     with torch.no_grad():
         ref = ref_model(torch.tensor(ids[None])).logits[0].numpy()
     compare_int8(ours, ref) if q8 else compare(ours, ref)
-
-
-def uses_q8(rt) -> bool:
-    """Whether any decode matvec of this runtime (a layer's or the LM head's) takes int8 activations."""
-    pipes = [step[0] for b in rt.layer_bg for steps in b["mv"].values() for step in steps]
-    return any(p.label == "matvec_q8" for p in pipes + [part[0] for part in rt.lm_parts["mv"]])
 
 
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
@@ -144,21 +119,6 @@ def test_int8_from_the_norms_equals_a_quantize_dispatch(gpu, tiny):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
 
 
-def assert_greedy_decode_is_teacher_forced_argmax(model, n: int, misses: int, **generate) -> None:
-    """GPU-resident greedy decode of n tokens: each is the argmax of the full forward over what came before
-    (up to `misses` near-ties between the decode and prefill kernels; with int8 activations a near-tie is
-    anything within the decode tolerance, and a miss is allowed per 20 tokens more)."""
-    q8 = uses_q8(model.runtime)
-    tie, misses = (DECODE_TOL[True], misses + n // 20) if q8 else (1e-3, misses)
-    prompt = [3, 17, 42, 5, 9]
-    tokens = [r.token for r in model.generate(prompt, max_tokens=n, **generate)]
-    assert len(tokens) == n
-    logits = model.logits(prompt + tokens[:-1])[len(prompt) - 1:]
-    picked = logits[np.arange(len(tokens)), tokens]
-    assert np.all(logits.max(1) - picked <= tie * np.abs(logits).max())
-    assert sum(t == a for t, a in zip(tokens, logits.argmax(1), strict=True)) >= len(tokens) - misses
-
-
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(gpu, tiny, q8):
     _, mlc = tiny
@@ -176,8 +136,6 @@ def test_cli_logits_writes_npy(gpu, tiny, tmp_path):
 
 
 def test_mlc_qwen3_builds_naming_qkv_either_way_load_the_same(gpu, tmp_path):
-    from tests.tiny_models import cached_tiny_hf
-
     out = tmp_path / "qwen3"
     assert cli_main(["convert", str(cached_tiny_hf("qwen3")), str(out)]) == 0
     ids = [3, 4, 5, 6, 7]
@@ -189,8 +147,6 @@ def test_mlc_qwen3_builds_naming_qkv_either_way_load_the_same(gpu, tmp_path):
 
 def test_fused_qkv_decode_kernel_still_matches(gpu, tmp_path):
     """The fused QKV+RoPE+append decode kernel is off by default (slower on the H200) but kept for A/B runs."""
-    from tests.tiny_models import cached_tiny_hf
-
     out = tmp_path / "phi3"
     assert cli_main(["convert", str(cached_tiny_hf("phi3", vocab_size=250)), str(out)]) == 0
     ids = np.random.default_rng(2).integers(0, 250, 40)
@@ -207,8 +163,6 @@ def test_fused_qkv_decode_kernel_still_matches(gpu, tmp_path):
 def test_vocabulary_matrices_split_across_bindings(gpu, tmp_path, monkeypatch, model_type):
     """An embedding / LM head bigger than one storage binding (Qwen3-4B's is 194 MB; some GPUs bind 128 MiB) is
     bound in row parts: logits, decode and sampling equal the single-binding run."""
-    from tests.tiny_models import cached_tiny_hf
-
     out = tmp_path / model_type
     assert cli_main(["convert", str(cached_tiny_hf(model_type)), str(out)]) == 0
     ids = np.random.default_rng(4).integers(0, 288, 24).tolist()

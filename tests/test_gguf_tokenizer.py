@@ -22,8 +22,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import ModelFormatError
 from engine.tokenizer import Tokenizer, load_tokenizer
-from tests.fixtures_demo import demo_gguf
-from tests.fixtures_tokenizers import FetchError, llama2_tokenizer_dir, llama3_tokenizer_dir, qwen3_tokenizer_dir
+from tests.helpers import FetchError, demo_gguf, llama2_tokenizer_dir, llama3_tokenizer_dir, qwen3_tokenizer_dir
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 

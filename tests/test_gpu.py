@@ -3,7 +3,7 @@ import pytest
 
 from engine.errors import GpuError
 from engine.gpu import Gpu, PlanRecorder, Recorder, fold_grid, list_adapters, pick_adapter
-from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.helpers import assert_q8_row, poisoned, read, run, step_uniform
 
 
 def test_adapter_is_vulkan_with_f16(gpu):
@@ -107,8 +107,6 @@ def test_fold_grid():
 
 @pytest.mark.parametrize("T,D,q8", [(1, 32, False), (3, 77, False), (5, 3072, False), (1, 64, True), (5, 3072, True)])
 def test_rms_norm(any_gpu, rng, T, D, q8):
-    from tests.test_kernels_q8 import assert_q8_row
-
     g = any_gpu
     x = rng.standard_normal((T, D)).astype(np.float32)
     w = rng.standard_normal(D).astype(np.float16)

@@ -7,9 +7,16 @@ import pytest
 
 from engine.gpu import MAX_GROUPS_PER_DIM
 from engine.matmul import FORMATS, gemm_q8_plan, quantize_q8_plan
-from tests.kernel_util import poisoned, read, run, step_uniform
-from tests.test_kernels_matmul import random_packed, reference_fmt
-from tests.test_kernels_q8 import reference_quantize, unpack_codes
+from tests.helpers import (
+    poisoned,
+    random_packed,
+    read,
+    reference_fmt,
+    reference_quantize_q8,
+    run,
+    step_uniform,
+    unpack_codes,
+)
 
 Q4 = {tag: FORMATS[tag] for tag in ("q4f16_1", "q4_0", "q4_1", "mlx4")}
 
@@ -18,7 +25,7 @@ def pack_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """q8_pack.wgsl's layout written from its spec, row by row: (xq u32 [T, K/4], xm f32 [T, K/32, 2])."""
     xq, xm = [], []
     for row in x:
-        q, scale, total = reference_quantize(row)
+        q, scale, total = reference_quantize_q8(row)
         words = q.reshape(-1, 4, 8)  # chunk, 8-element word, element
         xq.append(np.stack([words[:, :, 0::2], words[:, :, 1::2]], axis=2).reshape(-1).view(np.uint32))
         xm.append(np.stack([scale, total.astype(np.float32)], axis=1))

@@ -11,7 +11,7 @@ from engine.formats.mlx import dequantize
 from engine.gpu import UNIFORM, Recorder
 from engine.matmul import format_knobs
 from engine.moe import MoeBlock, combine_plan, expert_plan, router_plan
-from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.helpers import poisoned, read, run, step_uniform, unpack_codes
 
 
 def silu(v):
@@ -373,8 +373,6 @@ def test_moe_block_refuses_too_many_tokens(gpu, rng):
 def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: int = 0):
     """quantize_q8 over rows of x (as the block does): (xq buffer, xm buffer, the dequantized rows as float64)."""
     from engine.matmul import quantize_q8_plan
-    from tests.test_kernels_q8 import unpack_codes
-
     rows, K = x_rows.shape
     stride = x_stride or K
     padded = np.zeros((row0 + rows, stride), np.float32)

@@ -9,7 +9,7 @@ import pytest
 from engine.cli import main as cli_main
 from engine.errors import ContextLimitError, ModelFormatError, UnsupportedModelError
 from engine.model import load_model
-from tests.tiny_models import cached_tiny_hf
+from tests.helpers import cached_tiny_hf
 
 
 @pytest.fixture(scope="module")

@@ -18,8 +18,15 @@ from engine.hybrid import HybridTransformer
 from engine.model import load_model
 from engine.models import model_module
 from engine.sampling import SamplingParams
-from tests.test_dense_models import DECODE_TOL, compare, uses_q8
-from tests.tiny_models import cached_tiny_hf
+from tests.helpers import (
+    DECODE_TOL,
+    assert_greedy_decode_is_teacher_forced_argmax,
+    assert_int8_decode_steps_match_the_full_forward,
+    assert_recorded_count,
+    cached_tiny_hf,
+    compare,
+    tokens_of,
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,10 +63,6 @@ def reference_model(hf_dir):
             a = dequantize_q4f16_1(*quantize_q4f16_1(a))
         p.copy_(torch.from_numpy(np.ascontiguousarray(a)))
     return model
-
-
-def tokens_of(responses):
-    return [r.token for r in responses]
 
 
 # ---- numerics -------------------------------------------------------------------------------------------
@@ -99,32 +102,8 @@ def test_chunked_prefill_equals_per_token(model):
 
 
 def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(model):
-    from tests.test_dense_models import assert_greedy_decode_is_teacher_forced_argmax
-
     model.runtime.reset()
     assert_greedy_decode_is_teacher_forced_argmax(model, 160, 2)
-
-
-def assert_int8_decode_steps_match_the_full_forward(model, positions=(10, 30, 50, 70, 89), outliers: int = 0):
-    """One int8-activation decode step after a prefill of the prefix (int8 GEMMs too, unless the model pins
-    q8_prefill=False; a MoE block's experts prefill in f32), against that row of the full forward.
-    One step is bounded by the int8 rounding; over many steps a tiny random hybrid amplifies it through the
-    recurrence (90 steps: 8% on the Qwen3.5 test model, 45% on the MoE one), so whole decodes are not compared.
-    `outliers`: positions allowed past the tolerance (a MoE router's near-tied top-k can flip on the noise)."""
-    rt = model.runtime
-    assert uses_q8(rt)
-    ids = np.random.default_rng(1).integers(0, rt.spec.vocab, max(positions) + 1)
-    full = model.logits(ids)
-    errors = []
-    for n in positions:
-        rt.reset()
-        rt.logits(ids[:n])
-        step = rt.logits(ids[n:n + 1], chunk=1)[0]
-        errors.append(np.abs(step - full[n]).max() / np.abs(full[n]).max())
-    assert sum(e > INT8_STEP_TOL for e in errors) <= outliers, f"relative errors per position {np.round(errors, 3)}"
-
-
-INT8_STEP_TOL = 6e-2  # measured 1.7–4.4% on the tiny hybrids (dense tiny models: under 1%)
 
 
 def test_int8_decode(gpu, tiny):
@@ -164,19 +143,6 @@ def test_int8_from_the_norms_equals_a_quantize_dispatch(gpu, tiny):
         assert_recorded_count(m.runtime)
     a, b = fused.runtime.logits(ids, chunk=1), apart.runtime.logits(ids, chunk=1)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
-
-
-def assert_recorded_count(rt):
-    from engine.gpu import Recorder
-
-    rt.reset()
-    rt.set_sampling(SamplingParams())  # greedy: argmax, no penalty dispatch
-    rec = Recorder(rt.gpu, "count")
-    rt._write_step(1, 0, 0, 1)
-    rt._record_body(rec, 1, 1)
-    rt._record_sample(rec)
-    rec.submit()
-    assert rec.dispatches == rt.dispatches_per_token
 
 
 def test_dispatch_count(model):

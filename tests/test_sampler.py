@@ -12,7 +12,7 @@ import pytest
 
 from engine.gpu import Recorder
 from engine.sampling import NO_TOKEN, WINDOW, GpuSampler, SamplingParams, reference_probs
-from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.helpers import poisoned, read, run, step_uniform
 
 DRAWS = 20_000
 BIG_V = 151_936
