@@ -106,3 +106,14 @@ def tiny_repo(hub, tmp_path, monkeypatch):
     monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("ZEROTVM_MODELS", str(tmp_path / "models"))
     return tmp_path / "models" / TINY_QWEN3_KEY
+
+
+# Markers that follow from a test's fixtures; the others (model, slow, and gpu for a test that opens the adapter
+# some other way, e.g. through the CLI) are written in the test files.
+_MARK_BY_FIXTURE = {"gpu": "gpu", "any_gpu": "gpu", "qtbot": "app"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for mark in {m for f, m in _MARK_BY_FIXTURE.items() if f in item.fixturenames}:
+            item.add_marker(mark)

@@ -210,6 +210,7 @@ def test_add_local_gguf(tmp_path, rng):
     assert e in all_models(local=store)
 
 
+@pytest.mark.model
 def test_add_local_mlc_folder_and_hf_folder(tmp_path):
     from engine.cli import main
 

@@ -11,6 +11,8 @@ from engine import catalog
 from engine.cli import main as cli_main
 from tests.helpers import cached_mlx, cached_tiny_hf, open_window, send, wait_idle, wait_loaded
 
+pytestmark = [pytest.mark.model, pytest.mark.gpu]
+
 SIZE_FIELDS = ("total_bytes", "weights_bytes", "largest_tensor_bytes")
 
 

@@ -3,6 +3,8 @@ promise: once installed, loading and generating open no connection at all."""
 
 import json
 
+import pytest
+
 from engine.cli import main as cli_main
 from engine.model import load_model
 from engine.sampling import SamplingParams
@@ -10,6 +12,7 @@ from tests.helpers import TINY_QWEN3_KEY as KEY
 from tests.helpers import no_connections
 
 
+@pytest.mark.model
 def test_download_list_generate_offline_and_remove(gpu, tiny_repo, capsys):
     assert cli_main(["models", "--json"]) == 0
     before = {r["key"]: r for r in json.loads(capsys.readouterr().out)}
@@ -45,6 +48,7 @@ def test_download_list_generate_offline_and_remove(gpu, tiny_repo, capsys):
     assert not tiny_repo.exists()
 
 
+@pytest.mark.model
 def test_download_errors_are_plain(tiny_repo, capsys, monkeypatch):
     assert cli_main(["download", "no-such-key"]) == 2
     assert "no catalog model 'no-such-key'" in capsys.readouterr().err

@@ -16,6 +16,8 @@ from engine.errors import ModelFormatError, UnsupportedModelError, ZeroTVMError
 from engine.formats.mlc import MlcCheckpoint
 from tests.helpers import DEFAULTS, cached_tiny_hf
 
+pytestmark = pytest.mark.model
+
 
 def ref_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The q4f16_1 spec written out group by group: scale = max|w|/7 as f16 (0 for an all-zero group),

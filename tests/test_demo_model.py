@@ -3,13 +3,15 @@ load, chat, and agreement with transformers running the same GGUF (dequantized b
 
 import numpy as np
 import pytest
-import torch
 
 from engine.cli import main as cli_main
 from engine.model import load_model
 from engine.sampling import SamplingParams
 from engine.session import ChatSession, ChatSettings
 from tests.helpers import DEMO_CACHE, demo_gguf, uses_q8, uses_q8_prefill
+
+pytestmark = pytest.mark.model
+torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 
 @pytest.fixture(scope="module")

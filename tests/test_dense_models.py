@@ -6,7 +6,6 @@ differences left are ours: kernel arithmetic, f16 KV cache, RoPE, paging, chunki
 
 import numpy as np
 import pytest
-import torch
 
 from engine.cli import main as cli_main
 from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
@@ -17,10 +16,12 @@ from tests.helpers import (
     cached_tiny_hf,
     compare,
     compare_int8,
-    make_tiny_hf,
     uses_q8,
     uses_q8_prefill,
 )
+
+pytestmark = pytest.mark.model
+torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 CONFIGS = {
     "phi3": ("phi3", dict(vocab_size=250)),  # vocab not a multiple of 32
@@ -49,10 +50,9 @@ def reference_model(hf_dir, mlc):
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def tiny(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(request.param)
     model_type, overrides = CONFIGS[request.param]
-    hf_dir = make_tiny_hf(model_type, root / "hf", **overrides)
-    out = root / "mlc"
+    hf_dir = cached_tiny_hf(model_type, **overrides)
+    out = tmp_path_factory.mktemp(request.param) / "mlc"
     assert cli_main(["convert", str(hf_dir), str(out), "--format", "q4f16_1"]) == 0
     return hf_dir, out
 
@@ -91,19 +91,28 @@ def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
 
 @pytest.mark.parametrize("q8_prefill", [False, True], ids=["f32-prefill", "int8-prefill"])
 def test_int8_prefill_rounds_as_int8_decode(gpu, tiny, q8_prefill):
-    """matmul_q8 (prefill) and matvec_q8 (decode) see the same int8 rows: without split-K attention (whose f32
-    rounding can move a code) the logits agree to f32 rounding (exactly, at these K). With q8_prefill=False the
-    prefill keeps f32 activations and differs from the int8 decode by the int8 rounding."""
+    """matmul_q8 (prefill) and matvec_q8 (decode) both round every 4-bit matrix input to int8. They are not
+    compared with each other: their f32 parts sum in different orders, a code near a rounding boundary can land
+    one step apart, and a random tiny model amplifies that (0.8–3% of max|logit| on an H200, 0 on lavapipe). Each
+    is compared with the f32 arithmetic instead: within the int8 tolerance and, int8 rounding being far coarser
+    than f32's, more than 1e-3 away. With q8_prefill=False the prefill runs the f32 kernels themselves."""
     _, mlc = tiny
     model = load_model(mlc, gpu=gpu, max_context=320, prefill_chunk=64, split_keys=320, q8_prefill=q8_prefill)
     rt = model.runtime
     assert uses_q8(rt) and uses_q8_prefill(rt) == q8_prefill
+    exact = load_model(mlc, gpu=gpu, max_context=320, prefill_chunk=64, split_keys=320, q8_decode=False)
+    assert not uses_q8(exact.runtime) and not uses_q8_prefill(exact.runtime)
     ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 160)
+    ref = exact.logits(ids)
     full = model.logits(ids)
     rt.reset()
     per_token = rt.logits(ids, chunk=1)
-    err = np.abs(per_token - full).max() / np.abs(full).max()
-    assert err <= 1e-5 if q8_prefill else 1e-3 < err < DECODE_TOL[True]
+    scale = np.abs(ref).max()
+    assert 1e-3 < np.abs(per_token - ref).max() / scale < DECODE_TOL[True]
+    if q8_prefill:
+        assert 1e-3 < np.abs(full - ref).max() / scale < DECODE_TOL[True]
+    else:  # the same f32 kernels on the same inputs
+        np.testing.assert_array_equal(full, ref)
 
 
 def test_int8_from_the_norms_equals_a_quantize_dispatch(gpu, tiny):

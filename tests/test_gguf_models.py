@@ -4,7 +4,6 @@ transformers running the same weights as ggml dequantizes them."""
 
 import numpy as np
 import pytest
-import torch
 from gguf import GGMLQuantizationType
 
 from engine.model import load_model
@@ -19,6 +18,9 @@ from tests.helpers import (
     uses_q8_prefill,
     write_gguf,
 )
+
+pytestmark = pytest.mark.model
+torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 Q = GGMLQuantizationType
 CASES = {  # name: (model_type, matrix type, embedding type or None for the same)

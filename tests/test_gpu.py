@@ -18,6 +18,7 @@ def test_subgroup_size_is_probed(gpu):
     assert gpu.subgroup_size in (4, 8, 16, 32, 64, 128)
 
 
+@pytest.mark.gpu
 def test_adapter_choice_by_name_and_index():
     adapters = list_adapters()
     vk = [a for a in adapters if a.backend == "Vulkan"][0]
@@ -27,6 +28,7 @@ def test_adapter_choice_by_name_and_index():
         pick_adapter("no-such-gpu-anywhere")
 
 
+@pytest.mark.gpu
 def test_opengl_adapter_is_refused_for_lack_of_f16():
     gl = [a for a in list_adapters() if a.backend == "OpenGL"]
     if not gl:
@@ -35,9 +37,10 @@ def test_opengl_adapter_is_refused_for_lack_of_f16():
         Gpu(gl[0])
 
 
+# Workgroups of one dispatch that share a slot run concurrently on a real GPU: they add atomically.
 _COUNTER = """
-@group(0) @binding(0) var<storage, read_write> o: array<u32>;
-@compute @workgroup_size(1) fn main(@builtin(workgroup_id) w: vec3<u32>) { o[w.x] += w.y + 1u; }
+@group(0) @binding(0) var<storage, read_write> o: array<atomic<u32>>;
+@compute @workgroup_size(1) fn main(@builtin(workgroup_id) w: vec3<u32>) { atomicAdd(&o[w.x], w.y + 1u); }
 """
 _TWO_BUFFERS = """
 @group(0) @binding(0) var<storage, read> a: array<u32>;

@@ -5,7 +5,6 @@ transformers' torch_recurrent / torch_chunk_gated_delta_rule."""
 
 import numpy as np
 import pytest
-import torch
 
 from engine.gpu import Recorder
 from engine.hybrid import attn_gate_plan, gdn_conv_plan, gdn_gates_plan, gdn_norm_plan, gdn_recur_plan, pipeline
@@ -64,7 +63,9 @@ def random_proj(rng, T, KH, VH, DK, DV):
 # ---- the numpy reference vs transformers ---------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_reference_recurrence_matches_transformers(rng):
+    import torch
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
     KH, VH, DK, DV, T = 2, 4, 16, 8, 70  # 70 tokens: two of the chunked algorithm's 64-token chunks
@@ -257,9 +258,11 @@ def test_rope_append_zero_centred_qk_norm_and_partial_rotary(any_gpu, rng):
     np.testing.assert_allclose(got_k, k_ref, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.model
 def test_partial_rotary_reference_matches_transformers(rng):
     """Our RoPE convention (rotate-half on the first ROT dims, pairs (i, i + ROT/2), the rest passed
     through) and inverse frequencies are transformers' Qwen3.5 partial rotary (text positions)."""
+    import torch
     from transformers import Qwen3_5TextConfig
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 

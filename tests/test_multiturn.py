@@ -8,6 +8,8 @@ from engine.errors import ContextLimitError
 from engine.model import load_model
 from tests.helpers import cached_tiny_hf
 
+pytestmark = pytest.mark.model
+
 
 @pytest.fixture(scope="module")
 def model(gpu, tmp_path_factory):

@@ -7,7 +7,6 @@ import shutil
 
 import numpy as np
 import pytest
-import torch
 
 from engine.cli import main as cli_main
 from engine.convert import _bf16_bytes, convert_hf_to_mlc
@@ -27,6 +26,9 @@ from tests.helpers import (
     compare,
     tokens_of,
 )
+
+pytestmark = pytest.mark.model
+torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 
 @pytest.fixture(scope="module")
@@ -118,19 +120,16 @@ def test_int8_decode(gpu, tiny):
 
 def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
     """Every dense projection of the hybrid (GDN in_proj and out, attention qkv, gate and o, the MLP) prefills
-    with int8 activations (matmul_q8) as it decodes (matvec_q8): without split-K attention the logits agree to f32
-    rounding (exactly, at these K)."""
+    with int8 activations (matmul_q8) as it decodes (matvec_q8), and each decode step after an int8 prefill stays
+    within the int8 step tolerance of the full int8 forward. Not to f32 rounding: the two paths sum their f32
+    parts in different orders, so a code near a rounding boundary can land one step apart on another GPU."""
     model = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=320, q8_prefill=True)
     rt = model.runtime
     gemms = {(name, steps[-1][0].label) for b in rt.layer_bg for name, steps in b["mm"].items()}
     assert gemms == {(name, "matmul_q8") for name in ("in_proj", "out", "qkv", "gate", "o", "gate_up", "down")}
     # gate reads the rows qkv's GEMM quantized just before it: no quantize_q8 of its own
     assert all(len(b["mm"]["gate"]) == 1 and len(b["mm"]["qkv"]) == 2 for b in rt.layer_bg if "gate" in b["mm"])
-    ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 90)
-    full = model.logits(ids)
-    rt.reset()
-    per_token = rt.logits(ids, chunk=1)
-    assert np.abs(per_token - full).max() <= 1e-5 * np.abs(full).max()
+    assert_int8_decode_steps_match_the_full_forward(model)
 
 
 def test_int8_from_the_norms_equals_a_quantize_dispatch(gpu, tiny):

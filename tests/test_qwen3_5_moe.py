@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from engine.cli import main as cli_main
 from engine.errors import ModelFormatError, UnsupportedModelError
@@ -27,6 +26,9 @@ from tests.helpers import (
     compare,
     tokens_of,
 )
+
+pytestmark = pytest.mark.model
+torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 # ---- HF → MLC q4f16_1 ----------------------------------------------------------------------------------------
 
@@ -400,7 +402,8 @@ def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
 
     r = run_bench(shape, decode_tokens=8, prompt_tokens=24, runs=1, gpu=gpu, long_prompt=0)
     moe, q3 = "moe" in shape, shape.endswith("3bit")  # 3-bit routed experts: the 4-bit shared one runs apart
-    assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and 0 < r["pct_of_ceiling"]
+    # Speeds are only checked to be real rates: on a fast GPU this tiny model's share of the ceiling rounds to 0.0%.
+    assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["ceiling_tok_s"] > 0 and r["pct_of_ceiling"] >= 0
     q8 = 2 * 4  # quantize_q8 before o / GDN out, and before the MLP's or the 4-bit experts' down
     assert r["dispatches_per_token"] == 4 + (15 if q3 else 13 if moe else 10) * 4 + q8
     assert r["moe_layers"] == (4 if moe else 0)

@@ -255,6 +255,7 @@ def test_from_generation_config(tmp_path):
         SamplingParams.from_generation_config(qwen3, topk=3)
 
 
+@pytest.mark.model
 def test_reference_matches_transformers_processors(rng):
     torch = pytest.importorskip("torch")
     lp = pytest.importorskip("transformers.generation.logits_process")

@@ -12,6 +12,8 @@ from engine.sampling import SamplingParams, reference_probs
 from engine.session import ChatSession, ChatSettings
 from tests.helpers import cached_tiny_hf
 
+pytestmark = pytest.mark.model
+
 
 @pytest.fixture(scope="module")
 def model(gpu, tmp_path_factory):
