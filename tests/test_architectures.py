@@ -22,7 +22,7 @@ from engine.formats.files import safetensors_header
 from engine.models import architectures, format_support, model_module
 from engine.models.base import ATTENTION, FFNS, GATED_ATTENTION, GATED_DELTANET, MIXERS, MLP, MOE, HybridSpec
 from engine.models.weights import EXPERTS, NORM, Weight
-from tests.tiny_models import DEFAULTS, cached_tiny_hf
+from tests.helpers import DEFAULTS, cached_tiny_hf
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ("engine.transformer", "engine.hybrid", "engine.moe", "engine.gpu", "engine.matmul", "engine.attention",
@@ -35,6 +35,7 @@ def table_of(model_type: str, config: dict):
     return module, spec, module.weights(spec)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("model_type", sorted(DEFAULTS))
 def test_table_matches_the_checkpoint(model_type):
     folder = cached_tiny_hf(model_type)

@@ -14,7 +14,9 @@ from safetensors.numpy import load_file, save_file
 from engine.convert import ALIGN, convert_hf_to_mlc, main
 from engine.errors import ModelFormatError, UnsupportedModelError, ZeroTVMError
 from engine.formats.mlc import MlcCheckpoint
-from tests.tiny_models import DEFAULTS, cached_tiny_hf
+from tests.helpers import DEFAULTS, cached_tiny_hf
+
+pytestmark = pytest.mark.model
 
 
 def ref_quantize(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -42,7 +42,7 @@ from engine.formats.mlx import MlxCheckpoint
 from engine.models import SUPPORTED, model_module
 from engine.tokenizer import Tokenizer
 from engine.tokenizer import load_tokenizer as load_gguf_tokenizer
-from tests.tiny_models import DEFAULTS, write_tiny_tokenizer
+from tests.helpers import DEFAULTS, write_tiny_tokenizer
 
 Q = GGMLQuantizationType
 MEMORY = 64 << 20  # peak Python/numpy allocation allowed while refusing a hostile file (files here are < 1 MB)
@@ -478,7 +478,7 @@ def test_config_layer_count(tmp_path, value):
 
 def test_convert_hostile_config_allocates_nothing(tmp_path):
     from engine.convert import convert_hf_to_mlc
-    from tests.tiny_models import cached_tiny_hf
+    from tests.helpers import cached_tiny_hf
 
     src = tmp_path / "hf"
     src.mkdir()

@@ -7,122 +7,26 @@ downloaded.
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize as gguf_dequantize
-from gguf.quants import quantize as gguf_quantize
 
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.formats.gguf import GgufCheckpoint, dequantize, pack_rows, unpermute_index
 from engine.matmul import format_knobs, matvec_plan
 from engine.packed import PackedWeight
-from tests.kernel_util import poisoned, read, run, step_uniform
-
-Q = GGMLQuantizationType
-DIMS = dict(dim=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=80, layers=2)
-
-
-def llama_cpp_permute(w, n_head, n_head_kv=None):
-    """LlamaModel.permute from llama.cpp's convert_hf_to_gguf.py (q: n_head twice; k: n_head, n_head_kv)."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def hf_weights(rng, arch, dim, heads, kv_heads, head_dim, ffn, vocab, layers):
-    """Random weights under HF-like keys, rows in transformers' order."""
-    w = {"embed": rng.standard_normal((vocab, dim)), "norm": rng.uniform(0.5, 1.5, dim)}
-    if arch != "qwen3":  # qwen3 ties the LM head to the embedding, like Qwen3-0.6B
-        w["lm_head"] = rng.standard_normal((vocab, dim))
-    for i in range(layers):
-        c = f"layers.{i}."
-        w[c + "attn_norm"], w[c + "mlp_norm"] = rng.uniform(0.5, 1.5, (2, dim))
-        w[c + "q"] = rng.standard_normal((heads * head_dim, dim))
-        w[c + "k"], w[c + "v"] = rng.standard_normal((2, kv_heads * head_dim, dim))
-        w[c + "o"] = rng.standard_normal((dim, heads * head_dim))
-        w[c + "gate"], w[c + "up"] = rng.standard_normal((2, ffn, dim))
-        w[c + "down"] = rng.standard_normal((dim, ffn))
-        if arch == "qwen3":
-            w[c + "q_norm"], w[c + "k_norm"] = rng.uniform(0.5, 1.5, (2, head_dim))
-    return {k: v.astype(np.float32) for k, v in w.items()}
-
-
-def gguf_tensors(arch, w, heads, kv_heads, layers, **_):
-    """HF weights -> {GGUF name: float32 array} as llama.cpp's converter lays them out for `arch`."""
-    t = {"token_embd.weight": w["embed"], "output_norm.weight": w["norm"]}
-    if "lm_head" in w:
-        t["output.weight"] = w["lm_head"]
-    for i in range(layers):
-        c, b = f"layers.{i}.", f"blk.{i}."
-        t[b + "attn_norm.weight"], t[b + "ffn_norm.weight"] = w[c + "attn_norm"], w[c + "mlp_norm"]
-        q, k, v = w[c + "q"], w[c + "k"], w[c + "v"]
-        if arch == "phi3":  # qkv_proj and gate_up_proj are single HF matrices
-            t[b + "attn_qkv.weight"] = np.concatenate([q, k, v])
-            t[b + "ffn_up.weight"] = np.concatenate([w[c + "gate"], w[c + "up"]])
-        else:
-            if arch == "llama":
-                q, k = llama_cpp_permute(q, heads, heads), llama_cpp_permute(k, heads, kv_heads)
-            t[b + "attn_q.weight"], t[b + "attn_k.weight"], t[b + "attn_v.weight"] = q, k, v
-            t[b + "ffn_gate.weight"], t[b + "ffn_up.weight"] = w[c + "gate"], w[c + "up"]
-        t[b + "attn_output.weight"], t[b + "ffn_down.weight"] = w[c + "o"], w[c + "down"]
-        if arch == "qwen3":
-            t[b + "attn_q_norm.weight"], t[b + "attn_k_norm.weight"] = w[c + "q_norm"], w[c + "k_norm"]
-    return t
-
-
-def write_gguf(path, arch, tensors, qtype=Q.Q4_0, types=None, dims=DIMS, meta=True, extra=None, skip=(),
-               theta=500000.0, eps=1e-5):
-    """Write `tensors` ({name: float32, or (raw block bytes, type)}); float matrices in `qtype` (or
-    types[name]), vectors in F32. Returns {name: the stored array} (blocks as bytes when quantized)."""
-    writer = GGUFWriter(str(path), arch)
-    if meta:
-        writer.add_context_length(512)
-        writer.add_embedding_length(dims["dim"])
-        writer.add_block_count(dims["layers"])
-        writer.add_feed_forward_length(dims["ffn"])
-        writer.add_head_count(dims["heads"])
-        writer.add_head_count_kv(dims["kv_heads"])
-        writer.add_layer_norm_rms_eps(eps)
-        writer.add_rope_freq_base(theta)
-        writer.add_key_length(dims["head_dim"])
-        writer.add_value_length(dims["head_dim"])
-        writer.add_rope_dimension_count(dims["head_dim"])
-        writer.add_bos_token_id(1)
-        writer.add_eos_token_id(2)
-    for key, value in (extra or {}).items():
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, list):
-            writer.add_array(key, value)
-        else:
-            writer.add_uint32(key, value)
-    stored = {}
-    for name, arr in tensors.items():
-        if name in skip:
-            continue
-        if isinstance(arr, tuple):  # blocks the gguf package cannot produce (K-quants)
-            data, t = arr
-        else:
-            t = (types or {}).get(name, qtype if arr.ndim == 2 else Q.F32)
-            data = gguf_quantize(arr, t)
-        stored[name] = data
-        writer.add_tensor(name, data, raw_dtype=t if data.dtype == np.uint8 else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return stored
-
-
-def make_model(tmp_path, rng, arch, qtype=Q.Q4_0, **kw):
-    w = hf_weights(rng, arch, **DIMS)
-    path = tmp_path / f"{arch}.gguf"
-    stored = write_gguf(path, arch, gguf_tensors(arch, w, **DIMS), qtype=qtype, **kw)
-    return path, w, stored
-
-
-def roundtrip(w, qtype):
-    """What ggml itself gives back for HF weights quantized in `qtype` (vectors stay F32)."""
-    return gguf_dequantize(gguf_quantize(w, qtype), qtype) if w.ndim == 2 else w
+from tests.helpers import (
+    DIMS,
+    Q,
+    gguf_tensors,
+    hf_weights,
+    llama_cpp_permute,
+    make_model,
+    poisoned,
+    read,
+    roundtrip,
+    run,
+    step_uniform,
+    write_gguf,
+)
 
 
 def hf_canonical(w, name, layers):

@@ -1,11 +1,10 @@
 """An MLX checkpoint (engine/formats/mlx.py) streamed as the runtime's canonical tensors.
 
-The architecture file's weight table (engine/models/weights.py mlx_sources) names, for each canonical matrix,
-the MLX weights whose rows it joins (q_proj ++ k_proj ++ v_proj = c_attn, gate_proj ++ up_proj = gate_up;
-expert stacks join along each expert's rows), and for every other canonical tensor its MLX tensor. Everything
-is planned from the headers first, so a missing tensor, a bit width that config.json gets wrong or a truncated
-shard fails before any upload, naming the file and tensor; then weights are read one at a time, at most one
-matrix's parts in memory.
+The architecture file's weight table (engine/models/weights.py mlx_sources) names, for each canonical matrix, the
+MLX weights whose rows it joins (q_proj ++ k_proj ++ v_proj = c_attn, gate_proj ++ up_proj = gate_up; expert stacks
+join along each expert's rows), and for every other canonical tensor its MLX tensor. Everything is planned from the
+headers first, so a missing tensor, a bit width that config.json gets wrong or a truncated shard fails before any
+upload, naming the file and tensor; then weights are read one at a time, at most one matrix's parts in memory.
 """
 
 from __future__ import annotations
