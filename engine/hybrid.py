@@ -287,9 +287,10 @@ class HybridTransformer(DenseTransformer):
         p["norm0"] = pipeline(g, "rms_norm", norm, offset)
         p["add_norm"] = pipeline(g, "add_rms_norm", norm, offset)
         self._attention_pipelines()
+        rope_overrides = {**(offset or {}), **({"ROPE_SCALE": s.rope_scale} if s.rope_scale != 1.0 else {})}
         p["rope_append"] = pipeline(g, "rope_append", dict(
             WG=64, H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE, QK_NORM=True,
-            EPS=float(s.eps)), offset)
+            EPS=float(s.eps)), rope_overrides or None)
         gate_consts, self.attn_gate_groups = attn_gate_plan(self.q_dim)
         p["attn_gate"] = g.pipeline("attn_gate", gate_consts)
         conv_consts, self.conv_grid = gdn_conv_plan(d["CONV"], d["ROW"], s.conv_kernel)

@@ -67,8 +67,7 @@ def _load(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
     ckpt = MlcCheckpoint(path)
     spec, table = _architecture(ckpt.model_type, ckpt.model_config, str(ckpt.config_path))
     spec.names = mlc_names(table, present=ckpt.__contains__)  # of its MLC names, the ones this build uses
-    runtime = _runtime_class(spec)(gpu or Gpu(), spec, ckpt.load(list(spec.names.values()), on_progress),
-                                   max_context, **runtime_options)
+    runtime = _runtime(spec, gpu, ckpt.load(list(spec.names.values()), on_progress), max_context, runtime_options)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     return Model(runtime, tokenizer, path, ckpt.model_type, SamplingParams.from_generation_config(path))
 
@@ -78,6 +77,13 @@ def _architecture(model_type, config: dict, where: str) -> tuple[DenseSpec, list
     module = model_module(model_type, where=where)
     spec = module.spec(module.ModelArgs.from_dict(config, where))
     return spec, module.weights(spec)
+
+
+def _runtime(spec: DenseSpec, gpu, weights, max_context: int | None, options: dict, **kw):
+    """The runtime for `spec`, its RoPE table fixed for the context it will hold (LongRoPE picks its short or long
+    factors here, once, so every cached key and every query share one table: engine/models/rope.py)."""
+    spec.use_context(max_context or spec.context_length)
+    return _runtime_class(spec)(gpu or Gpu(), spec, weights, max_context, **kw, **options)
 
 
 def _runtime_class(spec: DenseSpec):
@@ -101,8 +107,8 @@ def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Mo
     spec.names = {c: c for c in tensor_shapes(spec, formats)}
     # Before the upload, so a broken tokenizer fails fast; a file without one runs on token ids only.
     tokenizer = load_tokenizer(path) if "tokenizer.ggml.model" in ckpt.metadata else None
-    runtime = _runtime_class(spec)(gpu or Gpu(), spec, _flatten(ckpt.load(on_progress=on_progress), formats),
-                                   max_context, formats=formats, **runtime_options)
+    runtime = _runtime(spec, gpu, _flatten(ckpt.load(on_progress=on_progress), formats), max_context,
+                       runtime_options, formats=formats)
     return Model(runtime, tokenizer, path, cfg["model_type"], _gguf_sampling(ckpt.metadata))
 
 
@@ -125,7 +131,7 @@ def _load_mlx(path: Path, gpu, max_context, on_progress, runtime_options) -> Mod
     formats, spec.names = mlx_layout.plan(ckpt, matrices, tensors)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     weights = mlx_layout.stream(ckpt, matrices, tensors, spec.names, on_progress)
-    runtime = _runtime_class(spec)(gpu or Gpu(), spec, weights, max_context, formats=formats, **runtime_options)
+    runtime = _runtime(spec, gpu, weights, max_context, runtime_options, formats=formats)
     return Model(runtime, tokenizer, path, model_type, SamplingParams.from_generation_config(path))
 
 

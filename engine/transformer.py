@@ -386,7 +386,7 @@ class DenseTransformer:
         rope = dict(WG=64, H=s.n_heads, KVH=s.n_kv_heads, HD=s.head_dim, ROT=s.rot_dim, PAGE=PAGE,
                     QK_NORM=s.qk_norm, EPS=float(s.eps))
         self._attention_pipelines()
-        self.p["rope_append"] = g.pipeline("rope_append", rope)
+        self.p["rope_append"] = _rope_pipeline(g, "rope_append", rope, s.rope_scale)
         qkv_consts, self.qkv_fused_grid = qkv_fused_plan(s.dim, rope) if self.fused_qkv else (None, None)
 
         # role -> (K, N, gate_up); N counts outputs (gate_up's weight has 2N rows)
@@ -411,7 +411,7 @@ class DenseTransformer:
             # The fused decode kernel reads q4f16_1 only and cannot see whole heads for q/k norms.
             if self.fused_qkv and self._fmt(f"{c}.qkv") == "q4f16_1" and not s.qk_norm:
                 if "qkv_fused" not in self.p:
-                    self.p["qkv_fused"] = g.pipeline("qkv_rope_append", qkv_consts)
+                    self.p["qkv_fused"] = _rope_pipeline(g, "qkv_rope_append", qkv_consts, s.rope_scale)
                 b["qkv_fused"] = bind(self.p["qkv_fused"], [self.hidden, *self._matrix(f"{c}.qkv"), self.q, kc, vc,
                                                              self.page_table, self.inv_freq, st], f"{c}.qkv_fused")
             # Without q/k norms the kernel ignores bindings 7-8; any f16 buffer fills them.
@@ -664,3 +664,12 @@ class DenseTransformer:
         per_layer = sum(7 + self._quantize_dispatches(b, ("qkv",)) if "qkv_fused" in b  # the fused QKV reads f32
                         else 8 + self._quantize_dispatches(b) for b in self.layer_bg)
         return 2 + per_layer + 1 + len(self.argmax.steps) + bool(self.lm_quantize)
+
+
+def _rope_pipeline(gpu: Gpu, shader: str, consts: dict, rope_scale: float):
+    """A RoPE kernel's pipeline, with the ROPE_SCALE override (shaders/rope.wgsl) when the model scales cos/sin."""
+    if rope_scale == 1.0:
+        return gpu.pipeline(shader, consts)
+    from engine.hybrid import pipeline  # the override-constant builder (hybrid imports this module at load)
+
+    return pipeline(gpu, shader, consts, {"ROPE_SCALE": rope_scale})

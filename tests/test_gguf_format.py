@@ -202,7 +202,8 @@ def test_rope_scaling_from_metadata_and_factor_tensors(tmp_path, rng):
     cfg = GgufCheckpoint(tmp_path / "p.gguf").config
     assert cfg["original_max_position_embeddings"] == 256 and cfg["sliding_window"] == 255
     assert cfg["rope_scaling"] == {"rope_type": "longrope", "long_factor": long.tolist(),
-                                   "short_factor": short.tolist()}
+                                   "short_factor": short.tolist(), "original_max_position_embeddings": 256,
+                                   "attention_factor": 1.0}  # no rope.scaling.attn_factor: llama.cpp applies 1
 
 
 def test_bf16_norms_widen_exactly(tmp_path, rng):

@@ -322,27 +322,41 @@ class GgufCheckpoint:
         return cfg
 
     def _rope_scaling(self, a: str) -> dict | None:
-        """rope_scaling as transformers spells it, from metadata or the factor tensors llama.cpp writes.
+        """rope_scaling as transformers spells it, with what llama.cpp applies for this file:
 
-        Llama 3's scaling survives only as a `rope_freqs.weight` tensor of per-frequency divisors
-        (the llama3 parameters cannot be recovered from it), so it comes back as
-        {"rope_type": "gguf_freq_factors", "factors": [...]}: inv_freq = default inv_freq / factors.
+        - Llama 3's scaling survives only as a `rope_freqs.weight` tensor of per-frequency divisors (the llama3
+          parameters cannot be recovered from it): {"rope_type": "gguf_freq_factors", "factors": [...]}, inv_freq
+          = default inv_freq / factors, as ggml's rope divides θ by them.
+        - Phi-3's LongRoPE: `rope_factors_long/short.weight`, the original context and `rope.scaling.attn_factor`,
+          which llama.cpp puts on cos/sin as stored (1 when absent; the converter writes transformers' value).
+        - `rope.scaling.type` linear or yarn with its factor and original context. For YaRN llama.cpp scales cos/sin
+          by 0.1·ln(factor) + 1 times `rope.scaling.attn_factor` (1 when absent), as transformers does.
         """
+        attn = self._field(a + "rope.scaling.attn_factor")
+        attn = None if attn is None else self._number(a + "rope.scaling.attn_factor", float)
+        original = None
+        if self._field(a + "rope.scaling.original_context_length") is not None:
+            original = self._number(a + "rope.scaling.original_context_length", int,
+                                    field="original_max_position_embeddings")
         if "rope_freqs.weight" in self._tensors:
             return {"rope_type": "gguf_freq_factors", "factors": self._small_vector("rope_freqs.weight")}
         if "rope_factors_long.weight" in self._tensors:  # Phi-3 long-context (longrope)
             return {"rope_type": "longrope", "long_factor": self._small_vector("rope_factors_long.weight"),
-                    "short_factor": self._small_vector("rope_factors_short.weight")}
+                    "short_factor": self._small_vector("rope_factors_short.weight"),
+                    "original_max_position_embeddings": original or self._number(a + "context_length", int),
+                    "attention_factor": 1.0 if attn is None else attn}
         kind = self._field(a + "rope.scaling.type")
         if kind in (None, "none"):
             return None
-        if not isinstance(kind, str):
-            raise ModelFormatError(f"{self.path}: metadata field '{a}rope.scaling.type' is {shown(kind)}, expected a "
-                                   "string")
+        if kind not in ("linear", "yarn"):
+            raise UnsupportedModelError(f"{self.path}: metadata field '{a}rope.scaling.type' is {shown(kind)}; "
+                                        "supported: none, linear, yarn")
         scaling = {"rope_type": kind, "factor": self._number(a + "rope.scaling.factor", float)}
-        if self._field(a + "rope.scaling.original_context_length") is not None:
-            scaling["original_max_position_embeddings"] = self._number(
-                a + "rope.scaling.original_context_length", int, field="original_max_position_embeddings")
+        if original is not None:
+            scaling["original_max_position_embeddings"] = original
+        if kind == "yarn" and attn is not None:
+            factor = scaling["factor"]
+            scaling["attention_factor"] = (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0) * attn
         return scaling
 
     def _small_vector(self, name: str) -> list[float]:

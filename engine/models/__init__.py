@@ -16,7 +16,7 @@ from types import ModuleType
 
 from engine.errors import UnsupportedModelError
 
-_SHARED = {"base", "weights"}  # modules of this package that are not architectures
+_SHARED = {"base", "rope", "weights"}  # modules of this package that are not architectures
 
 
 @cache

@@ -9,6 +9,7 @@ import numpy as np
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.formats.files import real_number, shown, whole_number
 from engine.formats.limits import CONFIG_LIMITS, CONFIG_MAY_BE_ZERO
+from engine.models.rope import Rope, rope_inv_freq, rope_table  # noqa: F401 (bench.py and tests import rope_inv_freq here)
 
 
 @dataclass
@@ -89,6 +90,14 @@ class DenseSpec:
     names: dict[str, str] = field(default_factory=dict)
     # Per layer (mixer, ffn), from MIXERS and FFNS: which blocks the runtime builds for it. Empty: attention + MLP.
     layer_blocks: tuple[tuple[str, str], ...] = ()
+    rope_scale: float = 1.0  # multiplies RoPE's cos and sin: the attention factor of YaRN and LongRoPE
+    rope: Rope | None = field(default=None, repr=False)  # the whole table, for use_context
+
+    def use_context(self, context: int) -> None:
+        """Fix the RoPE table for a runtime holding `context` tokens (LongRoPE: long factors past the original
+        context, engine/models/rope.py); the spec's own choice is for its full context_length."""
+        if self.rope is not None:
+            self.inv_freq = self.rope.at(min(context, self.context_length))
 
     def __post_init__(self) -> None:
         if not self.layer_blocks:
@@ -154,10 +163,12 @@ class DenseArgs(BaseModelArgs):
     rope_parameters: dict | None = None  # transformers >= 5 folds theta/scaling in here
     partial_rotary_factor: float = 1.0
     max_position_embeddings: int = 4096
+    original_max_position_embeddings: int | None = None  # the pre-training context of YaRN / LongRoPE models
     context_window_size: int | None = None
     tie_word_embeddings: bool = False
 
     def rope(self) -> tuple[float, float, dict | None]:
+        """(theta, partial rotary factor, rope_scaling) from whichever fields the config uses."""
         params = self.rope_parameters or {}
         theta = self.rope_theta or self.position_embedding_base or params.get("rope_theta") or 10000.0
         partial = params.get("partial_rotary_factor", self.partial_rotary_factor)
@@ -178,45 +189,13 @@ class DenseArgs(BaseModelArgs):
         head_dim = self.head_dim or self.hidden_size // heads
         real_number(self.rms_norm_eps, "rms_norm_eps", where, low=0.0, high=1.0, low_open=True)
         theta, partial, scaling = self.rope()
-        inv_freq, rot = rope_inv_freq(head_dim, theta, partial, scaling, where)
+        rope = rope_table(head_dim, theta, partial, scaling, self.max_position_embeddings,
+                          self.original_max_position_embeddings, where)
+        context = self.context_window_size or self.max_position_embeddings
         return DenseSpec(
             dim=self.hidden_size, n_layers=self.num_hidden_layers, n_heads=heads,
             n_kv_heads=kv_heads, head_dim=head_dim, ffn_dim=self.intermediate_size,
-            vocab=self.vocab_size, eps=self.rms_norm_eps, inv_freq=inv_freq, rot_dim=rot,
-            context_length=self.context_window_size or self.max_position_embeddings,
-            tied_embeddings=self.tie_word_embeddings, qk_norm=qk_norm,
+            vocab=self.vocab_size, eps=self.rms_norm_eps, inv_freq=rope.at(context), rot_dim=rope.rot_dim,
+            context_length=context, tied_embeddings=self.tie_word_embeddings, qk_norm=qk_norm,
+            rope_scale=rope.scale, rope=rope,
         )
-
-
-def rope_inv_freq(head_dim: int, theta: float, partial_rotary_factor: float = 1.0,
-                  rope_scaling: dict | None = None, where: str = "model config") -> tuple[np.ndarray, int]:
-    """Inverse frequencies computed like transformers' default RoPE (float32), and the rotary dim."""
-    rot = int(head_dim * partial_rotary_factor)
-    if rot < 2 or rot % 2:
-        raise UnsupportedModelError(f"{where}: the rotary dimension head_dim × partial_rotary_factor = {rot} must be "
-                                    "even and at least 2")
-    exponents = np.arange(0, rot, 2, dtype=np.int64).astype(np.float32) / np.float32(rot)
-    inv = (1.0 / (np.float32(theta) ** exponents)).astype(np.float32)
-    if rope_scaling is not None and not isinstance(rope_scaling, dict):
-        raise ModelFormatError(f"{where}: 'rope_scaling' is {shown(rope_scaling)}, expected a JSON object or null")
-    kind = (rope_scaling or {}).get("rope_type") or (rope_scaling or {}).get("type")
-    if kind in (None, "default"):
-        return inv, rot
-    if kind == "llama3":
-        return _llama3_scaling(inv, rope_scaling, where), rot
-    raise UnsupportedModelError(f"{where}: RoPE scaling {shown(kind)} (config field rope_scaling) is not supported yet")
-
-
-def _llama3_scaling(inv: np.ndarray, cfg: dict, where: str) -> np.ndarray:
-    factor = real_number(cfg.get("factor"), "rope_scaling.factor", where, low=1.0)
-    low = real_number(cfg.get("low_freq_factor", 1.0), "rope_scaling.low_freq_factor", where, low=0, low_open=True)
-    high = real_number(cfg.get("high_freq_factor", 4.0), "rope_scaling.high_freq_factor", where, low=low,
-                       low_open=True)
-    old_ctx = whole_number(cfg.get("original_max_position_embeddings", 8192),
-                           "rope_scaling.original_max_position_embeddings", where, high=CONFIG_LIMITS[
-                               "original_max_position_embeddings"])
-    wavelen = 2 * np.pi / inv
-    smooth = (old_ctx / wavelen - low) / (high - low)
-    scaled = np.where(wavelen > old_ctx / low, inv / factor, inv)
-    mid = (wavelen <= old_ctx / low) & (wavelen >= old_ctx / high)
-    return np.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled).astype(np.float32)

@@ -90,7 +90,7 @@ def hybrid_spec(args: ModelArgs, **moe) -> HybridSpec:
     return HybridSpec(
         **{f: getattr(dense, f) for f in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab",
                                           "eps", "inv_freq", "rot_dim", "context_length", "tied_embeddings",
-                                          "qk_norm")},
+                                          "qk_norm", "rope_scale", "rope")},
         layer_blocks=blocks, layer_types=kinds, gdn_k_heads=args.linear_num_key_heads,
         gdn_v_heads=args.linear_num_value_heads, gdn_k_dim=args.linear_key_head_dim,
         gdn_v_dim=args.linear_value_head_dim, conv_kernel=args.linear_conv_kernel_dim, **moe,
