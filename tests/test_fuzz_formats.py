@@ -775,6 +775,46 @@ def test_fuzz_config_long(case):
     fuzz_config(case)
 
 
+ROPE_NUMBER = st.one_of(st.sampled_from([0, 1, 2, 4.0, 8, 32, 1e-30, 1e30, -1.0, 0.5, 64, 4096, 131072, 2**40]),
+                        st.floats(allow_nan=True, allow_infinity=True), st.none(), st.text(max_size=3), st.booleans())
+ROPE_SCALING = st.fixed_dictionaries({}, optional={
+    "rope_type": st.sampled_from(["default", "linear", "llama3", "yarn", "longrope", "su", "dynamic",
+                                  "gguf_freq_factors", "", "LINEAR"]),
+    "type": st.sampled_from(["longrope", "yarn", "none"]),
+    **{k: ROPE_NUMBER for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings",
+                                "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate",
+                                "rope_theta", "partial_rotary_factor")},
+    **{k: st.one_of(st.lists(ROPE_NUMBER, max_size=10), st.just([1.0] * 8), ROPE_NUMBER)
+       for k in ("short_factor", "long_factor", "factors")},
+})
+ROPE_CASES = st.tuples(st.sampled_from(["llama", "phi3", "qwen3"]), ROPE_SCALING,
+                       st.sampled_from(["rope_scaling", "rope_parameters"]), ROPE_NUMBER, ROPE_NUMBER)
+
+
+def fuzz_rope(case) -> None:
+    """rope_scaling / rope_parameters with every field a variant reads set to hostile values, and the top-level
+    rope_theta / original_max_position_embeddings they fall back on."""
+    model_type, scaling, field, theta, original = case
+    config = {**DEFAULTS[model_type], "model_type": model_type, field: scaling, "rope_theta": theta,
+              "original_max_position_embeddings": original}
+    module = model_module(model_type)
+    with bounded_memory():
+        clear_error(lambda: module.spec(module.ModelArgs.from_dict(config, "config.json")).rope.at(64), "config.json")
+
+
+@QUICK
+@given(ROPE_CASES)
+def test_fuzz_rope_scaling(case):
+    fuzz_rope(case)
+
+
+@pytest.mark.slow
+@SLOW
+@given(ROPE_CASES)
+def test_fuzz_rope_scaling_long(case):
+    fuzz_rope(case)
+
+
 TOKENIZER_EDITS = st.lists(st.one_of(
     st.tuples(st.sampled_from(["tokenizer_config.json", "generation_config.json", "config.json"]), JSON_EDITS),
     st.tuples(st.just("tokenizer.json"), BYTE_EDITS),

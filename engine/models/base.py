@@ -173,7 +173,7 @@ class DenseArgs(BaseModelArgs):
         theta = self.rope_theta or self.position_embedding_base or params.get("rope_theta") or 10000.0
         partial = params.get("partial_rotary_factor", self.partial_rotary_factor)
         scaling = self.rope_scaling or (params if params.get("rope_type", "default") != "default" else None)
-        theta = real_number(theta, "rope_theta", self.source, low=0.0, low_open=True)
+        theta = real_number(theta, "rope_theta", self.source, low=1.0, low_open=True)  # θ ≤ 1: no rotation to scale
         partial = real_number(partial, "partial_rotary_factor", self.source, low=0.0, high=1.0, low_open=True)
         return theta, partial, scaling
 
