@@ -50,6 +50,7 @@ class EngineWorker(QObject):
     @Slot(str, int, bool)
     def load(self, path: str, context: int, exact_decode: bool = False) -> None:
         from engine.model import load_model
+        from engine.runtime_options import RuntimeOptions
 
         self._stop.clear()
         try:
@@ -61,8 +62,8 @@ class EngineWorker(QObject):
                 self.load_progress.emit(part, parts, float(done), float(total))
 
             started = time.perf_counter()
-            self.model = load_model(path, gpu=self._device(), max_context=context or None, on_progress=progress,
-                                    q8_decode=not exact_decode)
+            options = RuntimeOptions(max_context=context or None, q8_decode=not exact_decode)
+            self.model = load_model(path, gpu=self._device(), on_progress=progress, options=options)
             self.loaded.emit(self._facts(time.perf_counter() - started))
         except Stopped:
             self._release()
@@ -135,7 +136,7 @@ class EngineWorker(QObject):
             "context": m.runtime.max_context, "load_seconds": seconds,
             "thinking": "enable_thinking" in template, "chat": bool(tok and tok.chat_templates),
             "sampling": dict(vars(m.default_sampling)),
-            "adapter": self._gpu.info.summary(), "int8_decode": bool(m.runtime.q8),
+            "adapter": self._gpu.info.summary(), "int8_decode": m.runtime.arithmetic.int8,
         }
 
 

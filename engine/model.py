@@ -10,9 +10,10 @@ import numpy as np
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.gpu import Gpu
 from engine.models import model_module
+from engine.runtime_options import RuntimeOptions
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer, load_tokenizer
-from engine.transformer import DenseTransformer, tensor_shapes
+from engine.transformer import Transformer, expected_tensors
 
 ProgressFn = Callable[[int, int, str, int, int], None]  # shard index, shards, path, bytes done, bytes total
 
@@ -23,7 +24,7 @@ _GGUF_SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p"
 
 
 class Model:
-    def __init__(self, runtime: DenseTransformer, tokenizer: Tokenizer | None, path: Path, model_type: str,
+    def __init__(self, runtime: Transformer, tokenizer: Tokenizer | None, path: Path, model_type: str,
                  default_sampling: SamplingParams | None = None):
         self.runtime, self.tokenizer, self.path, self.model_type = runtime, tokenizer, path, model_type
         self.default_sampling = default_sampling or SamplingParams()
@@ -45,31 +46,33 @@ class Model:
 
 
 def load_model(path: str | Path, gpu: Gpu | None = None, max_context: int | None = None,
-               on_progress: ProgressFn | None = None, **runtime_options) -> Model:
-    """Load an MLC q4f16_1 folder, an MLX folder or a .gguf file; runtime_options go to the runtime
-    (prefill_chunk, split_keys). Reads local files only: no network call is made (or allowed) on this path."""
+               on_progress: ProgressFn | None = None, options: RuntimeOptions | None = None, **option_fields) -> Model:
+    """Load an MLC q4f16_1 folder, an MLX folder or a .gguf file. How it runs: `options` (RuntimeOptions), with
+    `max_context` and any RuntimeOptions field given by keyword on top. `on_progress(shard, shards, path, done,
+    total)` follows the reading; an exception raised from it cancels the load (the GPU memory taken so far is
+    released with the half-built runtime). Reads local files only: no network call is made (or allowed) here."""
     from engine.hub.offline import no_network
 
+    if max_context is not None:
+        option_fields["max_context"] = max_context
+    options = RuntimeOptions.of(options, **option_fields)
     with no_network():
-        return _load(Path(path), gpu, max_context, on_progress, runtime_options)
+        return _load(Path(path), gpu, on_progress, options)
 
 
-def _load(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
+def _load(path: Path, gpu, on_progress, options: RuntimeOptions) -> Model:
     if path.suffix.lower() == ".gguf":
-        return _load_gguf(path, gpu, max_context, on_progress, runtime_options)
+        return _load_gguf(path, gpu, on_progress, options)
     from engine.formats.mlc import CHAT_CONFIG, MlcCheckpoint
 
     if path.is_dir() and not (path / CHAT_CONFIG).exists() and (path / "config.json").is_file():
-        return _load_mlx(path, gpu, max_context, on_progress, runtime_options)
+        return _load_mlx(path, gpu, on_progress, options)
 
     ckpt = MlcCheckpoint(path)
     module = model_module(ckpt.model_type, where=str(path / "mlc-chat-config.json"))
     spec = module.spec(module.ModelArgs.from_dict(ckpt.model_config))
     spec.names = {c: _present(ckpt, name) for c, name in spec.names.items()}
-    # An architecture with its own runtime (Qwen3.5's hybrid) names it; the rest run on DenseTransformer.
-    runtime_cls = module.runtime() if hasattr(module, "runtime") else DenseTransformer
-    runtime = runtime_cls(gpu or Gpu(), spec, ckpt.load(list(spec.names.values()), on_progress), max_context,
-                          **runtime_options)
+    runtime = Transformer(gpu or Gpu(), spec, ckpt.load(list(spec.names.values()), on_progress), options=options)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     return Model(runtime, tokenizer, path, ckpt.model_type, SamplingParams.from_generation_config(path))
 
@@ -88,7 +91,7 @@ def _present(ckpt, name: str) -> str:
     return name
 
 
-def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
+def _load_gguf(path: Path, gpu, on_progress, options: RuntimeOptions) -> Model:
     from engine.formats.gguf import GgufCheckpoint
 
     ckpt = GgufCheckpoint(path)
@@ -97,15 +100,15 @@ def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Mo
     spec = module.spec(module.ModelArgs.from_dict(cfg))
     # Matrices stored as F32/BF16 run through the f16 kernels (the only unquantized variant).
     formats = {name: "f16" if tag == "f32" else tag for name, tag in ckpt.formats().items()}
-    spec.names = {c: c for c in tensor_shapes(spec, formats)}
+    spec.names = {c: c for c in expected_tensors(spec, formats)}
     # Before the upload, so a broken tokenizer fails fast; a file without one runs on token ids only.
     tokenizer = load_tokenizer(path) if "tokenizer.ggml.model" in ckpt.metadata else None
-    runtime = DenseTransformer(gpu or Gpu(), spec, _flatten(ckpt.load(on_progress=on_progress), formats),
-                               max_context, formats=formats, **runtime_options)
+    runtime = Transformer(gpu or Gpu(), spec, _flatten(ckpt.load(on_progress=on_progress), formats), formats=formats,
+                          options=options)
     return Model(runtime, tokenizer, path, cfg["model_type"], _gguf_sampling(ckpt.metadata))
 
 
-def _load_mlx(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
+def _load_mlx(path: Path, gpu, on_progress, options: RuntimeOptions) -> Model:
     """An MLX folder (config.json with `quantization`, safetensors): per-matrix formats, read by byte range."""
     from engine.formats import mlx_layout
     from engine.formats.mlx import MlxCheckpoint
@@ -124,12 +127,12 @@ def _load_mlx(path: Path, gpu, max_context, on_progress, runtime_options) -> Mod
     formats, spec.names = mlx_layout.plan(ckpt, matrices, tensors)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     weights = mlx_layout.stream(ckpt, matrices, tensors, spec.names, on_progress)
-    runtime = module.runtime()(gpu or Gpu(), spec, weights, max_context, formats=formats, **runtime_options)
+    runtime = Transformer(gpu or Gpu(), spec, weights, formats=formats, options=options)
     return Model(runtime, tokenizer, path, model_type, SamplingParams.from_generation_config(path))
 
 
 def _flatten(weights, formats: dict[str, str]) -> Iterator[tuple[str, np.ndarray]]:
-    """(canonical name, PackedWeight) → (canonical tensor name, array) as DenseTransformer takes them."""
+    """(canonical name, PackedWeight) → (canonical tensor name, array) as the runtime takes them."""
     for name, packed in weights:
         if list(packed) == ["weight"] and len(packed.shape) == 1:
             yield name, packed["weight"]

@@ -26,7 +26,7 @@ def demo(gpu, demo_path):
 def test_greedy_answer_names_paris(demo):
     chat = ChatSession(demo, ChatSettings(max_tokens=24, sampling=SamplingParams()))
     answer = "".join(e.answer for e in chat.send("What is the capital of France?"))
-    assert not demo.runtime.q8_prefill  # below Q8_PREFILL_MIN_DIM: f32 prefill by default
+    assert not demo.runtime.arithmetic.int8_prefill  # below Q8_PREFILL_MIN_DIM: f32 prefill by default
     assert "Paris" in answer, answer
 
 

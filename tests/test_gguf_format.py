@@ -13,7 +13,7 @@ from gguf.quants import quantize as gguf_quantize
 
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.formats.gguf import GgufCheckpoint, PackedWeight, dequantize, pack_rows, unpermute_index
-from engine.matmul import format_knobs, matvec_plan
+from engine.kernels.matmul import format_knobs, matvec_plan
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 Q = GGMLQuantizationType

@@ -5,8 +5,8 @@ row (YS), fewer tokens than buffer rows, partial tiles, folded grids and the til
 import numpy as np
 import pytest
 
-from engine.gpu import MAX_GROUPS_PER_DIM
-from engine.matmul import FORMATS, gemm_q8_plan, quantize_q8_plan
+from engine.kernels import MAX_GROUPS_PER_DIM
+from engine.kernels.matmul import FORMATS, gemm_q8_plan, quantize_q8_plan
 from tests.kernel_util import poisoned, read, run, step_uniform
 from tests.test_kernels_matmul import random_packed, reference_fmt
 from tests.test_kernels_q8 import reference_quantize, unpack_codes

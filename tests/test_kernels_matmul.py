@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
-from engine.gpu import MAX_GROUPS_PER_DIM
-from engine.matmul import FORMATS, format_knobs, gemm_plan, matvec_plan, matvec_sg_plan, prefers_subgroup_rows
+from engine.kernels import MAX_GROUPS_PER_DIM
+from engine.kernels.matmul import FORMATS, format_knobs, gemm_plan, matvec_plan, matvec_sg_plan, prefers_subgroup_rows
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 

@@ -1,4 +1,4 @@
-"""MoE kernels (router top-k, expert matvec, combine) vs float64 numpy, and the whole MoeBlock vs transformers'
+"""MoE kernels (router top-k, expert matvec, combine) vs float64 numpy, and the whole MoE block vs transformers'
 Qwen3_5MoeSparseMoeBlock (and mlx-lm's SparseMoeBlock without renormalisation) on weights that are exactly
 representable in our packed layouts: random codes and f16 (scale, bias) pairs, dequantized for the reference.
 """
@@ -6,11 +6,14 @@ representable in our packed layouts: random codes and f16 (scale, bias) pairs, d
 import numpy as np
 import pytest
 
+from engine.blocks.linear import Arithmetic
+from engine.blocks.moe import MoeFfn
+from engine.blocks.workspace import Workspace
 from engine.formats.gguf import PackedWeight
 from engine.formats.mlx import dequantize
-from engine.gpu import UNIFORM, Recorder
-from engine.matmul import format_knobs
-from engine.moe import MoeBlock, combine_plan, expert_plan, router_plan
+from engine.gpu import Recorder
+from engine.kernels.matmul import format_knobs
+from engine.kernels.moe import combine_plan, expert_plan, expert_q8_plan, router_plan
 from tests.kernel_util import poisoned, read, run, step_uniform
 
 
@@ -229,23 +232,70 @@ def transformers_moe(weights, E, top_k, D, F, shared):
     return lambda x: block(torch.from_numpy(x.astype(np.float64))[None]).detach().numpy()[0]
 
 
-def run_block(gpu, weights, x, top_k, norm=True, max_tokens=8, accumulate=False, residual=None):
+def canonical(weights: dict, layer: int = 0) -> tuple[dict, dict]:
+    """The runtime's canonical tensors of one MoE layer (layers.N.moe.*) and their formats, from MLX-named weights."""
+    c = f"layers.{layer}.moe"
+    parts = {"router": [weights["gate"]], "gate_up": [weights["switch_mlp.gate_proj"], weights["switch_mlp.up_proj"]],
+             "down": [weights["switch_mlp.down_proj"]]}
+    if "shared_expert_gate" in weights:
+        parts |= {"shared_gate_up": [weights["shared_expert.gate_proj"], weights["shared_expert.up_proj"]],
+                  "shared_down": [weights["shared_expert.down_proj"]], "shared_gate": [weights["shared_expert_gate"]]}
+    tensors, formats = {}, {}
+    for part, ws in parts.items():
+        axis = len(ws[0].shape) - 2  # gate rows then up rows: along N
+        for key in ws[0]:
+            tensors[f"{c}.{part}.{key}"] = np.concatenate([w[key] for w in ws], axis=axis)
+        formats[f"{c}.{part}"] = ws[0].format
+    return tensors, formats
+
+
+def moe_block(gpu, layers: list[dict], top_k, norm=True, max_tokens=8, int8=False):
+    """An MoeFfn over len(layers) layers with its workspace, built: (block, workspace)."""
+    E, F, D = layers[0]["switch_mlp.gate_proj"].shape
+    Fs = layers[0]["shared_expert.gate_proj"].shape[0] if "shared_expert_gate" in layers[0] else 0
+    tensors, formats = {}, {}
+    for i, w in enumerate(layers):
+        t, f = canonical(w, i)
+        tensors |= t
+        formats |= f
+    ar = Arithmetic(int8=int8, int8_prefill=False, norm_int8=False, subgroup_rows=gpu.use_subgroups,
+                    subgroup_size=gpu.subgroup_size)
+    block = MoeFfn(D, E, top_k, F, Fs, tuple(range(len(layers))), formats, ar, max_tokens, norm)
+    assert set(block.tensors()) == set(tensors)
+    ws = Workspace(D, max_tokens, D, False, {})
+    ws.build(gpu)
+    ws.dummy_f16 = gpu.upload("dummy", np.zeros(4, np.float16))
+    for name, arr in tensors.items():
+        block.take(gpu, name, arr)
+    block.build(gpu, ws)
+    return block, ws
+
+
+def record_block(gpu, block, ws, x, layers=(0,)):
+    """x [T, D] into the workspace's hidden rows, every layer recorded (each one's output fed to the next), the
+    output rows read back; rows past T must stay unwritten (NaN)."""
     T, D = x.shape
-    step = gpu.upload("step", np.array([T, 0, 0, 1], np.uint32), usage=UNIFORM)
-    block = MoeBlock(gpu, weights, step, top_k=top_k, norm_topk_prob=norm, max_tokens=max_tokens,
-                     accumulate=accumulate)
-    x_buf = gpu.upload("x", np.concatenate([x, np.full((max_tokens - T, D), np.nan, np.float32)]))
-    start = np.full((max_tokens, D), np.nan, np.float32)
-    if residual is not None:
-        start[:T] = residual
-    out = gpu.upload("out", start)
+    rows = ws.chunk
+    gpu.write(ws.hidden, np.concatenate([x, np.full((rows - T, D), np.nan, np.float32)]))
+    gpu.write(ws.delta, np.full((rows, D), np.nan, np.float32))
+    ws.write_step(T, 0, 0, 1)
     rec = Recorder(gpu, "moe-test")
-    block.record(rec, x_buf, out, T)
-    assert rec.dispatches == block.dispatch_count()
+    for j, layer in enumerate(layers):
+        if j:
+            rec.copy(ws.delta, 0, ws.hidden, 0, 4 * T * D)
+        block.record(rec, layer, T)
+    dispatches = rec.dispatches
     rec.submit()
-    result = read(gpu, out, (max_tokens, D))
+    result = read(gpu, ws.delta, (rows, D))
     assert np.isnan(result[T:]).all(), "rows past n_tokens were written"
-    return block, result[:T]
+    return result[:T], dispatches
+
+
+def run_block(gpu, weights, x, top_k, norm=True, max_tokens=8):
+    block, ws = moe_block(gpu, [weights], top_k, norm, max_tokens)
+    out, dispatches = record_block(gpu, block, ws, x)
+    assert dispatches == block.dispatches_per_token()  # T rows take as many dispatches as one
+    return block, out
 
 
 @pytest.mark.parametrize("T", [1, 5])
@@ -255,7 +305,7 @@ def test_moe_block_matches_transformers(any_gpu, rng, T, shared):
     weights = random_moe(rng, E, D, F, shared)
     x = rng.standard_normal((T, D)).astype(np.float32)
     block, out = run_block(any_gpu, weights, x, top_k)
-    assert block.stacked == (shared == F) and block.dispatch_count() == (5 if shared == F else 7)
+    assert block.stacked[0] == (shared == F) and block.dispatches_per_token() == (5 if shared == F else 7)
     assert_close(out, transformers_moe(weights, E, top_k, D, F, shared)(x))
 
 
@@ -265,17 +315,8 @@ def test_moe_block_shared_expert_in_another_format(gpu, rng):
     weights = random_moe(rng, E, D, F, F, shared_fmt="mlx8")
     x = rng.standard_normal((3, D)).astype(np.float32)
     block, out = run_block(gpu, weights, x, top_k)
-    assert not block.stacked
+    assert not block.stacked[0]
     assert_close(out, transformers_moe(weights, E, top_k, D, F, F)(x))
-
-
-def test_moe_block_accumulates_into_the_residual(gpu, rng):
-    E, top_k, D, F = DIMS.values()
-    weights = random_moe(rng, E, D, F, F)
-    x = rng.standard_normal((2, D)).astype(np.float32)
-    residual = rng.standard_normal((2, D)).astype(np.float32)
-    _, out = run_block(gpu, weights, x, top_k, accumulate=True, residual=residual)
-    assert_close(out, transformers_moe(weights, E, top_k, D, F, F)(x) + residual)
 
 
 @pytest.mark.parametrize("T", [1, 4])
@@ -327,7 +368,7 @@ def test_moe_block_without_shared_expert(any_gpu, rng, T):
     weights = random_moe(rng, E, D, F, 0)
     x = rng.standard_normal((T, D)).astype(np.float32)
     block, out = run_block(any_gpu, weights, x, top_k, norm=False)
-    assert not block.shared and block.slots == top_k and block.dispatch_count() == 5
+    assert not block.shared and block.slots == top_k and block.dispatches_per_token() == 5
     assert_close(out, reference_moe(weights, x, top_k, norm=False))
 
 
@@ -341,38 +382,28 @@ def test_reference_moe_agrees_with_transformers(rng):
 
 
 def test_two_layers_share_scratch(gpu, rng):
-    # Layer 2 reuses layer 1's scratch buffers (recorded back to back) and reads layer 1's output.
+    # Two MoE layers of one block, recorded back to back (layer 1 reads layer 0's output): each uses its own
+    # weights through the one set of scratch buffers.
     E, top_k, D, F = DIMS.values()
     w1, w2 = random_moe(rng, E, D, F, F), random_moe(rng, E, D, F, F)
-    T = 3
-    x = rng.standard_normal((T, D)).astype(np.float32)
-    step = step_uniform(gpu, T)
-    first = MoeBlock(gpu, w1, step, top_k=top_k, max_tokens=4)
-    second = MoeBlock(gpu, w2, step, top_k=top_k, max_tokens=4, share_scratch=first)
-    assert second.act is first.act and second.y is first.y and second.ids is first.ids
-    x_buf, mid, out = gpu.upload("x", x), gpu.buffer("mid", 4 * T * D), gpu.buffer("out", 4 * T * D)
-    rec = Recorder(gpu, "two-layers")
-    first.record(rec, x_buf, mid, T)
-    second.record(rec, mid, out, T)
-    rec.submit()
-    ref = reference_moe(w2, reference_moe(w1, x, top_k, True), top_k, True)
-    assert_close(read(gpu, out, (T, D)), ref)
+    x = rng.standard_normal((3, D)).astype(np.float32)
+    block, ws = moe_block(gpu, [w1, w2], top_k, max_tokens=4)
+    assert sum(n.label.startswith("moe.") for n in block.needs()) == 5  # logits, ids, weights, act, y: once
+    out, _ = record_block(gpu, block, ws, x, layers=(0, 1))
+    assert_close(out, reference_moe(w2, reference_moe(w1, x, top_k, True), top_k, True))
 
 
 def test_moe_block_refuses_too_many_tokens(gpu, rng):
     E, top_k, D, F = DIMS.values()
-    weights = random_moe(rng, E, D, F, 0)
-    step = step_uniform(gpu, 1)
-    block = MoeBlock(gpu, weights, step, top_k=top_k, max_tokens=2)
-    x, out = gpu.buffer("x", 4 * 2 * D), gpu.buffer("out", 4 * 2 * D)
-    with pytest.raises(ValueError, match="max_tokens"):
-        block.record(Recorder(gpu, "t"), x, out, 3)
+    block, _ = moe_block(gpu, [random_moe(rng, E, D, F, 0)], top_k, max_tokens=2)
+    with pytest.raises(ValueError, match="outside 1..2"):
+        block.record(Recorder(gpu, "t"), 0, 3)
 
 
 # ---- int8-activation experts (decode) ------------------------------------------------------------------------
 def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: int = 0):
     """quantize_q8 over rows of x (as the block does): (xq buffer, xm buffer, the dequantized rows as float64)."""
-    from engine.matmul import quantize_q8_plan
+    from engine.kernels.matmul import quantize_q8_plan
     from tests.test_kernels_q8 import unpack_codes
 
     rows, K = x_rows.shape
@@ -390,8 +421,6 @@ def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: i
 
 @pytest.mark.parametrize("gate_up", [True, False])
 def test_expert_matvec_int8(gpu, rng, gate_up):
-    from engine.moe import expert_q8_plan
-
     E, slots, K, N = 6, 3, 192, 37
     w = random_weight(rng, (E, 2 * N if gate_up else N, K), "mlx4")
     ids = rng.permutation(E)[:slots]
@@ -418,17 +447,11 @@ def test_moe_block_int8_decode(gpu, rng, shared):
     E, top_k, D, F = DIMS.values()
     weights = random_moe(rng, E, D, F, shared)
     x = rng.standard_normal((1, D)).astype(np.float32)
-    step = gpu.upload("step", np.array([1, 0, 0, 1], np.uint32), usage=UNIFORM)
-    block = MoeBlock(gpu, weights, step, top_k=top_k, max_tokens=4)
-    act = block.int8_act_bytes()
-    block.use_int8(gpu.buffer("xq", D), gpu.buffer("xm", D // 32 * 8), False, gpu.subgroup_size,
-                   gpu.buffer("aq", act), gpu.buffer("am", act // 32 * 8))
-    out = gpu.upload("out", np.full((4, D), np.nan, np.float32))
-    rec = Recorder(gpu, "moe-int8")
-    block.record(rec, gpu.upload("x", np.concatenate([x, np.zeros((3, D), np.float32)])), out, 1)
+    f32_block, _ = moe_block(gpu, [weights], top_k, max_tokens=4)
+    block, ws = moe_block(gpu, [weights], top_k, max_tokens=4, int8=True)
+    got, dispatches = record_block(gpu, block, ws, x)
     # one quantize for x, one for each down's slot rows
-    assert rec.dispatches == block.dispatch_count(decode=True) == block.dispatch_count() + (2 if shared == F else 3)
-    rec.submit()
+    assert dispatches == block.dispatches_per_token() == f32_block.dispatches_per_token() + (2 if shared == F else 3)
+    assert "moe_matvec_q8" in [p[1][0].label for p in block.passes[0]["experts_q8"] if p]
     ref = transformers_moe(weights, E, top_k, D, F, shared)(x)
-    got = read(gpu, out, (4, D))[:1]
     assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()

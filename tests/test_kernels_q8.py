@@ -4,8 +4,8 @@ and matvec_q8 (4-bit weights · int8 x through dot4I8Packed) vs float64 numpy on
 import numpy as np
 import pytest
 
-from engine.gpu import MAX_GROUPS_PER_DIM
-from engine.matmul import FORMATS, matvec_q8_plan, quantize_q8_plan
+from engine.kernels import MAX_GROUPS_PER_DIM
+from engine.kernels.matmul import FORMATS, matvec_q8_plan, quantize_q8_plan
 from tests.kernel_util import poisoned, read, run, step_uniform
 from tests.test_kernels_matmul import random_packed, reference_dequantize_fmt, silu
 

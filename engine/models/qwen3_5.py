@@ -151,9 +151,3 @@ def mlx_layout(spec: HybridSpec) -> tuple[dict[str, list[str]], dict[str, str]]:
                     f"{c}.gdn_norm": f"{g}.norm.weight"}
     return matrices, tensors
 
-
-def runtime():
-    """The runtime class load_model builds for this architecture (KV cache + recurrent state)."""
-    from engine.hybrid import HybridTransformer
-
-    return HybridTransformer

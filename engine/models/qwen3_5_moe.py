@@ -84,5 +84,3 @@ def mlx_layout(spec: HybridSpec) -> tuple[dict[str, list[str]], dict[str, str]]:
             matrices[f"{c}.moe.shared_gate"] = [f"{p}.shared_expert_gate.weight"]
     return matrices, tensors
 
-
-runtime = qwen3_5.runtime
