@@ -19,7 +19,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.bench import SHAPES, dispatch_seconds  # noqa: E402
-from engine.gpu import UNIFORM, Gpu, Recorder, fold_grid  # noqa: E402
+from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
+from engine.kernels import fold_grid  # noqa: E402
 from engine.kernels.matmul import matvec_plan, matvec_q8_plan, matvec_sg_plan  # noqa: E402
 from engine.shaders import const_block  # noqa: E402
 

@@ -10,7 +10,7 @@ from engine.resources import root
 
 SHADERS = sorted(p.stem for p in (root() / "shaders").glob("*.wgsl"))
 LIBRARIES = {"step", "sample_params", "reduce_subgroup", "reduce_workgroup", "matvec_body", "matvec_q8_body", "rope",
-             "q8_pack", "norm_q8", "gemm_tile", "argmax_reduce"}
+             "q8_pack", "norm_q8", "gemm_tile", "argmax_reduce", "kq_decode"}
 KERNELS = [name for name in SHADERS if name not in LIBRARIES]
 
 

@@ -14,7 +14,8 @@ from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.formats import kquant
-from engine.gpu import MAX_GROUPS_PER_DIM
+from engine.kernels import MAX_GROUPS_PER_DIM
+from engine.kernels.matmul import quantize_q8_plan
 from engine.kquant_plan import (
     BINDINGS,
     embedding_kq_plan,
@@ -24,7 +25,6 @@ from engine.kquant_plan import (
     matvec_kq_q8_plan,
     weight_buffers,
 )
-from engine.matmul import quantize_q8_plan
 from tests.kernel_util import poisoned, read, run, step_uniform
 from tests.test_kernels_q8 import unpack_codes
 

@@ -222,7 +222,8 @@ def _parse(source: str, file: str) -> tuple[str, dict[str, Binding], dict[str, U
 
 
 _REGISTRY: dict[str, Kernel] = {}
-_FAMILIES = ("matmul", "norm", "attention", "gdn", "moe", "sampling")
+_FAMILIES = tuple(f"engine.kernels.{f}" for f in ("matmul", "norm", "attention", "gdn", "moe", "sampling")) + (
+    "engine.kquant_plan",)
 
 
 def declare(name: str, writes: Sequence[str] = ()) -> Kernel:
@@ -240,7 +241,7 @@ def kernel(name: str) -> Kernel:
         import importlib
 
         for family in _FAMILIES:  # declarations live in the family modules; import them on first use
-            importlib.import_module(f"engine.kernels.{family}")
+            importlib.import_module(family)
     return _REGISTRY.get(name) or Kernel(name)
 
 
