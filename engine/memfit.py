@@ -123,7 +123,8 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
     else:
         weights, largest, approximate = entry.weights_bytes, entry.largest_tensor_bytes, entry.weights_approximate
         basis = "the runtime's blocks planned from the catalog's dimensions; weights as the catalog records them"
-    staging = max(UPLOAD_WINDOW, plan.largest_weight_buffer())
+    uploaded = sum(n.bytes for n in plan.needs() if n.how == "upload")  # what goes through staging copies at all
+    staging = min(uploaded, max(UPLOAD_WINDOW, plan.largest_weight_buffer()))
     return MemoryEstimate(plan.max_context, weights, mem["kv"], mem["state"], mem["scratch"],
                           RAM_BASELINE_BYTES + LOAD_COPIES * largest, approximate, basis, staging)
 

@@ -161,15 +161,20 @@ class Transformer:
         self.plan = RuntimePlan(spec, self.formats, self.options, DeviceTraits.of(gpu))
         self.arithmetic, self.max_context, self.chunk = self.plan.arithmetic, self.plan.max_context, self.plan.chunk
         self.blocks, self.vocab, self.sampler = self.plan.blocks, self.plan.vocab, self.plan.sampler
-        self._load(weights)
         self.ws = self.plan.workspace
-        self.ws.build(gpu)
-        self.ws.dummy_f16 = self.plan.residual.dummy_f16
-        for b in self.blocks:
-            if b is self.sampler:
-                b.build(gpu, self.ws, logits=self.vocab.logits)
-            else:
-                b.build(gpu, self.ws)
+        try:
+            self._load(weights)
+            self.ws.build(gpu)
+            self.ws.dummy_f16 = self.plan.residual.dummy_f16
+            for b in self.blocks:
+                if b is self.sampler:
+                    b.build(gpu, self.ws, logits=self.vocab.logits)
+                else:
+                    b.build(gpu, self.ws)
+        except BaseException:  # a failed or cancelled load (an exception from the progress callback) frees its memory
+            for b in [self.ws, *self.blocks]:
+                b.release()
+            raise
         gpu.sync()  # the last uploads land before the first forward
         self.logit_rows = self.vocab.logit_rows
         self._stateful = [b for b in self.blocks if b.keeps_state]

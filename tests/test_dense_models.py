@@ -212,3 +212,45 @@ def test_vocabulary_matrices_split_across_bindings(gpu, tmp_path, monkeypatch, m
     split.runtime.reset()
     per_token = split.runtime.logits(ids, chunk=1)
     np.testing.assert_allclose(per_token, ref_per_token, rtol=0, atol=2e-3 * np.abs(ref).max())
+
+
+class Cancelled(Exception):
+    pass
+
+
+def test_a_load_cancelled_from_its_progress_callback_stops_there(gpu, tiny):
+    """The loader's progress callback is the cancel point: its exception ends the load (no model, the device
+    still usable for the next one)."""
+    _, mlc = tiny
+    calls = []
+
+    def cancel(*args):
+        calls.append(args)
+        raise Cancelled
+
+    with pytest.raises(Cancelled):
+        load_model(mlc, gpu=gpu, max_context=64, on_progress=cancel)
+    assert len(calls) == 1
+    assert load_model(mlc, gpu=gpu, max_context=64).logits([1, 2, 3]).shape[0] == 3
+
+
+def test_prefill_reports_each_chunk_and_stops_where_its_callback_raises(gpu, tiny):
+    _, mlc = tiny
+    model = load_model(mlc, gpu=gpu, max_context=256, prefill_chunk=32)
+    rt, ids = model.runtime, list(range(3, 103))
+    seen = []
+    rt.reset()
+    rt.prefill(ids, on_chunk=lambda done, total: seen.append((done, total)))
+    assert seen == [(32, 100), (64, 100), (96, 100), (100, 100)]
+
+    def stop_after_two(done, total):
+        if done == 64:
+            raise Cancelled
+
+    rt.reset()
+    with pytest.raises(Cancelled):
+        rt.prefill(ids, on_chunk=stop_after_two)
+    assert rt.n_cached == 64 and rt.cached_ids == ids[:64]  # the cache holds the chunks done
+    resumed = rt.logits(ids[64:])  # and goes on from there
+    fresh = model.logits(ids)
+    np.testing.assert_allclose(resumed, fresh[64:], rtol=0, atol=1e-5 * np.abs(fresh).max())

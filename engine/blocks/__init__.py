@@ -140,6 +140,11 @@ class Block:
         at afterwards (≤ n: the runtime replays the rest)."""
         return n
 
+    def release(self) -> None:
+        """Destroy every GPU buffer this block holds now (a load that failed or was cancelled frees its memory at
+        once, whatever still refers to the half-built runtime)."""
+        destroy_buffers(vars(self))
+
     # ---- report ------------------------------------------------------------------------------------------
     def bytes_by_kind(self) -> dict[str, int]:
         out = dict.fromkeys(KINDS, 0)
@@ -153,6 +158,20 @@ class Block:
         for layer in self.layers or (0,):
             self.record(cap, layer, 1, splits)
         return cap.dispatches
+
+
+def destroy_buffers(value, depth: int = 0) -> None:
+    """Destroy the wgpu buffers in `value` and the dicts, lists and tuples it holds (a few levels deep)."""
+    import wgpu
+
+    if isinstance(value, wgpu.GPUBuffer):
+        value.destroy()
+    elif depth < 4 and isinstance(value, dict):
+        for v in value.values():
+            destroy_buffers(v, depth + 1)
+    elif depth < 4 and isinstance(value, (list, tuple)):
+        for v in value:
+            destroy_buffers(v, depth + 1)
 
 
 def sum_needs(needs: Iterable[BufferNeed]) -> dict[str, int]:

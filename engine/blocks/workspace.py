@@ -9,7 +9,7 @@ id into `tokens[0]` and the `ring` the host reads back. `step` is the per-forwar
 
 from __future__ import annotations
 
-from engine.blocks import BufferNeed
+from engine.blocks import BufferNeed, destroy_buffers
 from engine.kernels import step_struct
 
 RING = 4096  # slots in the GPU ring of sampled token ids
@@ -47,6 +47,9 @@ class Workspace:
         self.rows_q8, self.rows_q8_meta = made.get("x-int8-rows"), made.get("x-int8-rows-scales")
         self.shared = {name: made[name] for name in self.shared_sizes}
         self.readback = [made["readback-0"], made["readback-1"]]
+
+    def release(self) -> None:
+        destroy_buffers(vars(self))
 
     def write_step(self, n_tokens: int, pos0: int, out_index: int, attn_splits: int) -> None:
         """The per-forward uniform, its fields set by name (shaders/step.wgsl)."""
