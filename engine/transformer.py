@@ -201,15 +201,15 @@ class Transformer:
         return self._lag
 
     def block(self, name: str):
-        """The block of that name ("attention", "gated_attention" is an attention block too, "gated_deltanet",
-        "mlp", "moe", "vocab", "residual", "sampler"), or None."""
+        """The block of that name ("attention", "gated_attention", "gated_deltanet", "mlp", "moe", "vocab",
+        "residual", "sampler"), or None."""
         return next((b for b in self.blocks if b.name == name), None)
 
     def report(self) -> list[dict]:
         """Per block: its layers, dispatches per decode token (greedy, attention not split) and GPU bytes by kind."""
         out = [{"block": "workspace", "layers": 0, "dispatches_per_token": 0, **sum_needs(self.ws.needs())}]
         for b in self.blocks:
-            out.append({"block": b.name + ("(gated)" if getattr(b, "gated", False) else ""), "layers": len(b.layers),
+            out.append({"block": b.name, "layers": len(b.layers),
                         "dispatches_per_token": b.dispatches_per_token(), **b.bytes_by_kind()})
         return out
 

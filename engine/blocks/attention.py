@@ -31,6 +31,7 @@ class AttentionMixer(Block):
     def __init__(self, spec, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic, chunk: int,
                  max_context: int, split_keys: int, gated: bool = False, norm_offset: float = 0.0):
         s = self.spec = spec
+        self.name = "gated_attention" if gated else "attention"
         self.layers, self.gated, self.ar, self.chunk, self.split_keys = tuple(layers), gated, ar, chunk, split_keys
         self.q_dim, self.kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         self.qkv_dim = self.q_dim + 2 * self.kv_dim

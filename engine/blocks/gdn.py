@@ -134,7 +134,7 @@ class GatedDeltaNetMixer(Block):
         s, d = self.spec, self.d
         made = {n.label: n.allocate(gpu) for n in self.needs() if n.how != "upload"}
         self.proj, self.conv_out, self.gates = made["gdn-in-proj"], made["gdn-conv-out"], made["gdn-gates"]
-        self.recur, self.state, self.gated = made["gdn-recur-out"], made["gdn-state"], ws.shared["mixer-out"]
+        self.recur, self.state, self.mixer_out = made["gdn-recur-out"], made["gdn-state"], ws.shared["mixer-out"]
         self._free = [made[f"gdn-snapshot-{j}"] for j in range(sum(self._caps.values()))]
         self.gpu = gpu
         conv_consts, self.conv_grid = gdn_conv_plan(d["CONV"], d["ROW"], s.conv_kernel)
@@ -158,12 +158,12 @@ class GatedDeltaNetMixer(Block):
                 "recur": gpu.bind(self.p_recur, dict(qkv=self.conv_out, gates=self.gates,
                                                      state=(self.state, r_off, r_size), out=self.recur, step=st),
                                   f"{c}.gdn_recur"),
-                "norm": gpu.bind(self.p_norm, dict(x=self.recur, zsrc=self.proj, w=w[f"{c}.gdn_norm"], y=self.gated,
+                "norm": gpu.bind(self.p_norm, dict(x=self.recur, zsrc=self.proj, w=w[f"{c}.gdn_norm"], y=self.mixer_out,
                                                    step=st), f"{c}.gdn_norm")}
             lin = self.lin[i]
             lin["in_proj"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.in_proj", self.in_formats[i], ws.dummy_f16),
                                 self.proj, f"{c}.in_proj", src_int8=self.ar.norm_int8)
-            lin["out"].bind(gpu, ws, self.gated, self._matrix(f"{c}.out", self.out_formats[i], ws.dummy_f16),
+            lin["out"].bind(gpu, ws, self.mixer_out, self._matrix(f"{c}.out", self.out_formats[i], ws.dummy_f16),
                             ws.delta, f"{c}.out")
 
     def _matrix(self, name: str, tag: str, dummy) -> dict:
