@@ -35,7 +35,11 @@ BASE = dict(max_context=256, prefill_chunk=32, split_keys=48)
 def tiny_models(tmp: Path) -> dict[str, Path]:
     """name -> checkpoint path: tiny HF models converted to MLC, the cached MLX test folders, the demo GGUF."""
     from engine.convert import convert_hf_to_mlc
-    from tests.tiny_models import cached_tiny_hf
+
+    try:
+        from tests.helpers import cached_tiny_hf
+    except ImportError:  # a tree from before tests/helpers.py
+        from tests.tiny_models import cached_tiny_hf
 
     out = {}
     hf = {"phi3": ("phi3", dict(vocab_size=250)), "llama": ("llama", dict(vocab_size=300, rope_theta=500000.0)),

@@ -7,7 +7,7 @@ from engine.blocks.sampler import GpuArgmax
 from engine.gpu import Recorder
 from engine.kernels.matmul import embedding_plan, format_knobs
 from engine.kernels.sampling import ARGMAX_SLICE
-from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.helpers import assert_q8_row, poisoned, read, run, step_uniform
 
 
 def quantize(w):
@@ -119,8 +119,6 @@ def test_embedding_plan():
 
 @pytest.mark.parametrize("T,D,q8", [(1, 64, False), (3, 77, False), (4, 3072, False), (1, 96, True), (4, 3072, True)])
 def test_add_rms_norm(any_gpu, rng, T, D, q8):
-    from tests.test_kernels_q8 import assert_q8_row
-
     g = any_gpu
     r_in = rng.standard_normal((T, D)).astype(np.float32)
     delta = rng.standard_normal((T, D)).astype(np.float32)

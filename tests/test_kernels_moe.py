@@ -6,15 +6,12 @@ representable in our packed layouts: random codes and f16 (scale, bias) pairs, d
 import numpy as np
 import pytest
 
-from engine.blocks.linear import Arithmetic
-from engine.blocks.moe import MoeFfn
-from engine.blocks.workspace import Workspace
-from engine.formats.gguf import PackedWeight
 from engine.formats.mlx import dequantize
 from engine.gpu import Recorder
 from engine.kernels.matmul import format_knobs
 from engine.kernels.moe import combine_plan, expert_plan, expert_q8_plan, router_plan
-from tests.kernel_util import poisoned, read, run, step_uniform
+from engine.packed import PackedWeight
+from tests.helpers import moe_block, poisoned, read, record_moe_block, run, step_uniform, unpack_codes
 
 
 def silu(v):
@@ -232,72 +229,14 @@ def transformers_moe(weights, E, top_k, D, F, shared):
     return lambda x: block(torch.from_numpy(x.astype(np.float64))[None]).detach().numpy()[0]
 
 
-def canonical(weights: dict, layer: int = 0) -> tuple[dict, dict]:
-    """The runtime's canonical tensors of one MoE layer (layers.N.moe.*) and their formats, from MLX-named weights."""
-    c = f"layers.{layer}.moe"
-    parts = {"router": [weights["gate"]], "gate_up": [weights["switch_mlp.gate_proj"], weights["switch_mlp.up_proj"]],
-             "down": [weights["switch_mlp.down_proj"]]}
-    if "shared_expert_gate" in weights:
-        parts |= {"shared_gate_up": [weights["shared_expert.gate_proj"], weights["shared_expert.up_proj"]],
-                  "shared_down": [weights["shared_expert.down_proj"]], "shared_gate": [weights["shared_expert_gate"]]}
-    tensors, formats = {}, {}
-    for part, ws in parts.items():
-        axis = len(ws[0].shape) - 2  # gate rows then up rows: along N
-        for key in ws[0]:
-            tensors[f"{c}.{part}.{key}"] = np.concatenate([w[key] for w in ws], axis=axis)
-        formats[f"{c}.{part}"] = ws[0].format
-    return tensors, formats
-
-
-def moe_block(gpu, layers: list[dict], top_k, norm=True, max_tokens=8, int8=False):
-    """An MoeFfn over len(layers) layers with its workspace, built: (block, workspace)."""
-    E, F, D = layers[0]["switch_mlp.gate_proj"].shape
-    Fs = layers[0]["shared_expert.gate_proj"].shape[0] if "shared_expert_gate" in layers[0] else 0
-    tensors, formats = {}, {}
-    for i, w in enumerate(layers):
-        t, f = canonical(w, i)
-        tensors |= t
-        formats |= f
-    ar = Arithmetic(int8=int8, int8_prefill=False, norm_int8=False, subgroup_rows=gpu.use_subgroups,
-                    subgroup_size=gpu.subgroup_size)
-    block = MoeFfn(D, E, top_k, F, Fs, tuple(range(len(layers))), formats, ar, max_tokens, norm)
-    assert set(block.tensors()) == set(tensors)
-    ws = Workspace(D, max_tokens, D, False, {})
-    ws.build(gpu)
-    ws.dummy_f16 = gpu.upload("dummy", np.zeros(4, np.float16))
-    for name, arr in tensors.items():
-        block.take(gpu, name, arr)
-    block.build(gpu, ws)
-    return block, ws
-
-
-def record_block(gpu, block, ws, x, layers=(0,)):
-    """x [T, D] into the workspace's hidden rows, every layer recorded (each one's output fed to the next), the
-    output rows read back; rows past T must stay unwritten (NaN)."""
-    T, D = x.shape
-    rows = ws.chunk
-    gpu.write(ws.hidden, np.concatenate([x, np.full((rows - T, D), np.nan, np.float32)]))
-    gpu.write(ws.delta, np.full((rows, D), np.nan, np.float32))
-    ws.write_step(T, 0, 0, 1)
-    rec = Recorder(gpu, "moe-test")
-    for j, layer in enumerate(layers):
-        if j:
-            rec.copy(ws.delta, 0, ws.hidden, 0, 4 * T * D)
-        block.record(rec, layer, T)
-    dispatches = rec.dispatches
-    rec.submit()
-    result = read(gpu, ws.delta, (rows, D))
-    assert np.isnan(result[T:]).all(), "rows past n_tokens were written"
-    return result[:T], dispatches
-
-
 def run_block(gpu, weights, x, top_k, norm=True, max_tokens=8):
     block, ws = moe_block(gpu, [weights], top_k, norm, max_tokens)
-    out, dispatches = record_block(gpu, block, ws, x)
+    out, dispatches = record_moe_block(gpu, block, ws, x)
     assert dispatches == block.dispatches_per_token()  # T rows take as many dispatches as one
     return block, out
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("T", [1, 5])
 @pytest.mark.parametrize("shared", [64, 128])  # 64 = F: stacked as expert E; 128: its own dispatches
 def test_moe_block_matches_transformers(any_gpu, rng, T, shared):
@@ -309,6 +248,7 @@ def test_moe_block_matches_transformers(any_gpu, rng, T, shared):
     assert_close(out, transformers_moe(weights, E, top_k, D, F, shared)(x))
 
 
+@pytest.mark.model
 def test_moe_block_shared_expert_in_another_format(gpu, rng):
     # An 8-bit shared expert cannot join the 4-bit stack: it runs apart even at the experts' size.
     E, top_k, D, F = DIMS.values()
@@ -319,6 +259,7 @@ def test_moe_block_shared_expert_in_another_format(gpu, rng):
     assert_close(out, transformers_moe(weights, E, top_k, D, F, F)(x))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("T", [1, 4])
 def test_moe_block_without_renormalisation_matches_mlx_lm(gpu, rng, T):
     # mlx-lm's Qwen3-Next/Qwen3.5 SparseMoeBlock honours norm_topk_prob (transformers' always renormalises).
@@ -372,6 +313,7 @@ def test_moe_block_without_shared_expert(any_gpu, rng, T):
     assert_close(out, reference_moe(weights, x, top_k, norm=False))
 
 
+@pytest.mark.model
 def test_reference_moe_agrees_with_transformers(rng):
     # The numpy reference used above is itself checked against transformers once (whose router softmax
     # runs in f32 even in a float64 model: hence not 1e-12).
@@ -389,7 +331,7 @@ def test_two_layers_share_scratch(gpu, rng):
     x = rng.standard_normal((3, D)).astype(np.float32)
     block, ws = moe_block(gpu, [w1, w2], top_k, max_tokens=4)
     assert sum(n.label.startswith("moe.") for n in block.needs()) == 5  # logits, ids, weights, act, y: once
-    out, _ = record_block(gpu, block, ws, x, layers=(0, 1))
+    out, _ = record_moe_block(gpu, block, ws, x, layers=(0, 1))
     assert_close(out, reference_moe(w2, reference_moe(w1, x, top_k, True), top_k, True))
 
 
@@ -404,7 +346,6 @@ def test_moe_block_refuses_too_many_tokens(gpu, rng):
 def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: int = 0):
     """quantize_q8 over rows of x (as the block does): (xq buffer, xm buffer, the dequantized rows as float64)."""
     from engine.kernels.matmul import quantize_q8_plan
-    from tests.test_kernels_q8 import unpack_codes
 
     rows, K = x_rows.shape
     stride = x_stride or K
@@ -449,7 +390,7 @@ def test_moe_block_int8_decode(gpu, rng, shared):
     x = rng.standard_normal((1, D)).astype(np.float32)
     f32_block, _ = moe_block(gpu, [weights], top_k, max_tokens=4)
     block, ws = moe_block(gpu, [weights], top_k, max_tokens=4, int8=True)
-    got, dispatches = record_block(gpu, block, ws, x)
+    got, dispatches = record_moe_block(gpu, block, ws, x)
     # one quantize for x, one for each down's slot rows
     assert dispatches == block.dispatches_per_token() == f32_block.dispatches_per_token() + (2 if shared == F else 3)
     assert "moe_matvec_q8" in [p[1][0].label for p in block.passes[0]["experts_q8"] if p]

@@ -20,7 +20,7 @@ from engine.models import model_module
 from engine.runtime_options import RuntimeOptions
 from engine.sysmem import SystemMemory, parse_meminfo, parse_vm_stat, system_memory
 from engine.transformer import Transformer, expected_tensors
-from tests.test_catalog import spec_from_dims
+from tests.helpers import spec_from_dims
 
 MEMINFO = """\
 MemTotal:       16318452 kB

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.gguf import PackedWeight
 from engine.formats.mlx import MlxCheckpoint, dequantize, widen_codes
 from engine.kernels.matmul import format_knobs, gemm_plan, matvec_plan
-from tests.kernel_util import poisoned, read, run, step_uniform
+from engine.packed import PackedWeight
+from tests.helpers import moe_block, poisoned, read, record_moe_block, run, step_uniform
+
+pytestmark = pytest.mark.model
 
 mx = pytest.importorskip("mlx.core", reason="the MLX reader tests build checkpoints with mlx (pip install mlx[cpu])")
 pytest.importorskip("mlx_lm", reason="the MLX reader tests build checkpoints with mlx-lm")
@@ -341,11 +343,9 @@ def test_moe_block_from_checkpoint_matches_mlx_lm(gpu, checkpoint, rng, T):
     x = rng.standard_normal((T, cfg["hidden_size"])).astype(np.float32)
     expect = np.array(ref(mx.array(x)[None]))[0]
 
-    from tests.test_kernels_moe import moe_block, record_block
-
     block, ws = moe_block(gpu, [ckpt.moe_weights(0)], cfg["num_experts_per_tok"], cfg["norm_topk_prob"], 4)
     q3 = "q3exp" in checkpoint.name  # 3-bit routed experts and a 4-bit shared one: not one stack
     assert block.stacked[0] != q3 and block.dispatches_per_token() == (7 if q3 else 5)
-    got, _ = record_block(gpu, block, ws, x)
+    got, _ = record_moe_block(gpu, block, ws, x)
     err = np.abs(got - expect).max() / np.abs(expect).max()
     assert err < 2e-4, err
