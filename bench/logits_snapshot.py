@@ -66,8 +66,8 @@ def bench_runtime(gpu, shape: str, options: dict):
 
     spec, formats = bench_hybrid.hybrid_spec(shape)
     # Each tensor drawn from its own name's seed, so the weights do not depend on the order the runtime lists them in.
-    weights = [(name, bench_hybrid._random(np.random.default_rng(zlib.crc32(name.encode())), name, shape_, dtype,
-                                           formats))
+    draw = getattr(bench_hybrid, "random_tensor", None) or bench_hybrid._random  # its name before the restructure
+    weights = [(name, draw(np.random.default_rng(zlib.crc32(name.encode())), name, shape_, dtype, formats))
                for name, (shape_, dtype) in sorted(_tensor_shapes(spec, formats).items())]
     try:  # after the restructure: one Transformer
         from engine.runtime_options import RuntimeOptions

@@ -82,11 +82,11 @@ def random_weights(spec, formats: dict[str, str], seed: int = 0):
         matrix, _, role = name.rpartition(".")
         key = (shape, dtype, role, formats.get(matrix))
         if key not in cache:
-            cache[key] = _random(rng, name, shape, dtype, formats)
+            cache[key] = random_tensor(rng, name, shape, dtype, formats)
         yield name, cache[key]
 
 
-def _random(rng, name: str, shape: tuple, dtype: str, formats: dict[str, str]) -> np.ndarray:
+def random_tensor(rng, name: str, shape: tuple, dtype: str, formats: dict[str, str]) -> np.ndarray:
     if dtype == "uint32":
         return rng.integers(0, 2**32, size=shape, dtype=np.uint32)
     if name.endswith("q_scale"):  # keep activations finite through 40 random layers, whatever the code width

@@ -27,26 +27,15 @@ from engine.blocks.workspace import RING, Workspace
 from engine.errors import ContextLimitError, ModelFormatError, ZeroTVMError
 from engine.gpu import Gpu, PlanRecorder, Recorder
 from engine.kernels.norm import norm_can_write_int8
+from engine.models.base import FFNS, MIXERS
 from engine.runtime_options import RuntimeOptions
 from engine.sampling import SamplingParams
 
-MIXERS = ("attention", "gated_attention", "gated_deltanet")
-FFNS = ("mlp", "moe")
-
 
 def layer_blocks(spec) -> list[tuple[str, str]]:
-    """Per layer (mixer, ffn): the architecture's own declaration (spec.layer_blocks) when it makes one, else what the
-    spec's fields say: a hybrid's full-attention layers are gated attention, its linear ones gated DeltaNet; a layer
-    in spec.moe_layers has a MoE block."""
-    declared = getattr(spec, "layer_blocks", None)
-    if declared:
-        out = [tuple(kinds) for kinds in declared]
-    else:
-        types = tuple(getattr(spec, "layer_types", ()) or ())
-        moe = set(getattr(spec, "moe_layers", ()) or ())
-        mixers = [("gated_attention" if t == "full_attention" else "gated_deltanet") for t in types] if types \
-            else ["attention"] * spec.n_layers
-        out = [(m, "moe" if i in moe else "mlp") for i, m in enumerate(mixers)]
+    """Per layer (mixer, ffn), as the architecture declares them on its spec (engine/models/base.py: a mixer from
+    MIXERS, a feed-forward block from FFNS)."""
+    out = [tuple(kinds) for kinds in spec.layer_blocks]
     if len(out) != spec.n_layers or any(m not in MIXERS or f not in FFNS for m, f in out):
         raise ModelFormatError(f"the model declares layer blocks {out}; the runtime has mixers {', '.join(MIXERS)} "
                                f"and feed-forward blocks {', '.join(FFNS)} for its {spec.n_layers} layers")
@@ -274,10 +263,6 @@ class Transformer:
     def set_sampling(self, params: SamplingParams) -> None:
         """How prefill and decode pick tokens: plain argmax when greedy without a penalty, else the sampler."""
         self.sampler.set_params(params)
-
-    @property
-    def sampling(self) -> SamplingParams:
-        return self.sampler.params
 
     def reset(self) -> None:
         self.n_cached = 0

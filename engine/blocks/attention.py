@@ -94,9 +94,6 @@ class AttentionMixer(Block):
     def int8_row_k(self) -> int:
         return max(self.spec.dim, self.q_dim)
 
-    def kv_bytes_per_token(self) -> int:
-        return len(self.layers) * 2 * self.spec.n_kv_heads * self.spec.head_dim * 2
-
     def splits(self, kv_len: int) -> int:
         """Split-K partitions of decode attention over kv_len keys."""
         return 1 if kv_len <= self.split_keys else min(MAX_SPLITS, -(-kv_len // self.split_keys))

@@ -164,6 +164,3 @@ class VocabEnds(Block):
         """A decode token's two ends: the embedding and the last row's logits."""
         self.record_embed(rec, T)
         self.record_head(rec, T)
-
-    def dispatches_per_token(self, splits: int = 1) -> int:
-        return len(self.embed_parts) + len(self.lm_decode) + bool(self.lm_quantize)
