@@ -10,8 +10,9 @@ import pytest
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.gguf import GgufCheckpoint, PackedWeight, dequantize, pack_rows, unpermute_index
+from engine.formats.gguf import GgufCheckpoint, dequantize, pack_rows, unpermute_index
 from engine.matmul import format_knobs, matvec_plan
+from engine.packed import PackedWeight
 from tests.helpers import (
     DIMS,
     Q,
@@ -85,15 +86,15 @@ def test_config_mapping(tmp_path, rng, arch):
     assert ckpt.architecture == arch
     cfg = ckpt.config
     assert cfg == {
-        "model_type": arch, "architectures": [{"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM",
-                                               "qwen3": "Qwen3ForCausalLM"}[arch]],
+        "model_type": arch,
         "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "intermediate_size": 96, "vocab_size": 80, "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0, "max_position_embeddings": 512, "tie_word_embeddings": arch == "qwen3",
         "rope_scaling": None, "bos_token_id": 1, "eos_token_id": 2,
     }
     names = ckpt.canonical_names()
-    assert names[:2] == ["embed", "norm"] and ("lm_head" in names) == (arch != "qwen3")
+    assert names[0] == "embed" and "norm" in names and ("lm_head" in names) == (arch != "qwen3")
+    assert len(names) == 2 + (arch != "qwen3") + 2 * (6 + 2 * (arch == "qwen3"))
     assert ("layers.1.q_norm" in names) == (arch == "qwen3")
     assert ckpt.formats()["layers.0.qkv"] == "q4_0" and ckpt.formats()["norm"] == "f32"
 
@@ -244,7 +245,7 @@ def test_fused_parts_must_share_a_type(tmp_path, rng):
 
 @pytest.mark.parametrize("extra,match", [
     ({}, r"field 'llama\.block_count' is missing"),
-    ({"llama.block_count": "two"}, r"field 'llama\.block_count' is 'two', expected a positive integer"),
+    ({"llama.block_count": "two"}, r"field 'llama\.block_count' is 'two', expected a whole number from 1 to 1,024"),
 ])
 def test_bad_metadata_is_named(tmp_path, rng, extra, match):
     w = hf_weights(rng, "llama", **DIMS)
@@ -280,7 +281,7 @@ def test_truncated_file_names_the_tensor(tmp_path, rng):
     with pytest.raises(ModelFormatError, match=r"cut\.gguf: tensor '.+' needs bytes up to \d+ .*truncated"):
         GgufCheckpoint(tmp_path / "cut.gguf")
     (tmp_path / "head.gguf").write_bytes(data[:200])  # cut inside the metadata
-    with pytest.raises(ModelFormatError, match=r"head\.gguf: unreadable GGUF header"):
+    with pytest.raises(ModelFormatError, match=r"head\.gguf: .*truncated"):
         GgufCheckpoint(tmp_path / "head.gguf")
 
 

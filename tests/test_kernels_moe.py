@@ -6,11 +6,11 @@ representable in our packed layouts: random codes and f16 (scale, bias) pairs, d
 import numpy as np
 import pytest
 
-from engine.formats.gguf import PackedWeight
 from engine.formats.mlx import dequantize
 from engine.gpu import UNIFORM, Recorder
 from engine.matmul import format_knobs
 from engine.moe import MoeBlock, combine_plan, expert_plan, router_plan
+from engine.packed import PackedWeight
 from tests.helpers import poisoned, read, run, step_uniform, unpack_codes
 
 
