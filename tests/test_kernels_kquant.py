@@ -304,6 +304,7 @@ def test_gemm_kq_writes_only_live_rows_and_its_columns(gpu, rng, gate_up):
     check_f32_product(out[:n_tokens, :N], x[:n_tokens], W, M, N, gate_up, K + 4)
 
 
+@pytest.mark.slow
 def test_gemm_kq_folded_grid(gpu, rng):
     # More than 65,535 column tiles (4-wide here): they fold into (x, z) while y keeps the token tiles.
     tag, K, N, T = "q5_0", 32, 4 * MAX_GROUPS_PER_DIM + 40, 5

@@ -349,6 +349,7 @@ def test_converter_reads_multimodal_checkpoints(tiny, tmp_path):
     assert json.loads((out / "mlc-chat-config.json").read_text())["model_type"] == "qwen3_5"
 
 
+@pytest.mark.slow
 def test_real_qwen3_5_4b_layer_shapes_run(gpu):
     """One GDN and one attention layer at Qwen3.5-4B's real widths (d 2560, GDN 16/32 heads × 128, attention
     16/4 × 256 with 64 rotary dims; the MLP, which is the dense models' own, kept narrow to stay quick on a
