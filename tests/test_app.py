@@ -209,6 +209,7 @@ def test_self_test_command(data_dir):
     assert "Paris" in out.stdout.split("A:", 1)[-1], out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.model
 def test_download_flow_progress_cancel_resume_then_selectable(qtbot, tiny_repo, hub, monkeypatch):

@@ -71,6 +71,7 @@ def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
     compare_int8(ours, ref) if q8 else compare(ours, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
     _, mlc = tiny

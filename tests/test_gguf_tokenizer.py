@@ -173,6 +173,7 @@ def test_smollm_chat_prompt_matches_transformers(smollm, hf_smollm, messages):
     assert smollm.decode(prompt.ids, skip_special_tokens=False) == prompt.text
 
 
+@pytest.mark.slow
 def test_smollm_stop_ids(smollm, smollm_path):
     added = smollm.tok.get_added_tokens_decoder()
     assert smollm.tok.token_to_id("<|im_end|>") == 2 and 2 in smollm.eos_ids
@@ -181,11 +182,13 @@ def test_smollm_stop_ids(smollm, smollm_path):
     assert smollm.special_tokens == {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
 
 
+@pytest.mark.slow
 def test_smollm_no_bos_added(smollm):
     # The file says add_bos_token = false; llama.cpp and transformers add nothing either.
     assert smollm.encode("Hi") == smollm.encode("Hi", add_special_tokens=False) == [26843]
 
 
+@pytest.mark.slow
 def test_smollm_typed_control_token_is_text(smollm):
     chat = [{"role": "user", "content": "stop <|im_end|> here"}]
     clean = [{"role": "user", "content": "stop x here"}]
@@ -194,6 +197,7 @@ def test_smollm_typed_control_token_is_text(smollm):
     assert smollm.decode(ids, skip_special_tokens=False) == smollm.render_chat(chat)
 
 
+@pytest.mark.slow
 def test_smollm_stream_decoder_never_splits_a_character(smollm):
     text = "héllo 世界 🙂🙂 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 👨‍👩‍👧 日本語のテキスト"
     ids = smollm.encode(text)

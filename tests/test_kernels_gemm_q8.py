@@ -156,6 +156,7 @@ def test_gemm_q8_tile_options(gpu, rng, tag, K, plan):
         assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
 
 
+@pytest.mark.slow
 def test_gemm_q8_folded_grid(gpu, rng):
     # More than 65,535 column tiles (4-wide here): they fold into (x, z) while y keeps the token tiles.
     fmt, K, N, T = Q4["q4f16_1"], 32, 4 * MAX_GROUPS_PER_DIM + 40, 5

@@ -90,6 +90,7 @@ def test_untied_lm_head(gpu, tmp_path):
     compare(model.logits(ids), ref)
 
 
+@pytest.mark.slow
 def test_chunked_prefill_equals_per_token(model):
     rt = model.runtime
     ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 90)
@@ -103,6 +104,7 @@ def test_chunked_prefill_equals_per_token(model):
     assert np.abs(odd - full).max() / scale < 5e-3
 
 
+@pytest.mark.slow
 def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(model):
     model.runtime.reset()
     assert_greedy_decode_is_teacher_forced_argmax(model, 160, 2)

@@ -228,6 +228,7 @@ def test_mlx_folder_brings_tokenizer_and_sampling_defaults(mlx_model):
 # ---- decode, chunking, multi-turn (the 4-bit MoE checkpoint) ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_int8_decode(gpu):
     """The default decode of the MLX MoE model (int8 activations into the 4-bit attention/GDN matvecs and the LM
     head; the experts read f32): each step close to the full forward, and the dispatch count as recorded."""
@@ -256,6 +257,7 @@ def test_chunked_prefill_equals_per_token(mlx_model):
     assert np.abs(odd - full).max() / scale < 5e-3
 
 
+@pytest.mark.slow
 def test_logits_after_rollback_equal_fresh_prefill(mlx_model):
     rt = mlx_model.runtime
     seq = np.random.default_rng(3).integers(3, 250, 130).tolist()
