@@ -150,6 +150,20 @@ def assert_q8_matches(xq: np.ndarray, xm: np.ndarray, row: np.ndarray) -> None:
     np.testing.assert_array_equal(xm[:, 1], total)
 
 
+def int8_rounding_bound(x: np.ndarray, weights: np.ndarray, N: int, gate_up: bool) -> np.ndarray:
+    """Elementwise bound on how far rounding the rows of x to int8 moves x·Wᵀ (float64 weights [rows, K]), or
+    silu(g)·u with gate_up (|silu'| ≤ 1.1). Per 32-chunk of step s = max|x|/127 an element moves by at most s/2,
+    plus s·2^-12 for the kernels' scale (2.5 ULP) and a code taken on either side of a near-tie."""
+    xs = x.astype(np.float64).reshape(*x.shape[:-1], -1, 32)
+    moved = np.broadcast_to(np.abs(xs).max(-1, keepdims=True) / 127 * (0.5 + 2.0**-12), xs.shape)
+    e = moved.reshape(x.shape) @ np.abs(weights).T
+    if not gate_up:
+        return e
+    y = x.astype(np.float64) @ weights.T
+    g, u, eg, eu = y[..., :N], y[..., N:], e[..., :N], e[..., N:]
+    return 1.1 * eg * (np.abs(u) + eu) + np.abs(silu(g)) * eu
+
+
 def unpack_codes(xq: np.ndarray) -> np.ndarray:
     """The kernel's byte order back to element order: per 8-element word, u32 2j = elements 0,2,4,6, 2j+1 = odds."""
     b = xq.view(np.int8).reshape(-1, 4, 2, 4)  # chunk, word, (even, odd), byte

@@ -138,6 +138,7 @@ def test_demo_entry_matches_engine_demo(catalog):
     assert d.source == "pypi" and d.repo is None
 
 
+@pytest.mark.slow
 def test_demo_entry_matches_the_gguf_itself(catalog, tmp_path):
     # What add_local reads from the real file must agree with what the catalog says about it.
     seen = add_local(demo_gguf(), tmp_path / "local.json")

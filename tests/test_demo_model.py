@@ -10,7 +10,7 @@ from engine.sampling import SamplingParams
 from engine.session import ChatSession, ChatSettings
 from tests.helpers import DEMO_CACHE, demo_gguf, uses_q8, uses_q8_prefill
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 

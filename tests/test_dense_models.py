@@ -71,6 +71,7 @@ def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
     compare_int8(ours, ref) if q8 else compare(ours, ref)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
     _, mlc = tiny
@@ -95,7 +96,7 @@ def test_int8_prefill_rounds_as_int8_decode(gpu, tiny, q8_prefill):
     compared with each other: their f32 parts sum in different orders, a code near a rounding boundary can land
     one step apart, and a random tiny model amplifies that (0.8–3% of max|logit| on an H200, 0 on lavapipe). Each
     is compared with the f32 arithmetic instead: within the int8 tolerance and, int8 rounding being far coarser
-    than f32's, more than 1e-3 away. With q8_prefill=False the prefill runs the f32 kernels themselves."""
+    than f32's, more than 1e-3 away. With q8_prefill=False the prefill is the f32 arithmetic itself."""
     _, mlc = tiny
     model = load_model(mlc, gpu=gpu, max_context=320, prefill_chunk=64, split_keys=320, q8_prefill=q8_prefill)
     rt = model.runtime
@@ -111,8 +112,8 @@ def test_int8_prefill_rounds_as_int8_decode(gpu, tiny, q8_prefill):
     assert 1e-3 < np.abs(per_token - ref).max() / scale < DECODE_TOL[True]
     if q8_prefill:
         assert 1e-3 < np.abs(full - ref).max() / scale < DECODE_TOL[True]
-    else:  # the same f32 kernels on the same inputs
-        np.testing.assert_array_equal(full, ref)
+    else:  # the f32 prefill kernels (built with other options, so compiled apart): f32 rounding only
+        assert np.abs(full - ref).max() / scale < DECODE_TOL[False]
 
 
 def test_int8_decode_quantizes_only_the_rows_no_norm_wrote(gpu, tiny):

@@ -91,6 +91,7 @@ def test_untied_lm_head(gpu, tmp_path):
     compare(model.logits(ids), ref)
 
 
+@pytest.mark.slow
 def test_chunked_prefill_equals_per_token(model):
     rt = model.runtime
     ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 90)
@@ -104,6 +105,7 @@ def test_chunked_prefill_equals_per_token(model):
     assert np.abs(odd - full).max() / scale < 5e-3
 
 
+@pytest.mark.slow
 def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(model):
     model.runtime.reset()
     assert_greedy_decode_is_teacher_forced_argmax(model, 160, 2)
@@ -350,6 +352,7 @@ def test_converter_reads_multimodal_checkpoints(tiny, tmp_path):
     assert json.loads((out / "mlc-chat-config.json").read_text())["model_type"] == "qwen3_5"
 
 
+@pytest.mark.slow
 def test_real_qwen3_5_4b_layer_shapes_run(gpu):
     """One GDN and one attention layer at Qwen3.5-4B's real widths (d 2560, GDN 16/32 heads × 128, attention
     16/4 × 256 with 64 rotary dims; the MLP, which is the dense models' own, kept narrow to stay quick on a

@@ -230,6 +230,7 @@ def test_mlx_folder_brings_tokenizer_and_sampling_defaults(mlx_model):
 # ---- decode, chunking, multi-turn (the 4-bit MoE checkpoint) ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_int8_decode(gpu):
     """The default decode of the MLX MoE model (int8 activations into the 4-bit attention/GDN matvecs and the LM
     head; the experts read f32): each step close to the full forward, and the dispatch count as recorded."""
@@ -238,11 +239,13 @@ def test_int8_decode(gpu):
     assert_recorded_count(model.runtime)
 
 
+@pytest.mark.slow
 def test_gpu_resident_greedy_decode_matches_full_forward(mlx_model):
     mlx_model.runtime.reset()
     assert_greedy_decode_is_teacher_forced_argmax(mlx_model, 160, 2, sampling=SamplingParams())
 
 
+@pytest.mark.slow
 def test_chunked_prefill_equals_per_token(mlx_model):
     rt = mlx_model.runtime
     ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 90)
@@ -256,6 +259,7 @@ def test_chunked_prefill_equals_per_token(mlx_model):
     assert np.abs(odd - full).max() / scale < 5e-3
 
 
+@pytest.mark.slow
 def test_logits_after_rollback_equal_fresh_prefill(mlx_model):
     rt = mlx_model.runtime
     seq = np.random.default_rng(3).integers(3, 250, 130).tolist()
@@ -398,6 +402,7 @@ def test_unquantized_hf_folder_is_refused(gpu):
 # ---- bench harness --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["tiny-hybrid", "tiny-hybrid-moe", "tiny-hybrid-moe-3bit"])
 def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
     from engine.bench import run_bench
@@ -442,6 +447,7 @@ def test_bench_real_shapes_say_when_a_binding_is_too_small(gpu, shape):
         run_bench(shape, gpu=gpu)
 
 
+@pytest.mark.slow
 def test_real_qwen3_6_layer_widths_run(gpu):
     """One GDN and one attention layer at Qwen3.6-35B-A3B's real widths (d 2048, GDN 16/32 heads × 128, attention
     16/2 × 256, experts of 512 with a shared one of 512, top-8, MLX 4-bit with the 8-bit router), 16 experts
