@@ -37,6 +37,7 @@ def _is_out_of_memory(e: BaseException) -> bool:
 
 def describe_error(e: BaseException, what: str = "continue") -> tuple[str, str]:
     """(dialog title, message) for an exception: what happened and what to do about it."""
+    from engine.chat import ChatTemplateError
     from engine.hub.errors import DownloadError
 
     details = f"\n\nDetails are in the log file: {_log_path}" if _log_path else ""
@@ -53,6 +54,9 @@ def describe_error(e: BaseException, what: str = "continue") -> tuple[str, str]:
                 f"{e}.\n\nStart a new chat, or in Settings let the app leave the oldest turns out.")
     if isinstance(e, DownloadError):
         return "Download failed", f"{e}\n\nCheck the connection and try again; finished parts are kept." + details
+    if isinstance(e, ChatTemplateError):  # before ModelFormatError: the files may be fine, the messages not
+        return ("The model's chat template failed",
+                f"{e}\n\nChange or shorten the conversation and try again, or choose another model." + details)
     if isinstance(e, ModelFormatError):
         return ("Model files are damaged or unsupported",
                 f"{e}\n\nRemove the model and download it again, or choose a different file." + details)

@@ -292,6 +292,8 @@ def _read_json(path: Path) -> dict:
         data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
     except (OSError, ValueError) as e:
         raise ModelFormatError(f"{path}: not valid JSON ({e})") from e
+    except RecursionError:  # deeper than the JSON parser's stack
+        raise ModelFormatError(f"{path}: not valid JSON (nested too deeply)") from None
     return data if isinstance(data, dict) else {}
 
 
