@@ -94,3 +94,14 @@ def writable_problem(folder: Path, doing: str) -> str | None:
 def data_dir_problem() -> str | None:
     """Why the data folder cannot hold chats and settings right now, or None. Creates it when missing."""
     return writable_problem(data_dir(), "keep chats and settings")
+
+
+def use_temporary_data_dir() -> Path:
+    """For a session whose data folder cannot be used: point ZEROTVM_HOME at a new temporary folder (every later
+    write then succeeds, it is just not kept), keep the models folder in view, and return the original data
+    folder, from which chats and settings are still read."""
+    original = data_dir()
+    if not os.environ.get("ZEROTVM_MODELS") and (original / "models").is_dir():
+        os.environ["ZEROTVM_MODELS"] = str(original / "models")
+    os.environ["ZEROTVM_HOME"] = tempfile.mkdtemp(prefix="zerotvm-session-")
+    return original
