@@ -37,3 +37,7 @@ def rng(request):
     # Fresh random data per test, reproducible from the test's name (crc32: str hash() is salted per process).
     seed = zlib.crc32(request.node.nodeid.encode())
     return __import__("numpy").random.default_rng(seed)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: runs WGSL kernels on the Vulkan adapter (lavapipe on CI)")

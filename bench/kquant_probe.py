@@ -1,0 +1,221 @@
+"""K-quant kernels vs Q4_0 on model-size matrices: weight bytes streamed per second by the decode matvecs (f32 x:
+matvec_kq vs the engine's matvec_int4 / matvec_sg; int8 x: matvec_kq_q8 vs matvec_q8) and the prefill GEMMs
+(matmul_kq vs matmul_int4; quantize_q8 + matmul_kq_q8 vs quantize_q8 + matmul_q8) on random weights of each type.
+
+Before anything is timed, each type's four kernels are checked on the matrix they are timed on: the f32 matvec
+against float64 numpy on gguf's dequantization (1e-4 of max|y|), the f32 GEMM's rows against the matvec on the
+same rows (f32 rounding), and both int8 kernels against their f32 twins (int8 rounding of x: 5e-2 of max|y|).
+A BAD line means a kernel is wrong on this GPU, and its times mean nothing. Times are µs per dispatch, `--reps`
+back to back in one pass, best of 3 submissions (engine.bench.dispatch_seconds); GB/s counts the weight bytes as
+the kernels read them; "× q4_0" is the type's GB/s over Q4_0's for the same kernel kind.
+
+    python3 bench/kquant_probe.py [--tokens 512] [--reps 50] [--types q4_k,q6_k] [--variants] [--quick]
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
+
+from engine.bench import copy_kernel_bandwidth, dispatch_seconds  # noqa: E402
+from engine.formats import kquant  # noqa: E402
+from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
+from engine.kquant_plan import (  # noqa: E402
+    gemm_kq_plan,
+    gemm_kq_q8_plan,
+    matvec_kq_plan,
+    matvec_kq_q8_plan,
+    weight_buffers,
+)
+from engine.matmul import (  # noqa: E402
+    format_knobs,
+    gemm_plan,
+    gemm_q8_plan,
+    matvec_plan,
+    matvec_q8_plan,
+    matvec_sg_plan,
+    prefers_subgroup_rows,
+    quantize_q8_plan,
+)
+
+MATRICES = {"9216x3072": (3072, 9216), "3072x8192": (8192, 3072)}  # name: (K, N outputs), Phi-3 qkv / down
+QUICK = {"200x512": (512, 200), "70x256": (256, 70)}
+F32_TOL, Q8_TOL = 1e-4, 5e-2  # relative to max|y|: f32 rounding; int8 rounding of x (as bench/gemm_probe.py)
+KINDS = ("matvec f32", "matvec int8", "gemm f32", "gemm int8")
+# --variants: other plan settings of the K-quant kernels, each checked against the default one first (same x, so
+# only the summation order differs: 1e-5 of max|y|).
+VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec f32", dict(rows=4, wg=128)),
+            ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=4)), ("matvec int8", dict(rows=2, wg=64)),
+            ("gemm int8", dict(kc=4, tm=32, tn=32)), ("gemm int8", dict(tm=32, tn=128))]
+
+
+def random_weight(g: Gpu, tag: str, N: int, K: int, rng) -> tuple[list, int, np.ndarray]:
+    """(the two weight buffers as the kernels bind them, their bytes, float64 weights)."""
+    if tag == "q4_0":
+        q = rng.integers(0, 2**32, (N, K // 8), dtype=np.uint32)
+        s = rng.uniform(0.002, 0.02, (N, K // 32)).astype(np.float16)
+        nib = (q[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & np.uint32(15)
+        W = (nib.reshape(N, -1).astype(np.float64) - 8) * np.repeat(s.astype(np.float64), 32, axis=1)
+        return [g.upload("w", q), g.upload("s", s)], q.nbytes + s.nbytes, W
+    t = kquant.TYPES[tag]
+    raw = rng.integers(0, 256, (N, K // t.elements * t.nbytes), dtype=np.uint8)
+    blocks = raw.reshape(N, -1, t.nbytes)
+    for off in kquant._HALF_FIELDS[tag]:
+        d = rng.uniform(0.002, 0.02, blocks.shape[:2]).astype("<f2")
+        blocks[:, :, off:off + 2] = d.view(np.uint8).reshape(N, -1, 2)
+    arrays = kquant.pack_rows(tag, raw, K)
+    w, wh = weight_buffers(arrays)
+    wb = g.upload("w", w)
+    bufs = [wb, wb if wh is w else g.upload("wh", wh)]
+    return bufs, sum(a.nbytes for a in arrays.values()), gguf_dequantize(raw, t.qtype).astype(np.float64)
+
+
+def kernels(g: Gpu, tag: str, K: int, N: int, T: int, wbufs, io) -> dict:
+    """kind -> (pipeline, bind group, grid, output buffer) for one type's four kernels."""
+    sg = g.subgroup_size
+    x, xq, xm, step, ys = io["x"], io["xq"], io["xm"], io["step"], io["y"]
+    if tag == "q4_0":
+        fmt = format_knobs("q4_0")
+        if prefers_subgroup_rows(K, N, False) and g.use_subgroups:
+            mv = ("matvec_sg", *matvec_sg_plan(K, N, sg, **fmt))
+        else:
+            mv = ("matvec_int4", *matvec_plan(K, N, **fmt))
+        plans = {"matvec f32": mv, "matvec int8": ("matvec_q8", *matvec_q8_plan(K, N, sg, **fmt)),
+                 "gemm f32": ("matmul_int4", *gemm_plan(K, N, T, **fmt)),
+                 "gemm int8": ("matmul_q8", *gemm_q8_plan(K, N, T, **fmt))}
+    else:
+        plans = {"matvec f32": ("matvec_kq", *matvec_kq_plan(tag, K, N)),
+                 "matvec int8": ("matvec_kq_q8", *matvec_kq_q8_plan(tag, K, N, sg)),
+                 "gemm f32": ("matmul_kq", *gemm_kq_plan(tag, K, N, T)),
+                 "gemm int8": ("matmul_kq_q8", *gemm_kq_q8_plan(tag, K, N, T))}
+    binds = {"matvec f32": [x, *wbufs, ys[0], step], "matvec int8": [xq, *wbufs, ys[1], xm],
+             "gemm f32": [x, *wbufs, ys[2], step], "gemm int8": [xq, *wbufs, ys[3], xm, step]}
+    out = {}
+    for i, kind in enumerate(KINDS):
+        shader, consts, grid = plans[kind]
+        pipe = g.pipeline(shader, consts)
+        out[kind] = (pipe, g.bind(pipe, binds[kind], f"probe-{kind}"), grid, ys[i])
+    return out
+
+
+def variant(g: Gpu, tag: str, K: int, N: int, T: int, wbufs, io, kind: str, plan: dict):
+    """(pipeline, bind group, grid) of one K-quant kernel with other plan settings, writing y slot 4."""
+    x, xq, xm, step, y = io["x"], io["xq"], io["xm"], io["step"], io["y"][4]
+    if kind == "matvec f32":
+        shader, (consts, grid), binds = "matvec_kq", matvec_kq_plan(tag, K, N, **plan), [x, *wbufs, y, step]
+    elif kind == "matvec int8":
+        shader, (consts, grid) = "matvec_kq_q8", matvec_kq_q8_plan(tag, K, N, g.subgroup_size, **plan)
+        binds = [xq, *wbufs, y, xm]
+    else:
+        shader, (consts, grid), binds = "matmul_kq_q8", gemm_kq_q8_plan(tag, K, N, T, **plan), [xq, *wbufs, y, xm, step]
+    pipe = g.pipeline(shader, consts)
+    return pipe, g.bind(pipe, binds, f"probe-{shader}"), grid
+
+
+def run_once(g: Gpu, steps) -> None:
+    rec = Recorder(g, "check")
+    for pipe, bg, grid in steps:
+        rec.dispatch(pipe, bg, *grid)
+    rec.submit()
+    g.sync()
+
+
+def check(g: Gpu, ks: dict, quantize, W: np.ndarray, x: np.ndarray, T: int, N: int) -> list[str]:
+    """Run each kernel once on poisoned outputs; the failures, as sentences (empty: all agree)."""
+    res = {}
+    for kind, (pipe, bg, grid, y) in ks.items():
+        g.write(y, np.full(y.size // 4, np.nan, np.float32))
+        run_once(g, ([quantize] if "int8" in kind else []) + [(pipe, bg, grid)])
+        rows = 1 if kind.startswith("matvec") else T
+        res[kind] = g.read(y, np.float32, rows * N).reshape(rows, N)
+    ref = x[:1].astype(np.float64) @ W.T
+    scale = np.abs(ref).max()
+    pairs = [("matvec f32", ref, F32_TOL), ("gemm f32", res["matvec f32"], F32_TOL),
+             ("matvec int8", res["matvec f32"], Q8_TOL), ("gemm int8", res["gemm f32"], Q8_TOL)]
+    bad = []
+    for kind, want, tol in pairs:
+        got = res[kind][: want.shape[0]]
+        err = np.abs(got - want).max() / scale
+        if not err < tol:  # NaN (an unwritten output) fails too
+            bad.append(f"{kind} off by {err:.1e} of max|y| (tolerance {tol:.0e})")
+    return bad
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=512, help="rows of the prefill chunk (T)")
+    ap.add_argument("--reps", type=int, default=50, help="dispatches per timed submission")
+    ap.add_argument("--types", default=",".join(["q4_0", *kquant.TYPES]), help="comma-separated tags")
+    ap.add_argument("--variants", action="store_true", help="also time other ROWS / WG / tile settings")
+    ap.add_argument("--quick", action="store_true", help="small matrices, T=70, 2 reps (a software-GPU smoke run)")
+    args = ap.parse_args()
+    tags = [t.strip() for t in args.types.split(",") if t.strip()]
+    unknown = [t for t in tags if t != "q4_0" and t not in kquant.TYPES]
+    if unknown:
+        ap.error(f"unknown type(s) {', '.join(unknown)}; choose from q4_0, {', '.join(kquant.TYPES)}")
+    if "q4_0" not in tags:
+        tags.insert(0, "q4_0")  # the baseline every ratio is taken against
+    T, reps = (70, 2) if args.quick else (args.tokens, args.reps)
+    g = Gpu()
+    copy = copy_kernel_bandwidth(g, 64 << 20 if args.quick else 1 << 30)
+    print(f"{g.info.name}, subgroup {g.subgroup_size}: copy kernel {copy / 1e9:.0f} GB/s (read + write); "
+          f"prefill T={T}", flush=True)
+    failures = 0
+    for name, (K, N) in (QUICK if args.quick else MATRICES).items():
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((T, K)).astype(np.float32)
+        io = dict(x=g.upload("x", x), xq=g.buffer("xq", T * K), xm=g.buffer("xm", T * K // 32 * 8),
+                  step=g.upload("step", np.array([T, 0, 0, 1], np.uint32), usage=UNIFORM),
+                  y=[g.buffer(f"y{i}", (T if i >= 2 else 1) * N * 4) for i in range(5)])
+        consts, grid = quantize_q8_plan(K, rows=T)
+        pipe = g.pipeline("quantize_q8", consts)
+        quantize = (pipe, g.bind(pipe, [io["x"], io["xq"], io["xm"], io["step"]], "probe-quantize"), grid)
+        t_quant = dispatch_seconds(g, *quantize, reps) * 1e6
+        print(f"\n{name} (N={N} outputs, K={K}); quantize_q8 of {T} rows {t_quant:.1f} us (not in the int8 GEMM "
+              "times below)")
+        print(f"  {'type':6s} {'bits/w':>6s}  " + "  ".join(f"{k:>28s}" for k in KINDS))
+        base = {}
+        for tag in tags:
+            wbufs, nbytes, W = random_weight(g, tag, N, K, rng)
+            ks = kernels(g, tag, K, N, T, wbufs, io)
+            bad = check(g, ks, quantize, W, x, T, N)
+            cells = []
+            for kind, (pipe, bg, grid, _) in ks.items():
+                t = dispatch_seconds(g, pipe, bg, grid, reps)
+                gbs = nbytes / t / 1e9
+                base.setdefault(kind, gbs) if tag == "q4_0" else None
+                cells.append(f"{t * 1e6:8.1f} us {gbs:7.1f} GB/s {gbs / base[kind]:4.2f}x")
+            print(f"  {tag:6s} {8 * nbytes / (N * K):6.3f}  " + "  ".join(f"{c:>28s}" for c in cells), flush=True)
+            for sentence in bad:
+                print(f"    BAD {tag}: {sentence}")
+            failures += len(bad)
+            for kind, plan in VARIANTS if args.variants and tag != "q4_0" else []:
+                try:
+                    pipe, bg, grid = variant(g, tag, K, N, T, wbufs, io, kind, plan)
+                except ValueError as e:  # a setting that does not fit this shape
+                    print(f"      {kind} {plan}: skipped ({e})")
+                    continue
+                rows = 1 if kind.startswith("matvec") else T
+                want = g.read(ks[kind][3], np.float32, rows * N)
+                g.write(io["y"][4], np.full(T * N, np.nan, np.float32))
+                run_once(g, ([quantize] if "int8" in kind else []) + [(pipe, bg, grid)])
+                err = np.abs(g.read(io["y"][4], np.float32, rows * N) - want).max() / np.abs(want).max()
+                t = dispatch_seconds(g, pipe, bg, grid, reps)
+                gbs = nbytes / t / 1e9
+                verdict = "ok" if err < 1e-5 else "BAD"
+                failures += verdict == "BAD"
+                print(f"      {kind} {plan}: {t * 1e6:.1f} us {gbs:.1f} GB/s {gbs / base[kind]:.2f}x "
+                      f"(vs default {err:.1e} {verdict})")
+            for buf in set(wbufs):
+                buf.destroy()
+    if failures:
+        sys.exit(f"{failures} kernel check(s) failed: the times above are not meaningful")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Host side of the K-quant kernels (Q2_K … Q6_K, Q5_0, Q5_1 blocks read as stored): constants, grids, bindings.
+
+Every kernel takes the weight as two bindings, `w` (q_blocks, u32) and `wh` (an f16 view: q_d for the split types,
+q_blocks itself for the whole-block ones; engine/formats/kquant.py). `weight_buffers` picks them from a tensor's
+arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
+
+| shader | role | bindings (in order) | grid |
+|---|---|---|---|
+| matvec_kq | decode, f32 x | x, w, wh, y, step | matvec_kq_plan |
+| matvec_kq_q8 | decode, int8 x (quantize_q8's layout) | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matmul_kq | prefill GEMM, f32 X | x, w, wh, y, step | gemm_kq_plan |
+| matmul_kq_q8 | prefill GEMM, int8 X (quantize_q8 rows) | xq, w, wh, y, xm, step | gemm_kq_q8_plan |
+| embedding_kq | embedding rows as f32 | tokens, w, wh, x, step | embedding_kq_plan |
+"""
+
+from __future__ import annotations
+
+from engine.formats.kquant import TYPES, ktype
+from engine.gpu import fold_grid
+
+MATVEC_WG = 64
+MATVEC_ROWS = 4  # weight rows per decode workgroup (halved with gate_up), as engine.matmul.MATVEC_SLOTS
+MATVEC_Q8_WG = 128
+MATVEC_Q8_ROWS = 2  # weight rows per subgroup (halved with gate_up), as engine.matmul.MATVEC_Q8_SLOTS
+GEMM_TM = 64
+GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
+GEMM_Q8_TM = 64
+GEMM_Q8_TN = 64
+GEMM_Q8_KC = 2
+MAX_WG = 256  # WebGPU's default maxComputeInvocationsPerWorkgroup
+WORKGROUP_BYTES = 16384
+EMBED_WG = 64
+
+BINDINGS = {
+    "matvec_kq": ("x", "w", "wh", "y", "step"),
+    "matvec_kq_q8": ("xq", "w", "wh", "y", "xm"),
+    "matmul_kq": ("x", "w", "wh", "y", "step"),
+    "matmul_kq_q8": ("xq", "w", "wh", "y", "xm", "step"),
+    "embedding_kq": ("tokens", "w", "wh", "x", "step"),
+}
+
+
+def is_kquant(tag: str) -> bool:
+    return tag in TYPES
+
+
+def kq_consts(tag: str) -> dict:
+    """The format constants every K-quant kernel takes (see shaders/kq_decode.wgsl)."""
+    t = ktype(tag)
+    return dict(KTYPE=int(t.qtype), QK=t.elements, BW=t.words, BH=t.halfs, HALVES=t.halves)
+
+
+def weight_buffers(arrays: dict):
+    """(w, wh): what to bind at the kernels' `w` and `wh` for a tensor's arrays (or their GPU buffers) by name."""
+    return arrays["q_blocks"], arrays.get("q_d", arrays["q_blocks"])
+
+
+def _check(tag: str, K: int, N: int, what: str = "K") -> dict:
+    t = ktype(tag)
+    if K <= 0 or K % t.elements:
+        raise ValueError(f"{what} must be a positive multiple of {t.elements} for {tag}, got {K}")
+    if N <= 0:
+        raise ValueError(f"N must be positive, got {N}")
+    return kq_consts(tag)
+
+
+def matvec_kq_plan(tag: str, K: int, N: int, gate_up: bool = False, last_row: bool = False,
+                   rows: int | None = None, wg: int = MATVEC_WG) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for shaders/matvec_kq.wgsl: y[N] from x row 0 (or row n_tokens − 1 with last_row)."""
+    fmt = _check(tag, K, N)
+    rows = rows or max(MATVEC_ROWS // (2 if gate_up else 1), 1)
+    if wg & (wg - 1) or wg < rows:
+        raise ValueError(f"WG must be a power of two (workgroup reduction) and ≥ ROWS; got WG={wg}, ROWS={rows}")
+    consts = dict(K=K, N=N, WG=wg, ROWS=rows, LAST_ROW=last_row, GATE_UP=gate_up, **fmt)
+    return consts, fold_grid(-(-N // rows))
+
+
+def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None,
+                      wg: int = MATVEC_Q8_WG) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for shaders/matvec_kq_q8.wgsl (x from quantize_q8 or a norm's Q8 output). BLOCKS row
+    blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size still covers all)."""
+    fmt = _check(tag, K, N)
+    if subgroup_size < 1 or wg % subgroup_size:
+        raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
+    rows = rows or max(MATVEC_Q8_ROWS // (2 if gate_up else 1), 1)
+    blocks = wg // subgroup_size
+    consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
+    return consts, fold_grid(-(-N // (rows * blocks)))
+
+
+def _y_stride(N: int, y_stride: int | None) -> int:
+    if y_stride is not None and y_stride < N:
+        raise ValueError(f"YS={y_stride} is narrower than N={N}")
+    return y_stride or N
+
+
+def gemm_kq_plan(tag: str, K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_TM, tn: int | None = None,
+                 *, y_stride: int | None = None) -> tuple[dict, tuple[int, int, int]]:
+    """Constants and grid for shaders/matmul_kq.wgsl: Y[T, N] (row t at t·YS). The constants do not depend on T."""
+    fmt = _check(tag, K, N)
+    tn = tn or (GEMM_TN // 2 if gate_up else GEMM_TN)
+    wn = tn * (2 if gate_up else 1)
+    if tm % 4 or tn % 4 or tm < 4 or tn < 4 or 128 * (tm + wn) > WORKGROUP_BYTES or tm * wn // 16 > MAX_WG:
+        raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4, 128·(TM + staged W rows) ≤ {WORKGROUP_BYTES} "
+                         f"bytes and (TM/4)·(staged W rows/4) ≤ {MAX_WG} threads")
+    consts = dict(K=K, N=N, TM=tm, TN=tn, GATE_UP=gate_up, YS=_y_stride(N, y_stride), **fmt)
+    x, z = fold_grid(-(-N // tn))
+    return consts, (x, max(-(-T // tm), 1), z)
+
+
+def gemm_kq_q8_workgroup_bytes(tm: int, wn: int, kc: int) -> int:
+    """Workgroup memory of matmul_kq_q8: int8 X and W halves (16 B each), W (a, b) per half, X scale and Σ per half."""
+    return kc * (2 * 16 * (tm + wn) + 2 * 2 * 4 * wn + 4 * tm + 2 * 4 * tm)
+
+
+def gemm_kq_q8_plan(tag: str, K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_Q8_TM,
+                    tn: int | None = None, kc: int | None = None, *, y_stride: int | None = None
+                    ) -> tuple[dict, tuple[int, int, int]]:
+    """Constants and grid for shaders/matmul_kq_q8.wgsl: Y[T, N] from X quantized by quantize_q8 (T rows)."""
+    fmt = _check(tag, K, N)
+    tn = tn or (GEMM_Q8_TN // 2 if gate_up else GEMM_Q8_TN)
+    wn = tn * (2 if gate_up else 1)
+    chunks = K // 32
+    kc = kc or (GEMM_Q8_KC if chunks % GEMM_Q8_KC == 0 else 1)
+    if tm % 4 or tn % 4 or tm < 4 or tn < 4 or tm * wn // 16 > MAX_WG:
+        raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4 and (TM/4)·(staged W rows/4) ≤ {MAX_WG} threads")
+    if kc < 1 or chunks % kc:
+        raise ValueError(f"KC={kc} must divide the {chunks} chunks of K={K}")
+    lds = gemm_kq_q8_workgroup_bytes(tm, wn, kc)
+    if lds > WORKGROUP_BYTES:
+        raise ValueError(f"TM={tm}, staged W rows {wn}, KC={kc}: {lds} bytes of workgroup memory > {WORKGROUP_BYTES}")
+    consts = dict(K=K, N=N, TM=tm, TN=tn, KC=kc, GATE_UP=gate_up, YS=_y_stride(N, y_stride), **fmt)
+    x, z = fold_grid(-(-N // tn))
+    return consts, (x, max(-(-T // tm), 1), z)
+
+
+def embedding_kq_plan(tag: str, D: int, vocab: int, T: int = 1, wg: int = EMBED_WG, row0: int = 0,
+                      nrows: int = 0) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for shaders/embedding_kq.wgsl: x[t, :] = row tokens[t]. A table bound in parts: this
+    dispatch holds rows [row0, row0 + nrows) (nrows 0: the whole vocabulary) and embeds only tokens among them."""
+    fmt = _check(tag, D, vocab, what="D")
+    if row0 < 0 or nrows < 0 or row0 + nrows > vocab or (row0 and not nrows):
+        raise ValueError(f"rows {row0} + {nrows} do not fit a vocabulary of {vocab}")
+    consts = dict(WG=wg, D=D, VOCAB=vocab, ROW0=row0, NROWS=nrows, **fmt)
+    return consts, (-(-(D // 4) // wg), max(T, 1))
