@@ -132,7 +132,7 @@ class ConversationStore:
         try:
             _check_header(self.path)
             self._db = self._open()
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # the latter: SQLite's message quoting bad bytes
             if not _is_corrupt(e):  # locked, read-only, disk full...: not ours to move aside
                 raise
             kind = "foreign" if isinstance(e, _ForeignFile) else "corrupt"
@@ -162,6 +162,8 @@ class ConversationStore:
                 bad = "its schema_version table was missing"
             if version == 0:
                 bad = "its schema version was 0"
+            elif version and (ahead := store_repair.structure_ahead(db, version)):
+                bad = f"its schema version was {version} but its tables are those of version {ahead}"
             damage = [bad] if bad else store_repair.structure_problems(db, version) if version else []
             found = {} if damage or not version else store_repair.row_problems(db)
             if damage or found:
@@ -205,7 +207,8 @@ class ConversationStore:
         """A store that lives in memory only (`temporary` = reason), holding a copy of `copy_from`'s chats when
         that file can be read at all (read-only, even from a read-only folder)."""
         store = cls(":memory:", clock=clock)
-        store.temporary = reason
+        unsaved = "new chats and changes in this session are kept in memory and will not be saved."
+        store.temporary = f"{reason} This session starts with no chats: {unsaved}"
         if copy_from is None or not Path(copy_from).is_file():
             return store
         base = Path(copy_from).resolve().as_uri()
@@ -221,10 +224,11 @@ class ConversationStore:
                 finally:
                     source.close()
                 db = store._open(fresh)
-            except (sqlite3.Error, StoreError):
+            except (sqlite3.Error, StoreError, ValueError):
                 continue
             store._db.close()
             store._db = db
+            store.temporary = f"{reason} The chats it holds are shown, but {unsaved}"
             break
         return store
 
@@ -498,14 +502,11 @@ def open_store(path: str | os.PathLike, *, clock: Callable[[], float] = time.tim
             warnings.simplefilter("ignore", StoreRecoveredWarning)  # shown through store.notice instead
             return ConversationStore(path, clock=clock)
     except SchemaTooNewError as e:
-        return ConversationStore.in_memory(f"{e}. Chats of this session are kept in memory and will not be saved.",
-                                           clock=clock)
-    except (StoreError, sqlite3.Error, OSError) as e:
+        return ConversationStore.in_memory(f"{e}.", clock=clock)
+    except (StoreError, sqlite3.Error, OSError, ValueError) as e:
         reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        return ConversationStore.in_memory(
-            f"Your chat history ({path}) cannot be opened for writing ({reason}). The chats it holds are shown, "
-            "but new chats and changes in this session are kept in memory and will not be saved.", path,
-            clock=clock)
+        return ConversationStore.in_memory(f"Your chat history ({path}) cannot be opened for writing ({reason}).",
+                                           path, clock=clock)
 
 
 def _migrate(db: sqlite3.Connection, step: int) -> None:
@@ -532,9 +533,11 @@ def _check_header(path: Path) -> None:
         raise _CorruptFile("not an SQLite database")
 
 
-def _is_corrupt(e: sqlite3.DatabaseError) -> bool:
+def _is_corrupt(e: Exception) -> bool:
     """Only a damaged or foreign file is moved aside; a locked or unwritable one is the caller's to report."""
-    if isinstance(e, _CorruptFile):
+    if isinstance(e, (_CorruptFile, UnicodeDecodeError)):  # an error message with bytes that are not text:
+        return True  # SQLite quoting a damaged schema
+    if "unsupported file format" in str(e):  # a header whose version bytes are damaged
         return True
     code = getattr(e, "sqlite_errorcode", None)  # Python 3.11+
     if code is not None:

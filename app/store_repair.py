@@ -58,6 +58,9 @@ COLUMNS = {
     },
 }
 OUR_TABLES = set(COLUMNS)
+# What a copied row gets for a NULL where the schema wants a value.
+COPY_DEFAULTS = {"title": f"'{DEFAULT_TITLE}'", "auto_title": "1", "created_at": "0", "updated_at": "0",
+                 "settings": "'{}'", "pinned": "0", "content": "''", "thinking": "''"}
 
 
 def user_tables(db: sqlite3.Connection) -> set[str]:
@@ -84,8 +87,17 @@ def columns(db: sqlite3.Connection, table: str) -> set[str]:
     return {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
 
 
+def id_is_key(db: sqlite3.Connection, table: str) -> bool:
+    """Whether `id` is still the table's INTEGER PRIMARY KEY (the rowid): a damaged schema text can lose it, and
+    then every id reads as NULL."""
+    for _, name, kind, _, _, pk in db.execute(f"PRAGMA table_info({table})"):
+        if name == "id":
+            return pk == 1 and str(kind).upper() == "INTEGER"
+    return False
+
+
 def structure_problems(db: sqlite3.Connection, version: int) -> list[str]:
-    """What a file at `version` should hold and does not: missing tables, missing columns."""
+    """What a file at `version` should hold and does not: missing tables, missing columns, a lost key."""
     problems = []
     tables = user_tables(db)
     for table, cols in COLUMNS.items():
@@ -96,7 +108,17 @@ def structure_problems(db: sqlite3.Connection, version: int) -> list[str]:
         missing = [c for c, (added, _) in cols.items() if added <= version and c not in have]
         if missing:
             problems.append(f"the {table} table lacked {', '.join(missing)}")
+        elif not id_is_key(db, table):
+            problems.append(f"the {table} table's id column was no longer its key")
     return problems
+
+
+def structure_ahead(db: sqlite3.Connection, version: int) -> int | None:
+    """The highest later version whose columns the tables already hold (the version row went back), or None."""
+    tables = user_tables(db)
+    found = [added for table, cols in COLUMNS.items() if table in tables
+             for name, (added, _) in cols.items() if added > version and name in columns(db, table)]
+    return max(found) if found else None
 
 
 def repair_structure(db: sqlite3.Connection, schema_version: int) -> list[str]:
@@ -112,6 +134,9 @@ def repair_structure(db: sqlite3.Connection, schema_version: int) -> list[str]:
             if table in tables:
                 have = columns(db, table)
                 keys_missing = [c for c, (_, definition) in cols.items() if definition is None and c not in have]
+                if not keys_missing and not id_is_key(db, table):
+                    done.append(_rebuild(db, table))
+                    continue
                 if not keys_missing:
                     for name, (_, definition) in cols.items():
                         if name not in have:
@@ -136,6 +161,24 @@ def repair_structure(db: sqlite3.Connection, schema_version: int) -> list[str]:
     finally:
         db.execute("PRAGMA legacy_alter_table=OFF")
     return done
+
+
+def _rebuild(db: sqlite3.Connection, table: str) -> str:
+    """Copy every row into a freshly created table (ids from the rowid, which kept them), then drop the old one
+    if every row made it; otherwise the old one stays beside it."""
+    old = _free_name(db, f"{table}_old")
+    db.execute(f"ALTER TABLE {table} RENAME TO {old}")
+    db.execute(CREATE[table])
+    names = [c for c in COLUMNS[table] if c in columns(db, old)]
+    values = ["COALESCE(id, rowid)" if c == "id" else f"COALESCE({c}, {COPY_DEFAULTS[c]})" if c in COPY_DEFAULTS
+              else c for c in names]
+    db.execute(f"INSERT OR IGNORE INTO {table} ({', '.join(names)}) SELECT {', '.join(values)} FROM {old}")
+    copied = db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+    total = db.execute(f"SELECT COUNT(*) FROM {old}").fetchone()[0]
+    if copied == total:
+        db.execute(f"DROP TABLE {old}")
+        return f"the {table} table was rebuilt with all {total} rows"
+    return f"the {table} table was rebuilt with {copied} of its {total} rows; the others are kept in {old}"
 
 
 def _free_name(db: sqlite3.Connection, base: str) -> str:

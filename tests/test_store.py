@@ -524,3 +524,33 @@ def test_open_store_never_fails(tmp_path, monkeypatch):
     monkeypatch.undo()
     with ConversationStore(path) as store:
         assert len(store.messages(a)) == 2  # the file was not written
+
+
+def test_a_schema_whose_key_declaration_was_damaged_is_rebuilt_with_every_row(tmp_path):
+    """Found by tests/test_fuzz_store.py: one flipped bit made 'PRIMARY KEY' read 'PRIMASY KEY', so every chat's
+    id read as NULL. The rows keep their ids in the rowid: the table is rebuilt from it."""
+    path = tmp_path / "chats.db"
+    a, b = _store_with_chats(path)
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA writable_schema=ON")
+    db.execute("UPDATE sqlite_master SET sql = replace(sql, 'id INTEGER PRIMARY KEY,', 'id INTEGER PRIMASY KEY,') "
+               "WHERE name = 'conversations'")
+    db.commit()
+    db.close()
+    before = _dump(path)
+    with ConversationStore(path) as store:
+        assert "the conversations table's id column was no longer its key" in store.notice
+        assert "the conversations table was rebuilt with all 2 rows" in store.notice
+        assert [c["id"] for c in store.list_conversations()] == [b, a]
+        assert store.messages(a)[1] == {"role": "assistant", "content": "answer"}
+        _assert_backup_is(store, before)
+
+
+def test_a_version_row_behind_its_tables_is_repaired(tmp_path):
+    """Found by tests/test_fuzz_store.py: version 1 on version 2 tables made migration 2 fail (duplicate column)."""
+    path = tmp_path / "chats.db"
+    a, _ = _store_with_chats(path)
+    _damage(path, "UPDATE schema_version SET version = 1")
+    with ConversationStore(path) as store:
+        assert "its schema version was 1 but its tables are those of version 2" in store.notice
+        assert store.schema_version() == 2 and len(store.messages(a)) == 2
