@@ -62,9 +62,10 @@ def tally_hub(seeds: int) -> collections.Counter:
 
     import tests.test_fuzz_hub as fuzz
     from engine.hub import download
-    from tests.hub_fixtures import FILES, REPO
+    from tests.helpers import HUB_FILES as FILES
+    from tests.helpers import HUB_REPO as REPO
+    from tests.helpers import no_connections
     from tests.hub_server import HubServer
-    from tests.net_guard import no_connections
 
     download.BACKOFF_BASE_S, download.FILE_TIME_FLOOR_S, download.READ_TIMEOUT_S = 0.01, 10.0, 5.0
     os.environ["HF_HUB_DISABLE_XET"] = "1"

@@ -59,8 +59,8 @@ def main() -> None:
         guarded, plain = ChatTemplate(source, folder.name), unguarded(source)
         assert guarded.render(messages, True, **variables) == plain.render(messages=messages,
                                                                            add_generation_prompt=True, **variables)
-        g = per_render_ms(lambda: guarded.render(messages, True, **variables), args.renders)
-        u = per_render_ms(lambda: plain.render(messages=messages, add_generation_prompt=True, **variables),
+        g = per_render_ms(lambda t=guarded: t.render(messages, True, **variables), args.renders)
+        u = per_render_ms(lambda t=plain: t.render(messages=messages, add_generation_prompt=True, **variables),
                           args.renders)
         print(f"{folder.name:14s} guarded {g:6.3f} ms  unguarded {u:6.3f} ms  overhead {100 * (g / u - 1):+5.1f}%")
 

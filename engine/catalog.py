@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine import demo
 from engine.errors import ModelFormatError
-from engine.models import SUPPORTED, model_module
+from engine.models import format_support
 from engine.paths import data_dir, models_dir
 from engine.resources import resource_path
 
@@ -286,13 +286,9 @@ def local_key(model: Path) -> str:
 
 def supported_runtime(fmt: str, model_type: str) -> str | None:
     """None when the engine runs this format and architecture, else the reason it does not."""
-    if fmt == "mlx" and (model_type not in SUPPORTED or not hasattr(model_module(model_type), "mlx_layout")):
-        return f"MLX checkpoints of model_type {model_type!r} are not supported yet (the Qwen3.5 family's are)."
     if fmt == "hf":
         return "an unconverted Hugging Face checkpoint; convert it with `zerotvm convert` first."
-    if model_type not in SUPPORTED:
-        return f"model_type {model_type!r} is not supported yet (supported: {', '.join(SUPPORTED)})."
-    return None
+    return format_support(model_type, fmt)
 
 
 def write_generation_defaults(e: CatalogEntry, folder: Path) -> Path | None:

@@ -26,7 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ModelFormatError, UnsupportedModelError, ZeroTVMError
+from engine.formats.files import Tensor, confined, read_floats, read_json, safetensors_header, shown
 from engine.formats.q4f16_1 import GROUP, quantize_q4f16_1
+from engine.models import model_module
+from engine.models.weights import EXPERTS, MATRIX, NORM
 
 QUANTIZATIONS = ("q4f16_1",)
 SHARD_CAP = 32 << 20  # TVM's dump_tensor_cache default (shard_cap_mb=32)
@@ -38,98 +41,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 # Copied beside the tokenizer but not listed in tokenizer_files (transformers 5 keeps the template apart).
 EXTRA_FILES = ("generation_config.json", "chat_template.jinja", "chat_template.json")
 IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)  # buffers some old checkpoints saved; recomputed at load
-# Per model_type, checkpoint tensors that are not part of the text model (Qwen3.5: vision tower, MTP head).
-IGNORED_PREFIXES = {"qwen3_5": ("model.visual.", "mtp."), "qwen3_5_text": ("mtp.",),
-                    "qwen3_5_moe": ("model.visual.", "mtp."), "qwen3_5_moe_text": ("mtp.",)}
 NESTED_TEXT = "model.language_model."  # where multimodal checkpoints (Qwen3_5ForConditionalGeneration) keep it
-LM_HEAD = "lm_head"
-
-# Per model_type: MLC target -> HF sources, row-concatenated in order. A target ending in ".weight" is a
-# norm stored f16; any other target is a linear weight stored as <target>.q_weight / <target>.q_scale.
-# "{i}" is the layer index. Names follow mlc-llm's python/mlc_llm/model/<type>/<type>_loader.py.
-_LLAMA_LAYER = {
-    "model.layers.{i}.input_layernorm.weight": ["model.layers.{i}.input_layernorm.weight"],
-    "model.layers.{i}.self_attn.qkv_proj": [f"model.layers.{{i}}.self_attn.{p}_proj.weight" for p in "qkv"],
-    "model.layers.{i}.self_attn.o_proj": ["model.layers.{i}.self_attn.o_proj.weight"],
-    "model.layers.{i}.post_attention_layernorm.weight": ["model.layers.{i}.post_attention_layernorm.weight"],
-    "model.layers.{i}.mlp.gate_up_proj": [f"model.layers.{{i}}.mlp.{p}_proj.weight" for p in ("gate", "up")],
-    "model.layers.{i}.mlp.down_proj": ["model.layers.{i}.mlp.down_proj.weight"],
-}
-_LLAMA_ENDS = {
-    "embed": {"model.embed_tokens": ["model.embed_tokens.weight"]},
-    "final": {"model.norm.weight": ["model.norm.weight"], LM_HEAD: ["lm_head.weight"]},
-}
-NAME_MAPS: dict[str, dict[str, dict[str, list[str]]]] = {
-    "phi3": {
-        "embed": {"transformer.embd": ["model.embed_tokens.weight"]},
-        "layer": {
-            "transformer.h.{i}.ln.weight": ["model.layers.{i}.input_layernorm.weight"],
-            "transformer.h.{i}.mixer.qkv_proj": ["model.layers.{i}.self_attn.qkv_proj.weight"],
-            "transformer.h.{i}.mixer.out_proj": ["model.layers.{i}.self_attn.o_proj.weight"],
-            "transformer.h.{i}.post_attention_layernorm.weight": ["model.layers.{i}.post_attention_layernorm.weight"],
-            "transformer.h.{i}.mlp.gate_up_proj": ["model.layers.{i}.mlp.gate_up_proj.weight"],
-            "transformer.h.{i}.mlp.down_proj": ["model.layers.{i}.mlp.down_proj.weight"],
-        },
-        "final": {"transformer.norm.weight": ["model.norm.weight"], LM_HEAD: ["lm_head.weight"]},
-    },
-    "llama": {**_LLAMA_ENDS, "layer": _LLAMA_LAYER},
-    # mlc-llm's Qwen3 calls the fused q|k|v weight c_attn (qwen3_loader.py), unlike Llama's qkv_proj.
-    "qwen3": {
-        **_LLAMA_ENDS,
-        "layer": {
-            **{k.replace("qkv_proj", "c_attn"): v for k, v in _LLAMA_LAYER.items()},
-            "model.layers.{i}.self_attn.q_norm.weight": ["model.layers.{i}.self_attn.q_norm.weight"],
-            "model.layers.{i}.self_attn.k_norm.weight": ["model.layers.{i}.self_attn.k_norm.weight"],
-        },
-    },
-}
-# Qwen3.5 (mlc-llm's qwen35_loader names): full-attention layers fuse q_proj (whose rows are already per-head
-# [Q | gate]) ++ k_proj ++ v_proj into c_attn; GDN layers keep their four input projections apart. Layers
-# take "layer" plus the map of their layer_types entry.
-_QWEN3_5 = {
-    **_LLAMA_ENDS,
-    "layer": {k: v for k, v in _LLAMA_LAYER.items() if ".self_attn." not in k},
-    "full_attention": {
-        **{k.replace("qkv_proj", "c_attn"): v for k, v in _LLAMA_LAYER.items() if ".self_attn." in k},
-        "model.layers.{i}.self_attn.q_norm.weight": ["model.layers.{i}.self_attn.q_norm.weight"],
-        "model.layers.{i}.self_attn.k_norm.weight": ["model.layers.{i}.self_attn.k_norm.weight"],
-    },
-    "linear_attention": {
-        **{f"model.layers.{{i}}.linear_attn.{p}": [f"model.layers.{{i}}.linear_attn.{p}.weight"]
-           for p in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b", "out_proj")},
-        "model.layers.{i}.linear_attn.A_log": ["model.layers.{i}.linear_attn.A_log"],
-        "model.layers.{i}.linear_attn.dt_bias": ["model.layers.{i}.linear_attn.dt_bias"],
-        "model.layers.{i}.linear_attn.conv1d_weight": ["model.layers.{i}.linear_attn.conv1d.weight"],
-        "model.layers.{i}.linear_attn.norm.weight": ["model.layers.{i}.linear_attn.norm.weight"],
-    },
-}
-NAME_MAPS["qwen3_5"] = NAME_MAPS["qwen3_5_text"] = _QWEN3_5
-# Qwen3.5-MoE (mlc-llm's Qwen2-MoE loader names): a layer takes "moe" (or "mlp" where the config makes its MLP
-# dense). Sources with "{e}" are per expert: the target stacks them, each expert's rows joined as listed.
-_MOE = "model.layers.{i}.mlp."
-NAME_MAPS["qwen3_5_moe"] = NAME_MAPS["qwen3_5_moe_text"] = {
-    **_QWEN3_5,
-    "layer": {k: v for k, v in _QWEN3_5["layer"].items() if ".mlp." not in k},
-    "mlp": {k: v for k, v in _QWEN3_5["layer"].items() if ".mlp." in k},
-    "moe": {
-        _MOE + "gate": [_MOE + "gate.weight"],
-        _MOE + "moe_gate_up_proj": [_MOE + "experts.{e}.gate_proj.weight", _MOE + "experts.{e}.up_proj.weight"],
-        _MOE + "moe_down_proj": [_MOE + "experts.{e}.down_proj.weight"],
-        _MOE + "shared_expert.gate_up_proj": [_MOE + f"shared_expert.{p}_proj.weight" for p in ("gate", "up")],
-        _MOE + "shared_expert.down_proj": [_MOE + "shared_expert.down_proj.weight"],
-        _MOE + "shared_expert_gate": [_MOE + "shared_expert_gate.weight"],
-    },
-}
-# The one [E, N, K] tensor a checkpoint may hold instead of per-expert ones (transformers 5's in-memory layout).
-FUSED_EXPERTS = {"moe_gate_up_proj": "experts.gate_up_proj", "moe_down_proj": "experts.down_proj"}
-# Targets kept unquantized in a dtype of their own, by suffix: float32 ones go out as bf16 records.
-RAW_TARGETS = {".A_log": np.float32, ".dt_bias": np.float32, ".conv1d_weight": np.float16}
-# Zero-centred RMSNorms (y = x̂·(1 + w)) get the 1 baked in, as mlc-llm's qwen35_loader does; the GDN
-# gated norm (linear_attn.norm.weight, y = x̂·w·silu(z)) is a plain weight and is left alone.
-ZERO_CENTRED = {t: ("layernorm.weight", ".q_norm.weight", ".k_norm.weight", "model.norm.weight")
-                for t in ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")}
-CONV_TEMPLATES = {"phi3": "phi-3", "llama": "llama-3", "qwen3": "qwen2", "qwen3_5": "qwen2",
-                  "qwen3_5_moe": "qwen2"}  # informational
 # mlc-chat-config fields taken from generation_config.json, then config.json, then mlc's system default.
 _GENERATION_DEFAULTS = {
     "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "temperature": 1.0, "presence_penalty": 0.0,
@@ -141,21 +53,26 @@ ConvertProgress = Callable[[int, int, str], None]  # (tensors done, tensors tota
 
 @dataclass
 class _Param:
-    target: str
-    sources: list[str]
+    target: str  # the MLC name
+    sources: list[str]  # Hugging Face tensors, rows joined in order
+    kind: str  # engine/models/weights.py: MATRIX, EXPERTS, NORM or PARAM
+    dtype: str = "float16"  # NORM/PARAM: stored dtype
     offset: float = 0.0  # added before storing (the baked +1 of a zero-centred norm)
-    stacked: bool = False  # an expert stack [E, N, K]
-    experts: int = 0  # sources are per expert (experts × parts, expert-major); 0: one [E, N, K] source
-
-    @property
-    def raw_dtype(self):
-        """The dtype of an unquantized target (norms f16), None for a quantized one."""
-        suffix = next((s for s in RAW_TARGETS if self.target.endswith(s)), None)
-        return RAW_TARGETS[suffix] if suffix else np.float16 if self.target.endswith(".weight") else None
+    experts: int = 0  # sources are per expert (experts × parts, expert-major); 0: not per expert
+    fused: str = ""  # EXPERTS: the one [E, N, K] tensor that may stand for the per-expert ones
 
     @property
     def quantized(self) -> bool:
-        return self.raw_dtype is None
+        return self.kind in (MATRIX, EXPERTS)
+
+    @property
+    def stacked(self) -> bool:  # an expert stack [E, N, K]
+        return self.kind == EXPERTS
+
+    @property
+    def raw_dtype(self):
+        """The dtype of an unquantized target, None for a quantized one."""
+        return None if self.quantized else np.dtype(self.dtype)
 
 
 def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, quantization: str = "q4f16_1",
@@ -172,20 +89,20 @@ def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, qua
     if not hf_dir.is_dir():
         raise ModelFormatError(f"{hf_dir}: Hugging Face model folder not found")
     config_path = hf_dir / "config.json"
-    config = _text_config(_read_json(config_path, "the model config"))
+    config = _text_config(read_json(config_path, "the model config"))
     model_type = config.get("model_type")
     if not isinstance(model_type, str):
         raise ModelFormatError(f"{config_path}: no 'model_type' field")
-    if model_type not in NAME_MAPS:
-        raise UnsupportedModelError(
-            f"{config_path}: model_type {model_type!r} cannot be converted (supported: {', '.join(NAME_MAPS)})"
-        )
+    # The architecture file (engine/models/) checks every field the runtime reads (types, bounds, heads, RoPE)
+    # before anything is read or written, and names every tensor.
+    module = model_module(model_type, where=str(config_path))
+    spec = module.spec(module.ModelArgs.from_dict(config, str(config_path)))
     weights = _HfWeights(hf_dir)
-    params = _plan(model_type, config, config_path)
+    params = _plan(spec, module.weights(spec))
     for p in params:  # multimodal checkpoints nest the text model one level down
         p.sources = [_nested(n, weights) for n in p.sources]
         _fused_experts(p, weights)
-    _check_sources(params, weights, model_type, config)
+    _check_sources(params, weights, module.HF_IGNORED, config)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     if out_dir.resolve() == hf_dir.resolve():
@@ -219,7 +136,8 @@ def convert_hf_to_mlc(hf_dir: str | os.PathLike, out_dir: str | os.PathLike, qua
                 "BitsPerParam": writer.payload_bytes * 8.0 / max(n_params, 1)}
     tokenizer_files = _copy_tokenizer(hf_dir, out_dir)
     _write_json(out_dir / CHAT_CONFIG,
-                _chat_config(hf_dir, config, model_type, quantization, context_window_size, tokenizer_files))
+                _chat_config(hf_dir, config, model_type, quantization, context_window_size, tokenizer_files,
+                             module.CONV_TEMPLATE))
     _write_json(out_dir / MANIFEST, {"metadata": metadata, "records": shards})
     return out_dir
 
@@ -237,56 +155,22 @@ def _text_config(config: dict) -> dict:
     return {**text, **top}
 
 
-def _layer_types(config: dict, layers: int, config_path: Path) -> list[str | None]:
-    kinds = config.get("layer_types")
-    if kinds is None and "full_attention_interval" in config:
-        every = config["full_attention_interval"]
-        kinds = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
-    if kinds is not None and (not isinstance(kinds, list) or len(kinds) != layers):
-        raise ModelFormatError(f"{config_path}: 'layer_types' must list one entry per layer ({layers})")
-    return kinds or [None] * layers
-
-
-def _plan(model_type: str, config: dict, config_path: Path) -> list[_Param]:
-    spec = NAME_MAPS[model_type]
-    layers = config.get("num_hidden_layers")
-    if not isinstance(layers, int) or layers < 0:
-        raise ModelFormatError(f"{config_path}: no valid 'num_hidden_layers' field")
-    tied = bool(config.get("tie_word_embeddings", False))
-    params = [_Param(t, list(s)) for t, s in spec["embed"].items()]
-    hybrid = any(k not in ("embed", "layer", "final") for k in spec)  # per-layer-type maps (Qwen3.5)
-    experts, moe_layers = _moe_layers(model_type, config) if "moe" in spec else (0, ())
-    for i, kind in enumerate(_layer_types(config, layers, config_path) if hybrid else [None] * layers):
-        if kind is not None and kind not in spec:
-            raise UnsupportedModelError(f"{config_path}: layer {i} has layer type {kind!r}, which cannot be converted")
-        layer = {**spec["layer"], **spec.get(kind, {})}
-        if "moe" in spec:
-            layer |= spec["moe"] if i in moe_layers else spec["mlp"]
-        for t, s in layer.items():
-            per_expert = any("{e}" in n for n in s)
-            sources = [n.format(i=i, e=e) for e in range(experts if per_expert else 1) for n in s]
-            params.append(_Param(t.format(i=i), sources, stacked=per_expert, experts=experts if per_expert else 0))
-    params += [_Param(t, list(s)) for t, s in spec["final"].items() if not (tied and t == LM_HEAD)]
-    for p in params:
-        if p.target.endswith(ZERO_CENTRED.get(model_type, ())):
-            p.offset = 1.0
+def _plan(spec, table) -> list[_Param]:
+    """What to write, in the table's order: one MLC tensor (or q_weight/q_scale pair) per weight."""
+    params = []
+    for w in table:
+        per_expert = any("{e}" in n for n in w.hf)
+        experts = spec.n_experts if per_expert else 0
+        sources = [n.format(e=e) for e in range(experts) for n in w.hf] if per_expert else list(w.hf)
+        params.append(_Param(w.mlc[0], sources, w.kind, w.dtype, w.hf_offset, experts, w.hf_fused))
     return params
-
-
-def _moe_layers(model_type: str, config: dict) -> tuple[int, tuple[int, ...]]:
-    """(experts, the layers whose MLP is a MoE block), as the runtime's ModelArgs reads the config."""
-    from engine.models import model_module
-
-    args = model_module(model_type).ModelArgs.from_dict(config)
-    return args.num_experts, args.moe_layers()
 
 
 def _fused_experts(param: _Param, weights: _HfWeights) -> None:
     """Read an expert stack from the checkpoint's one [E, N, K] tensor when it has no per-expert tensors."""
     if not param.experts or param.sources[0] in weights.index:
         return
-    layer, _, proj = param.target.rpartition(".mlp.")
-    fused = _nested(f"{layer}.mlp.{FUSED_EXPERTS[proj]}", weights)
+    fused = _nested(param.fused, weights)
     if fused in weights.index:
         param.sources, param.experts = [fused], 0
 
@@ -297,7 +181,7 @@ def _nested(name: str, weights: _HfWeights) -> str:
     return name
 
 
-def _check_sources(params: list[_Param], weights: _HfWeights, model_type: str, config: dict) -> None:
+def _check_sources(params: list[_Param], weights: _HfWeights, ignored: tuple[str, ...], config: dict) -> None:
     """Every planned source exists, and every checkpoint tensor is used (a dropped weight is a wrong model)."""
     used: set[str] = set()
     for p in params:
@@ -307,22 +191,21 @@ def _check_sources(params: list[_Param], weights: _HfWeights, model_type: str, c
             used.add(name)
         _check_shapes(p, weights)
     tied_head = "lm_head.weight" if config.get("tie_word_embeddings") else None
-    skip = IGNORED_PREFIXES.get(model_type, ())
     extra = [n for n in weights.index if n not in used and n != tied_head and not n.endswith(IGNORED_SUFFIXES)
-             and not n.startswith(skip)]
+             and not n.startswith(ignored)]
     if extra:
-        file = weights.index[extra[0]][0].name
+        file = weights.index[extra[0]].path.name
         raise UnsupportedModelError(
-            f"{file}: tensor '{extra[0]}' has no MLC mapping for model_type {model_type!r}"
+            f"{file}: tensor '{extra[0]}' has no MLC mapping for model_type {config.get('model_type')!r}"
             + (f" ({len(extra) - 1} more)" if len(extra) > 1 else "")
         )
 
 
 def _check_shapes(param: _Param, weights: _HfWeights) -> None:
     """Checked from the headers before anything is written, so a bad checkpoint fails fast."""
-    shapes = [weights.index[n][2] for n in param.sources]
+    shapes = [weights.index[n].shape for n in param.sources]
     for name in param.sources:
-        path, dtype, shape = weights.index[name][:3]
+        path, dtype, shape = weights.index[name].path, weights.index[name].dtype, weights.index[name].shape
         if dtype not in _HfWeights.DTYPES:
             raise ModelFormatError(f"{path}: tensor '{name}' has dtype {dtype}; expected F32, F16 or BF16")
         dims = 3 if param.stacked and not param.experts else 2
@@ -331,7 +214,7 @@ def _check_shapes(param: _Param, weights: _HfWeights) -> None:
                 f"{path}: tensor '{name}' has shape {list(shape)}; q4f16_1 needs a {dims}-D weight whose K "
                 f"(input dim) is a multiple of {GROUP}"
             )
-        if param.raw_dtype is np.float16 and not param.target.endswith(".conv1d_weight") and len(shape) != 1:
+        if param.kind == NORM and len(shape) != 1:
             raise ModelFormatError(f"{path}: tensor '{name}' has shape {list(shape)}; a norm weight is 1-D")
     if param.quantized and len({s[-1] for s in shapes}) > 1:
         raise ModelFormatError(f"{_where(param, weights)}: fused weights differ in K ({shapes})")
@@ -347,29 +230,30 @@ def _gather(param: _Param, weights: _HfWeights) -> np.ndarray:
 
 
 def _where(param: _Param, weights: _HfWeights) -> str:
-    return f"{weights.index[param.sources[0]][0]}: tensor '{', '.join(param.sources)}'"
+    return f"{weights.index[param.sources[0]].path}: tensor '{', '.join(param.sources)}'"
 
 
 # -- reading Hugging Face safetensors -------------------------------------------------------------------
 
 
 class _HfWeights:
-    """Tensor index over single or sharded safetensors; reads one tensor at a time by byte range.
+    """Tensor index over single or sharded safetensors; reads one tensor at a time by byte range
+    (engine/formats/files.py: headers through the safetensors package, bf16 widened by our small reader)."""
 
-    The header is parsed directly (8-byte length + JSON) because safetensors' numpy backend cannot
-    return bfloat16, the dtype most checkpoints ship in.
-    """
-
-    DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "F64": np.dtype("<f8"), "BF16": np.dtype("<u2")}
+    DTYPES = ("F32", "F16", "F64", "BF16")
 
     def __init__(self, hf_dir: Path):
         self.hf_dir = hf_dir
         index_path = hf_dir / "model.safetensors.index.json"
         if index_path.is_file():
-            weight_map = _read_json(index_path, "the safetensors index").get("weight_map")
+            weight_map = read_json(index_path, "the safetensors index").get("weight_map")
             if not isinstance(weight_map, dict):
                 raise ModelFormatError(f"{index_path}: no 'weight_map' object")
-            self.files = [hf_dir / f for f in dict.fromkeys(weight_map.values())]
+            self.files = []
+            for name, shard in weight_map.items():
+                file = confined(hf_dir, shard, index_path, "shard path", f" (of tensor {shown(name)})")
+                if file not in self.files:
+                    self.files.append(file)
             for f in self.files:
                 if not f.is_file():
                     raise ModelFormatError(f"{f}: listed in {index_path.name} but missing")
@@ -377,53 +261,16 @@ class _HfWeights:
             self.files = sorted(hf_dir.glob("*.safetensors"))
         if not self.files:
             raise ModelFormatError(f"{hf_dir}: no *.safetensors weights (only safetensors checkpoints convert)")
-        # name -> (file, dtype tag, shape, absolute byte offset, nbytes)
-        self.index: dict[str, tuple[Path, str, tuple[int, ...], int, int]] = {}
+        self.index: dict[str, Tensor] = {}
         for f in self.files:
-            self._scan(f)
+            self.index |= safetensors_header(f)
 
     def describe(self) -> str:
         return ", ".join(f.name for f in self.files) if len(self.files) <= 3 else f"{self.hf_dir}/*.safetensors"
 
-    def _scan(self, path: Path) -> None:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            n = int.from_bytes(head, "little") if len(head) == 8 else -1
-            if n <= 0 or 8 + n > size:
-                raise ModelFormatError(f"{path}: not a safetensors file (bad header length)")
-            try:
-                header = json.loads(f.read(n))
-            except ValueError as e:
-                raise ModelFormatError(f"{path}: corrupt safetensors header ({e})") from None
-        for name, info in header.items():
-            if name == "__metadata__":
-                continue
-            try:
-                begin, end = (int(x) for x in info["data_offsets"])
-                shape = tuple(int(d) for d in info["shape"])
-                dtype = str(info["dtype"])
-            except (KeyError, TypeError, ValueError):
-                raise ModelFormatError(f"{path}: tensor '{name}' has a malformed header entry") from None
-            if 8 + n + end > size or begin > end:
-                raise ModelFormatError(f"{path}: tensor '{name}' lies past the end of the file (truncated?)")
-            self.index[name] = (path, dtype, shape, 8 + n + begin, end - begin)
-
     def read(self, name: str) -> np.ndarray:
         """The tensor as float32 (exact for f32/f16/bf16 sources)."""
-        path, dtype, shape, offset, nbytes = self.index[name]
-        np_dtype = self.DTYPES[dtype]
-        if nbytes != int(np.prod(shape, dtype=np.int64)) * np_dtype.itemsize:
-            raise ModelFormatError(f"{path}: tensor '{name}' byte size does not match its shape {list(shape)}")
-        raw = np.empty(nbytes, np.uint8)
-        with open(path, "rb") as f:
-            f.seek(offset)
-            if f.readinto(memoryview(raw)) != nbytes:
-                raise ModelFormatError(f"{path}: tensor '{name}' is cut short (truncated file?)")
-        arr = raw.view(np_dtype).reshape(shape)
-        if dtype == "BF16":
-            return (arr.astype(np.uint32) << 16).view(np.float32)
-        return arr.astype(np.float32, copy=False)
+        return read_floats(self.index[name]).astype(np.float32, copy=False)
 
 
 # -- writing the MLC folder ------------------------------------------------------------------------------
@@ -497,7 +344,7 @@ def _bf16_bytes(x: np.ndarray) -> np.ndarray:
 
 
 def _chat_config(hf_dir: Path, config: dict, model_type: str, quantization: str, context: int | None,
-                 tokenizer_files: list[str]) -> dict:
+                 tokenizer_files: list[str], conv_template: str) -> dict:
     ctx = int(context or config.get("max_position_embeddings") or 4096)
     prefill = min(ctx, 2048)
     model_config = dict(config)
@@ -511,7 +358,7 @@ def _chat_config(hf_dir: Path, config: dict, model_type: str, quantization: str,
     model_config.update(context_window_size=ctx, prefill_chunk_size=prefill, tensor_parallel_shards=1)
     generation = {}
     if (hf_dir / "generation_config.json").is_file():
-        generation = _read_json(hf_dir / "generation_config.json", "the generation config")
+        generation = read_json(hf_dir / "generation_config.json", "the generation config")
     sampling = {k: generation.get(k, config.get(k)) for k in _GENERATION_DEFAULTS}
     sampling = {k: default if sampling[k] is None else sampling[k] for k, default in _GENERATION_DEFAULTS.items()}
     vocab = config.get("vocab_size")
@@ -530,7 +377,7 @@ def _chat_config(hf_dir: Path, config: dict, model_type: str, quantization: str,
         "active_vocab_size": vocab,
         **sampling,
         "tokenizer_files": tokenizer_files,
-        "conv_template": CONV_TEMPLATES.get(model_type, "LM"),
+        "conv_template": conv_template,
     }
 
 
@@ -542,19 +389,6 @@ def _copy_tokenizer(hf_dir: Path, out_dir: Path) -> list[str]:
             if name in TOKENIZER_FILES:
                 copied.append(name)
     return copied
-
-
-def _read_json(path: Path, what: str) -> dict:
-    if not path.is_file():
-        raise ModelFormatError(f"{path}: missing ({what})")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except ValueError as e:
-        raise ModelFormatError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise ModelFormatError(f"{path}: expected a JSON object at the top level")
-    return data
 
 
 def _write_json(path: Path, data: dict) -> None:

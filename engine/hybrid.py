@@ -30,11 +30,11 @@ from collections.abc import Iterable
 import numpy as np
 
 from engine.errors import UnsupportedModelError, ZeroTVMError
-from engine.formats.gguf import PackedWeight
 from engine.gpu import UNIFORM, Gpu, Recorder
 from engine.matmul import packed_shapes
 from engine.models.qwen3_5 import FULL, HybridSpec
 from engine.moe import MoeBlock
+from engine.packed import PackedWeight
 from engine.shaders import build_source
 from engine.transformer import PAGE, PREFILL_CHUNK, SPLIT_KEYS, DenseTransformer, checked_tensors, require_all
 

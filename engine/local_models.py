@@ -6,15 +6,15 @@ Face config.json (an MLX or unconverted checkpoint, listed but marked as not run
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
 from engine.catalog import CatalogEntry, kv_bytes_per_token, local_key, supported_runtime
-from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.errors import ModelFormatError
+from engine.formats.files import read_json, whole_number
 from engine.formats.mlc import CHAT_CONFIG
-from engine.models import SUPPORTED, model_module
+from engine.models import model_module, supported
 from engine.models.base import DenseSpec
 
 GENERATION_KEYS = ("temperature", "top_k", "top_p", "min_p")
@@ -58,10 +58,7 @@ def _spec_dims(spec: DenseSpec) -> dict:
 
 def _spec(model_type: str, config: dict, where: str) -> DenseSpec:
     module = model_module(model_type, where=where)
-    try:
-        return module.spec(module.ModelArgs.from_dict(config))
-    except UnsupportedModelError as e:
-        raise UnsupportedModelError(f"{where}: {e}") from None
+    return module.spec(module.ModelArgs.from_dict(config, where))
 
 
 def _gguf(path: Path) -> CatalogEntry:
@@ -93,26 +90,22 @@ def _mlc(path: Path) -> CatalogEntry:
     ckpt = MlcCheckpoint(path)
     model_type, cfg = ckpt.model_type, ckpt.model_config
     where = str(ckpt.config_path)
-    if model_type in SUPPORTED:
+    if model_type in supported():
         dims = _spec_dims(_spec(model_type, cfg, where))
     else:
         dims = _config_dims(cfg, where)
     records = [ckpt.record(n).nbytes for n in ckpt.names()]
     context = cfg.get("context_window_size") or ckpt.config.get("context_window_size") or \
         cfg.get("max_position_embeddings") or 4096
+    context = whole_number(context, "context_window_size", where)
     total = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-    return _entry(path, "mlc", model_type, dims, int(context), sum(records), max(records, default=1), total,
+    return _entry(path, "mlc", model_type, dims, context, sum(records), max(records, default=1), total,
                   license="unknown", dims_source=where, **_generation(path))
 
 
 def _hf(path: Path) -> CatalogEntry:
     where = path / "config.json"
-    try:
-        cfg = json.loads(where.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ModelFormatError(f"{where}: not valid JSON ({e})") from None
-    if not isinstance(cfg, dict):
-        raise ModelFormatError(f"{where}: expected a JSON object at the top level")
+    cfg = read_json(where, "the model config")
     if isinstance(cfg.get("text_config"), dict):  # multimodal checkpoints nest the language model's config
         cfg = {**cfg, **cfg["text_config"]}
     model_type = cfg.get("model_type")
@@ -123,7 +116,7 @@ def _hf(path: Path) -> CatalogEntry:
         raise ModelFormatError(f"{path}: no *.safetensors weights next to config.json")
     fmt = "mlx" if isinstance(cfg.get("quantization"), dict) else "hf"
     total = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
-    context = int(cfg.get("max_position_embeddings") or 4096)
+    context = whole_number(cfg.get("max_position_embeddings") or 4096, "max_position_embeddings", where)
     # Safetensors file sizes stand in for the weights: nothing here knows how they would be laid out on the GPU.
     return _entry(path, fmt, model_type, _config_dims(cfg, str(where)), context, sum(shards), max(shards), total,
                   license=str(cfg.get("license") or "unknown"), dims_source=str(where), weights_approximate=True,
@@ -134,18 +127,21 @@ def _config_dims(cfg: dict, where: str) -> dict:
     """Dimensions from config.json-style fields, for architectures the engine does not run (sizes only)."""
     def need(*names):
         for name in names:
-            if isinstance(cfg.get(name), int) and cfg[name] > 0:
-                return cfg[name]
-        raise ModelFormatError(f"{where}: field '{names[0]}' is missing or not a positive integer")
+            if cfg.get(name) is not None:
+                return whole_number(cfg[name], name, where)
+        raise ModelFormatError(f"{where}: field '{names[0]}' is missing; expected a positive whole number")
+
+    def optional(name, default):
+        return default if cfg.get(name) is None else whole_number(cfg[name], name, where)
 
     hidden, heads, layers = need("hidden_size"), need("num_attention_heads"), need("num_hidden_layers")
     kv_layers = layers
     if isinstance(cfg.get("layer_types"), list):  # hybrids: only full-attention layers keep a KV cache
-        kv_layers = sum(t == "full_attention" for t in cfg["layer_types"]) or layers
-    elif isinstance(cfg.get("full_attention_interval"), int) and cfg["full_attention_interval"] > 0:
-        kv_layers = layers // cfg["full_attention_interval"]
+        kv_layers = sum(t == "full_attention" for t in cfg["layer_types"][:layers]) or layers
+    elif cfg.get("full_attention_interval") is not None:
+        kv_layers = layers // optional("full_attention_interval", 1)
     return dict(hidden_size=hidden, num_layers=layers, num_heads=heads,
-                num_kv_heads=cfg.get("num_key_value_heads") or heads, head_dim=cfg.get("head_dim") or hidden // heads,
+                num_kv_heads=optional("num_key_value_heads", heads), head_dim=optional("head_dim", hidden // heads),
                 ffn_dim=need("intermediate_size", "moe_intermediate_size"), vocab_size=need("vocab_size"),
                 kv_layers=kv_layers, tied_embeddings=bool(cfg.get("tie_word_embeddings", False)))
 

@@ -9,7 +9,9 @@ import numpy as np
 
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.gpu import Gpu
-from engine.models import model_module
+from engine.models import format_support, model_module
+from engine.models.base import DenseSpec, HybridSpec
+from engine.models.weights import mlc_names, mlx_sources
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer, load_tokenizer
 from engine.transformer import DenseTransformer, tensor_shapes
@@ -63,29 +65,29 @@ def _load(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
         return _load_mlx(path, gpu, max_context, on_progress, runtime_options)
 
     ckpt = MlcCheckpoint(path)
-    module = model_module(ckpt.model_type, where=str(path / "mlc-chat-config.json"))
-    spec = module.spec(module.ModelArgs.from_dict(ckpt.model_config))
-    spec.names = {c: _present(ckpt, name) for c, name in spec.names.items()}
-    # An architecture with its own runtime (Qwen3.5's hybrid) names it; the rest run on DenseTransformer.
-    runtime_cls = module.runtime() if hasattr(module, "runtime") else DenseTransformer
-    runtime = runtime_cls(gpu or Gpu(), spec, ckpt.load(list(spec.names.values()), on_progress), max_context,
-                          **runtime_options)
+    spec, table = _architecture(ckpt.model_type, ckpt.model_config, str(ckpt.config_path))
+    spec.names = mlc_names(table, present=ckpt.__contains__)  # of its MLC names, the ones this build uses
+    runtime = _runtime_class(spec)(gpu or Gpu(), spec, ckpt.load(list(spec.names.values()), on_progress),
+                                   max_context, **runtime_options)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     return Model(runtime, tokenizer, path, ckpt.model_type, SamplingParams.from_generation_config(path))
 
 
-# mlc-llm builds name the fused q|k|v weight either way (Qwen3: c_attn in some, qkv_proj in others).
-_ALIASES = {".self_attn.c_attn.": ".self_attn.qkv_proj.", ".self_attn.qkv_proj.": ".self_attn.c_attn."}
+def _architecture(model_type, config: dict, where: str) -> tuple[DenseSpec, list]:
+    """(spec, weight table) from the architecture file of `model_type` (engine/models/)."""
+    module = model_module(model_type, where=where)
+    spec = module.spec(module.ModelArgs.from_dict(config, where))
+    return spec, module.weights(spec)
 
 
-def _present(ckpt, name: str) -> str:
-    """`name`, or its alias when only the alias is in the checkpoint (missing ones are reported on load)."""
-    if name in ckpt:
-        return name
-    for a, b in _ALIASES.items():
-        if a in name and name.replace(a, b) in ckpt:
-            return name.replace(a, b)
-    return name
+def _runtime_class(spec: DenseSpec):
+    """The runtime that builds `spec`: the hybrid one (KV cache + recurrent state, MoE) for a HybridSpec, the dense
+    one otherwise. Architecture files declare their layers' blocks and never name a runtime."""
+    if isinstance(spec, HybridSpec):
+        from engine.hybrid import HybridTransformer
+
+        return HybridTransformer
+    return DenseTransformer
 
 
 def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
@@ -93,15 +95,14 @@ def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Mo
 
     ckpt = GgufCheckpoint(path)
     cfg = ckpt.config
-    module = model_module(cfg["model_type"], where=f"{path} (general.architecture)")
-    spec = module.spec(module.ModelArgs.from_dict(cfg))
+    spec, ckpt.table = _architecture(cfg["model_type"], cfg, f"{path} (GGUF metadata)")
     # Matrices stored as F32/BF16 run through the f16 kernels (the only unquantized variant).
     formats = {name: "f16" if tag == "f32" else tag for name, tag in ckpt.formats().items()}
     spec.names = {c: c for c in tensor_shapes(spec, formats)}
     # Before the upload, so a broken tokenizer fails fast; a file without one runs on token ids only.
     tokenizer = load_tokenizer(path) if "tokenizer.ggml.model" in ckpt.metadata else None
-    runtime = DenseTransformer(gpu or Gpu(), spec, _flatten(ckpt.load(on_progress=on_progress), formats),
-                               max_context, formats=formats, **runtime_options)
+    runtime = _runtime_class(spec)(gpu or Gpu(), spec, _flatten(ckpt.load(on_progress=on_progress), formats),
+                                   max_context, formats=formats, **runtime_options)
     return Model(runtime, tokenizer, path, cfg["model_type"], _gguf_sampling(ckpt.metadata))
 
 
@@ -112,19 +113,19 @@ def _load_mlx(path: Path, gpu, max_context, on_progress, runtime_options) -> Mod
 
     ckpt = MlxCheckpoint(path)
     model_type = ckpt.config.get("model_type")
-    module = model_module(model_type, where=str(ckpt.config_path))
+    model_module(model_type, where=str(ckpt.config_path))
     if "quantization" not in ckpt.config and "quantization_config" not in ckpt.config:
         raise ModelFormatError(f"{ckpt.config_path}: no 'quantization' field, so not an MLX model; an unconverted "
                                "Hugging Face checkpoint runs after `zerotvm convert`")
-    if not hasattr(module, "mlx_layout"):
-        raise UnsupportedModelError(f"{ckpt.config_path}: MLX checkpoints of model_type {model_type!r} are not "
-                                    "supported yet (only the Qwen3.5 family)")
-    spec = module.spec(module.ModelArgs.from_dict(ckpt.config))
-    matrices, tensors = module.mlx_layout(spec)
+    reason = format_support(model_type, "mlx")
+    if reason:
+        raise UnsupportedModelError(f"{ckpt.config_path}: {reason}")
+    spec, table = _architecture(model_type, ckpt.config, str(ckpt.config_path))
+    matrices, tensors = mlx_sources(table)
     formats, spec.names = mlx_layout.plan(ckpt, matrices, tensors)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     weights = mlx_layout.stream(ckpt, matrices, tensors, spec.names, on_progress)
-    runtime = module.runtime()(gpu or Gpu(), spec, weights, max_context, formats=formats, **runtime_options)
+    runtime = _runtime_class(spec)(gpu or Gpu(), spec, weights, max_context, formats=formats, **runtime_options)
     return Model(runtime, tokenizer, path, model_type, SamplingParams.from_generation_config(path))
 
 

@@ -28,9 +28,9 @@ from __future__ import annotations
 import numpy as np
 
 from engine.errors import GpuError, UnsupportedModelError
-from engine.formats.gguf import PackedWeight
 from engine.gpu import MAX_GROUPS_PER_DIM, STORAGE, fold_grid
 from engine.matmul import MATVEC_SG_WG, _format_consts, format_knobs, matvec_plan, matvec_q8_plan, quantize_q8_plan
+from engine.packed import PackedWeight
 
 ROUTER_WG = 64
 # Expert matvec shape, measured on the H200 at Qwen3.6 sizes (ROWS 1/2/4/8/16, WG ≤ 32/64): 4 rows and at most

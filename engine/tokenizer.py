@@ -14,7 +14,6 @@ escaped, so the template can still find the <think> blocks of earlier answers.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,8 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine.chat import ChatTemplate, ThinkingSplitter, generation_thinking, prepare_messages
 from engine.errors import ModelFormatError
+from engine.formats.files import read_json, read_text
+from engine.formats.limits import MAX_TOKENIZER_BYTES
 
 # Turn terminators: when the template writes one, the model ends its answer with it, so it is a stop token.
 END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endofturn|>")
@@ -69,9 +70,11 @@ class Tokenizer:
         if not path.exists():
             raise ModelFormatError(f"{folder}: no tokenizer.json")
         try:
-            tok = HFTokenizer.from_file(str(path))
+            tok = HFTokenizer.from_str(read_text(path, "tokenizer", MAX_TOKENIZER_BYTES))
+        except ModelFormatError:
+            raise
         except Exception as e:
-            raise ModelFormatError(f"{path}: not a valid tokenizer ({e})") from e
+            raise ModelFormatError(f"{path}: not a valid tokenizer ({str(e)[:300]})") from None
         config = _read_json(folder / "tokenizer_config.json")
         special = _special_tokens(config)
         templates = _templates_from_dir(folder, config)
@@ -94,7 +97,7 @@ class Tokenizer:
         try:
             tok = HFTokenizer.from_str(tokenizer_json)
         except Exception as e:
-            raise ModelFormatError(f"{source}: not a valid tokenizer ({e})") from e
+            raise ModelFormatError(f"{source}: not a valid tokenizer ({str(e)[:300]})") from None
         special = {k: v for k, v in (("bos_token", bos), ("eos_token", eos)) if v is not None}
         templates = {"default": ChatTemplate(chat_template, f"{source} chat template")} if chat_template else {}
         return cls(tok, _stop_ids(tok, list(eos_ids or []), eos, templates), source, chat_templates=templates,
@@ -280,20 +283,17 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     """A model folder's tokenizer, or a .gguf file's (built from its metadata)."""
     path = Path(path)
     if path.suffix.lower() == ".gguf":
-        from engine.formats.gguf_tokenizer import load_tokenizer as load_gguf_tokenizer
-        return load_gguf_tokenizer(path)
+        from engine.formats.gguf_tokenizer import read_tokenizer
+
+        return Tokenizer.from_parts(*read_tokenizer(path))
     if not path.is_dir():
         raise ModelFormatError(f"{path}: not a model folder")
     return Tokenizer.from_dir(path)
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    except (OSError, ValueError) as e:
-        raise ModelFormatError(f"{path}: not valid JSON ({e})") from e
-    except RecursionError:  # deeper than the JSON parser's stack
-        raise ModelFormatError(f"{path}: not valid JSON (nested too deeply)") from None
+    """An optional JSON object beside the tokenizer: {} when absent or not an object."""
+    data = read_json(path, "tokenizer/generation settings", default={}, kind=None)
     return data if isinstance(data, dict) else {}
 
 
@@ -323,10 +323,10 @@ def _templates_from_dir(folder: Path, config: dict) -> dict[str, ChatTemplate]:
     found: dict[str, ChatTemplate] = {}
     jinja = folder / "chat_template.jinja"
     if jinja.is_file():
-        found["default"] = ChatTemplate(jinja.read_text(encoding="utf-8"), str(jinja))
+        found["default"] = ChatTemplate(read_text(jinja, "chat template"), str(jinja))
     extra = folder / "additional_chat_templates"
     for path in sorted(extra.glob("*.jinja")) if extra.is_dir() else []:
-        found[path.stem] = ChatTemplate(path.read_text(encoding="utf-8"), str(path))
+        found[path.stem] = ChatTemplate(read_text(path, "chat template"), str(path))
     if found:
         return found
     where = str(folder / "tokenizer_config.json")

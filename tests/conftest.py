@@ -1,7 +1,8 @@
-"""Test session setup: every GPU test runs on a real (software) Vulkan adapter, never OpenGL."""
+"""Test session setup and the shared pytest fixtures: every GPU test runs on a real Vulkan adapter, never OpenGL."""
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 
@@ -39,5 +40,80 @@ def rng(request):
     return __import__("numpy").random.default_rng(seed)
 
 
-def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: runs WGSL kernels on the Vulkan adapter (lavapipe on CI)")
+@pytest.fixture
+def memory_keyring():
+    """Passwords kept in memory for the test: no real keyring is read or written."""
+    import keyring
+
+    from tests.helpers import MemoryKeyring
+
+    previous = keyring.get_keyring()
+    backend = MemoryKeyring()
+    keyring.set_keyring(backend)
+    yield backend
+    keyring.set_keyring(previous)
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path, memory_keyring):
+    """A local Hub stand-in (tests/hub_server.py) serving HUB_FILES under HUB_REPO; any other connection fails
+    the test."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import close_session
+
+    from engine.hub import download
+    from tests.helpers import HUB_FILES, HUB_REPO, HUB_TOKEN, no_connections
+    from tests.hub_server import HubServer
+
+    server = HubServer(token=HUB_TOKEN).start()
+    monkeypatch.setenv("HF_ENDPOINT", server.endpoint)  # read by engine.hub at call time
+    monkeypatch.setenv("HF_HUB_DISABLE_XET", "1")
+    # huggingface_hub read its environment at import: point its own side requests (agent registry) here too.
+    monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-hf-token"))
+    for var in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE", "HF_HUB_OFFLINE", "ZEROTVM_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(download, "BACKOFF_BASE_S", 0.01)
+    close_session()  # no pooled connection to an earlier test's server
+    server.add_repo(HUB_REPO, HUB_FILES)
+    with no_connections(allow_loopback=True) as attempts:
+        yield server
+    server.stop()
+    assert attempts == [], f"a test tried to reach the network: {attempts}"
+
+
+@pytest.fixture
+def tiny_repo(hub, tmp_path, monkeypatch):
+    """The hub serves a tiny Qwen3 MLC build; the catalog (a test copy) lists it under TINY_QWEN3_KEY."""
+    from engine import catalog
+    from engine.cli import main as cli_main
+    from tests.helpers import TINY_QWEN3_KEY, TINY_QWEN3_REPO, cached_tiny_hf
+
+    build = tmp_path / "build"
+    assert cli_main(["convert", str(cached_tiny_hf("qwen3")), str(build)]) == 0
+    # Like the real MLC repos, without a generation_config.json.
+    files = {p.name: p.read_bytes() for p in build.iterdir() if p.is_file() and p.name != "generation_config.json"}
+    hub.add_repo(TINY_QWEN3_REPO, files)
+    raw = json.loads(catalog.catalog_path().read_text())
+    base = next(m for m in raw["models"] if m["architecture"] == "qwen3")
+    raw["models"].append({**base, "key": TINY_QWEN3_KEY, "name": "Tiny Qwen3 (test)", "repo": TINY_QWEN3_REPO,
+                          "revision": None, "files": ["*"], "total_bytes": sum(map(len, files.values()))})
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(raw))
+    monkeypatch.setattr(catalog, "catalog_path", lambda: path)
+    monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("ZEROTVM_MODELS", str(tmp_path / "models"))
+    return tmp_path / "models" / TINY_QWEN3_KEY
+
+
+# Markers that follow from a test's fixtures; the others (model, slow, and gpu for a test that opens the adapter
+# some other way, e.g. through the CLI) are written in the test files.
+_MARK_BY_FIXTURE = {"gpu": "gpu", "any_gpu": "gpu", "qtbot": "app"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for mark in {m for f, m in _MARK_BY_FIXTURE.items() if f in item.fixturenames}:
+            item.add_marker(mark)

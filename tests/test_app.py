@@ -5,21 +5,25 @@ import subprocess
 import sys
 
 import pytest
-from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractButton, QAbstractSpinBox, QComboBox, QLineEdit, QListWidget, QPlainTextEdit
 
 from app.prefs import AppPrefs
-from app.store import ConversationStore
-from app.window import MainWindow
 from engine import demo
 from engine.sampling import SamplingParams
 from engine.session import ChatSettings
-from tests.fixtures_demo import demo_gguf
-from tests.test_cli_models import tiny_repo  # noqa: F401 (fixture)
-from tests.test_hub import hub, memory_keyring  # noqa: F401 (fixtures)
+from tests.helpers import (
+    LOAD_MS,
+    REPLY_MS,
+    cached_mlx,
+    demo_gguf,
+    open_window,
+    send,
+    wait_idle,
+    wait_loaded,
+)
+from tests.helpers import TINY_QWEN3_KEY as KEY
 
-LOAD_MS = 120_000
-REPLY_MS = 120_000
+pytestmark = pytest.mark.app
 
 
 @pytest.fixture
@@ -33,28 +37,6 @@ def data_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def open_window(qtbot, data_dir, settings=None, auto_setup=True, prefs=None) -> MainWindow:
-    store = ConversationStore(data_dir / "chats.sqlite3")
-    settings = settings or ChatSettings(max_tokens=12, sampling=SamplingParams(), seed=0)
-    window = MainWindow(store, settings, prefs or AppPrefs(context=512), data_dir / "app.json", [], None, auto_setup)
-    qtbot.addWidget(window)
-    window.show()
-    return window
-
-
-def wait_loaded(qtbot, window):
-    qtbot.waitUntil(lambda: window.facts is not None, timeout=LOAD_MS)
-
-
-def send(qtbot, window, text):
-    window.input.setPlainText(text)
-    qtbot.keyClick(window.input, Qt.Key.Key_Return)
-
-
-def wait_idle(qtbot, window):
-    qtbot.waitUntil(lambda: window.request == 0, timeout=REPLY_MS)
-
-
 @pytest.fixture
 def window(qtbot, data_dir):
     w = open_window(qtbot, data_dir)
@@ -63,6 +45,7 @@ def window(qtbot, data_dir):
     w.close()
 
 
+@pytest.mark.gpu
 def test_first_launch_loads_the_demo_and_answers(qtbot, window):
     assert window.facts["key"] == "smollm2-135m-demo" or "SmolLM2" in window.facts["title"]
     send(qtbot, window, "What is the capital of France?")
@@ -76,6 +59,7 @@ def test_first_launch_loads_the_demo_and_answers(qtbot, window):
     assert "Paris" in reply.answer, reply.answer
 
 
+@pytest.mark.gpu
 def test_stop_regenerate_edit_and_new_chat(qtbot, window):
     window.settings = ChatSettings(max_tokens=200, sampling=SamplingParams(temperature=0.8), seed=1)
     send(qtbot, window, "Tell me a long story about a dragon.")
@@ -107,6 +91,7 @@ def test_stop_regenerate_edit_and_new_chat(qtbot, window):
     assert window.conv_id != first and window.conversations.count() == 2
 
 
+@pytest.mark.gpu
 def test_chats_survive_a_restart(qtbot, data_dir):
     w = open_window(qtbot, data_dir)
     wait_loaded(qtbot, w)
@@ -124,6 +109,7 @@ def test_chats_survive_a_restart(qtbot, data_dir):
     again.close()
 
 
+@pytest.mark.gpu
 def test_corrupt_model_shows_a_plain_error(qtbot, data_dir, monkeypatch):
     import shutil
 
@@ -200,12 +186,16 @@ def test_signals_do_not_leak_references():
     e = Emitter()
     got = []
     e.sig.connect(got.append)
+    n = 1000
     before = sys.getrefcount(True)
-    for _ in range(200):
+    for _ in range(n):
         e.sig.emit({"n": 1})
-    assert len(got) == 200 and sys.getrefcount(True) >= before - 5
+    # The defect drops one reference per emit (n in all); other threads (an earlier test's worker winding down)
+    # may move the count by a few, far from n.
+    assert len(got) == n and sys.getrefcount(True) > before - n // 10
 
 
+@pytest.mark.gpu
 def test_self_test_command(data_dir):
     env = dict(os.environ)
     out = subprocess.run([sys.executable, "-m", "app", "--self-test"], capture_output=True, text=True, env=env,
@@ -214,9 +204,9 @@ def test_self_test_command(data_dir):
     assert "Paris" in out.stdout.split("A:", 1)[-1], out.stdout
 
 
-def test_download_flow_progress_cancel_resume_then_selectable(qtbot, tiny_repo, hub, monkeypatch):  # noqa: F811
-    from tests.test_cli_models import KEY
-
+@pytest.mark.gpu
+@pytest.mark.model
+def test_download_flow_progress_cancel_resume_then_selectable(qtbot, tiny_repo, hub, monkeypatch):
     home = tiny_repo.parent.parent / "home"
     w = open_window(qtbot, home, auto_setup=False)
     seen = []
@@ -301,11 +291,11 @@ def test_sidebar_rename_export_delete(qtbot, data_dir, monkeypatch, tmp_path):
     w.close()
 
 
+@pytest.mark.gpu
+@pytest.mark.model
 def test_app_loads_and_chats_with_an_mlx_moe_model(qtbot, data_dir):
     """A Qwen3.5-MoE-architecture MLX folder (tiny, made by mlx-lm) added by path loads and answers in the app."""
     from engine.catalog import add_local
-    from tests.test_qwen3_5_moe import cached_mlx
-
     entry = add_local(cached_mlx("q4"))
     assert entry.runs
     w = open_window(qtbot, data_dir, settings=ChatSettings(max_tokens=6, sampling=SamplingParams()),
@@ -323,10 +313,11 @@ def test_app_loads_and_chats_with_an_mlx_moe_model(qtbot, data_dir):
     w.close()
 
 
-def test_verify_and_remove_a_downloaded_model(qtbot, tiny_repo, hub, monkeypatch):  # noqa: F811
+@pytest.mark.gpu
+@pytest.mark.model
+def test_verify_and_remove_a_downloaded_model(qtbot, tiny_repo, hub, monkeypatch):
     from PySide6.QtWidgets import QMessageBox
 
-    from tests.test_cli_models import KEY
 
     w = open_window(qtbot, tiny_repo.parent.parent / "home", auto_setup=False)
     errors = []
@@ -362,6 +353,7 @@ def test_verify_and_remove_a_downloaded_model(qtbot, tiny_repo, hub, monkeypatch
     w.close()
 
 
+@pytest.mark.gpu
 def test_a_message_sent_while_the_model_loads_goes_out_when_it_is_ready(qtbot, data_dir):
     w = open_window(qtbot, data_dir)  # starts loading the demo model
     assert w.facts is None and w.loading_key is not None
@@ -394,6 +386,7 @@ def test_copy_buttons_put_the_answer_and_code_on_the_clipboard(qtbot, data_dir):
     qtbot.wait(1700)
 
 
+@pytest.mark.gpu
 def test_exact_decode_preference_reaches_the_runtime(qtbot, data_dir):
     """The default decode takes int8 activations (faster); the preference loads the model with f32 ones."""
     for exact in (False, True):

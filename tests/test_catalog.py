@@ -13,7 +13,6 @@ import pytest
 
 from engine import demo
 from engine.catalog import (
-    CatalogEntry,
     add_local,
     all_models,
     catalog_path,
@@ -26,11 +25,8 @@ from engine.catalog import (
 )
 from engine.errors import ModelFormatError
 from engine.formats.mlc import MlcCheckpoint
-from engine.models import model_module
 from engine.transformer import tensor_shapes
-from tests.fixtures_demo import demo_gguf
-from tests.test_gguf_format import DIMS, make_model
-from tests.tiny_models import cached_tiny_hf
+from tests.helpers import DIMS, cached_tiny_hf, demo_gguf, make_model, spec_from_dims
 
 NOT_FOUND = "not found offline; the first download pins the commit the hub resolves"
 
@@ -97,16 +93,6 @@ def test_kv_bytes_per_token_follow_the_architecture(catalog):
     for repo in ("lmstudio-community/Qwen3.6-35B-A3B-MLX-4bit", "abgunaydin/Qwen3.6-35B-A3B-MLX-q3exp"):
         assert by_repo(catalog, repo).kv_bytes_per_token == 2 * 10 * 2 * 256 * 2
     assert catalog["smollm2-135m-demo"].kv_bytes_per_token == 2 * 30 * 3 * 64 * 2
-
-
-def spec_from_dims(e: CatalogEntry):
-    d = e.dims
-    cfg = dict(hidden_size=d["hidden_size"], intermediate_size=d["ffn_dim"], num_hidden_layers=d["num_layers"],
-               num_attention_heads=d["num_heads"], num_key_value_heads=d["num_kv_heads"], head_dim=d["head_dim"],
-               vocab_size=d["vocab_size"], tie_word_embeddings=d["tied_embeddings"],
-               max_position_embeddings=e.max_context)
-    module = model_module(e.architecture)
-    return module.spec(module.ModelArgs.from_dict(cfg))
 
 
 def test_dense_mlc_weight_bytes_are_exact(catalog):
@@ -224,6 +210,7 @@ def test_add_local_gguf(tmp_path, rng):
     assert e in all_models(local=store)
 
 
+@pytest.mark.model
 def test_add_local_mlc_folder_and_hf_folder(tmp_path):
     from engine.cli import main
 

@@ -9,10 +9,9 @@ import pytest
 
 from engine import catalog
 from engine.cli import main as cli_main
-from tests.test_app import open_window, send, wait_idle, wait_loaded
-from tests.test_hub import hub, memory_keyring  # noqa: F401 (fixtures)
-from tests.test_qwen3_5_moe import cached_mlx
-from tests.tiny_models import cached_tiny_hf
+from tests.helpers import cached_mlx, cached_tiny_hf, open_window, send, wait_idle, wait_loaded
+
+pytestmark = [pytest.mark.model, pytest.mark.gpu]
 
 SIZE_FIELDS = ("total_bytes", "weights_bytes", "largest_tensor_bytes")
 
@@ -31,7 +30,7 @@ def stand_in_files(key: str, tmp_path) -> dict[str, bytes]:
 
 
 @pytest.fixture(params=["qwen3.5-4b-q4f16_1", "qwen3.6-35b-a3b-mlx-4bit", "qwen3.6-35b-a3b-mlx-q3"])
-def listed(request, hub, tmp_path, monkeypatch):  # noqa: F811
+def listed(request, hub, tmp_path, monkeypatch):
     key = request.param
     raw = json.loads(catalog.catalog_path().read_text())
     entry = next(m for m in raw["models"] if m["key"] == key)
@@ -56,7 +55,7 @@ def catalog_matches(patterns: list[str], name: str) -> bool:
     return any(fnmatch(name, p) for p in patterns)
 
 
-def test_listed_hybrid_downloads_loads_and_answers_in_the_app(qtbot, listed, hub):  # noqa: F811
+def test_listed_hybrid_downloads_loads_and_answers_in_the_app(qtbot, listed, hub):
     entry, home = listed
     w = open_window(qtbot, home, auto_setup=False)
     try:

@@ -18,7 +18,7 @@ from engine.chat import ChatTemplate, ChatTemplateError, TemplateCancelled, rend
 from engine.errors import ModelFormatError
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
-from tests.tiny_models import write_tiny_tokenizer
+from tests.helpers import write_tiny_tokenizer
 
 WHERE = "/models/evil-model/tokenizer_config.json"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -232,7 +232,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
 def test_tokenizer_config_nested_100000_deep_is_a_clear_error(tmp_path):
     write_tiny_tokenizer(tmp_path, 259)
     (tmp_path / "tokenizer_config.json").write_text('{"chat_template": ' + DEEP + "}")
-    with pytest.raises(ModelFormatError, match=r"tokenizer_config\.json: not valid JSON \(nested too deeply\)"):
+    with pytest.raises(ModelFormatError, match=r"tokenizer_config\.json: JSON nested \d+ levels deep"):
         Tokenizer.from_dir(tmp_path)
 
 

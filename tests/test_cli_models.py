@@ -5,38 +5,14 @@ import json
 
 import pytest
 
-from engine import catalog
 from engine.cli import main as cli_main
 from engine.model import load_model
 from engine.sampling import SamplingParams
-from tests.net_guard import no_connections
-from tests.test_hub import hub, memory_keyring  # noqa: F401 (fixtures)
-from tests.tiny_models import cached_tiny_hf
-
-KEY = "tiny-qwen3-test"
-REPO = "zerotvm-tests/tiny-qwen3-q4f16_1-MLC"
+from tests.helpers import TINY_QWEN3_KEY as KEY
+from tests.helpers import no_connections
 
 
-@pytest.fixture
-def tiny_repo(hub, tmp_path, monkeypatch):  # noqa: F811
-    """The hub serves a tiny Qwen3 MLC build; the catalog (a test copy) lists it under KEY."""
-    build = tmp_path / "build"
-    assert cli_main(["convert", str(cached_tiny_hf("qwen3")), str(build)]) == 0
-    # Like the real MLC repos, without a generation_config.json.
-    files = {p.name: p.read_bytes() for p in build.iterdir() if p.is_file() and p.name != "generation_config.json"}
-    hub.add_repo(REPO, files)
-    raw = json.loads(catalog.catalog_path().read_text())
-    base = next(m for m in raw["models"] if m["architecture"] == "qwen3")
-    raw["models"].append({**base, "key": KEY, "name": "Tiny Qwen3 (test)", "repo": REPO, "revision": None,
-                          "files": ["*"], "total_bytes": sum(map(len, files.values()))})
-    path = tmp_path / "models.json"
-    path.write_text(json.dumps(raw))
-    monkeypatch.setattr(catalog, "catalog_path", lambda: path)
-    monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("ZEROTVM_MODELS", str(tmp_path / "models"))
-    return tmp_path / "models" / KEY
-
-
+@pytest.mark.model
 def test_download_list_generate_offline_and_remove(gpu, tiny_repo, capsys):
     assert cli_main(["models", "--json"]) == 0
     before = {r["key"]: r for r in json.loads(capsys.readouterr().out)}
@@ -72,6 +48,7 @@ def test_download_list_generate_offline_and_remove(gpu, tiny_repo, capsys):
     assert not tiny_repo.exists()
 
 
+@pytest.mark.model
 def test_download_errors_are_plain(tiny_repo, capsys, monkeypatch):
     assert cli_main(["download", "no-such-key"]) == 2
     assert "no catalog model 'no-such-key'" in capsys.readouterr().err

@@ -13,7 +13,7 @@ import pytest
 
 from engine import paths
 
-ERRORS: dict = {}
+pytestmark = pytest.mark.app  # drives the Qt app (through app.main.main)
 
 
 @pytest.fixture

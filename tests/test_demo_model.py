@@ -3,14 +3,15 @@ load, chat, and agreement with transformers running the same GGUF (dequantized b
 
 import numpy as np
 import pytest
-import torch
 
 from engine.cli import main as cli_main
 from engine.model import load_model
 from engine.sampling import SamplingParams
 from engine.session import ChatSession, ChatSettings
-from tests.fixtures_demo import CACHE, demo_gguf
-from tests.test_dense_models import uses_q8, uses_q8_prefill
+from tests.helpers import DEMO_CACHE, demo_gguf, uses_q8, uses_q8_prefill
+
+pytestmark = pytest.mark.model
+torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 
 @pytest.fixture(scope="module")
@@ -76,8 +77,8 @@ def test_top1_agrees_with_transformers_over_64_teacher_forced_tokens(demo, demo_
 
 @pytest.mark.parametrize("exact", [[], ["--exact-decode"]], ids=["int8-decode", "exact-decode"])
 def test_cli_generate_uses_the_installed_demo(monkeypatch, capsys, gpu, demo_path, exact):
-    monkeypatch.setenv("ZEROTVM_MODELS", str(CACHE / "models"))
-    monkeypatch.setenv("ZEROTVM_HOME", str(CACHE / "home"))
+    monkeypatch.setenv("ZEROTVM_MODELS", str(DEMO_CACHE / "models"))
+    monkeypatch.setenv("ZEROTVM_HOME", str(DEMO_CACHE / "home"))
     assert cli_main(["generate", "--prompt", "What is the capital of France?", "--temperature", "0",
                      "--max-tokens", "20", "--context", "256", *exact]) == 0
     out = capsys.readouterr()

@@ -6,12 +6,22 @@ differences left are ours: kernel arithmetic, f16 KV cache, RoPE, paging, chunki
 
 import numpy as np
 import pytest
-import torch
 
 from engine.cli import main as cli_main
 from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
 from engine.model import load_model
-from tests.tiny_models import make_tiny_hf
+from tests.helpers import (
+    DECODE_TOL,
+    assert_greedy_decode_is_teacher_forced_argmax,
+    cached_tiny_hf,
+    compare,
+    compare_int8,
+    uses_q8,
+    uses_q8_prefill,
+)
+
+pytestmark = pytest.mark.model
+torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 CONFIGS = {
     "phi3": ("phi3", dict(vocab_size=250)),  # vocab not a multiple of 32
@@ -40,40 +50,11 @@ def reference_model(hf_dir, mlc):
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
 def tiny(request, tmp_path_factory):
-    root = tmp_path_factory.mktemp(request.param)
     model_type, overrides = CONFIGS[request.param]
-    hf_dir = make_tiny_hf(model_type, root / "hf", **overrides)
-    out = root / "mlc"
+    hf_dir = cached_tiny_hf(model_type, **overrides)
+    out = tmp_path_factory.mktemp(request.param) / "mlc"
     assert cli_main(["convert", str(hf_dir), str(out), "--format", "q4f16_1"]) == 0
     return hf_dir, out
-
-
-def compare(ours, ref, tol=1e-2, margin=1e-2):
-    """Max error within tol of max|ref|, and the same top-1 wherever the reference's top two differ by > margin."""
-    rel = np.abs(ours - ref).max() / np.abs(ref).max()
-    assert rel <= tol, f"max relative error {rel:.3g}"
-    top2 = np.sort(ref, axis=1)[:, -2:]
-    sure = (top2[:, 1] - top2[:, 0]) > margin
-    assert np.array_equal(ours.argmax(1)[sure], ref.argmax(1)[sure])
-
-
-# Decode with f32 activations computes what the prefill GEMMs compute (to f32 rounding). With int8 activations
-# (q8_decode, the default on GPUs with subgroups) every 4-bit matrix input, in decode and in prefill, carries int8
-# rounding: against f32 arithmetic, up to 2e-2 of max|logit| (measured up to 9.4e-3 on the tiny models here); and
-# decode against prefill: the same rounding but for int8 codes that f32 rounding differences (split-K attention)
-# push across a rounding boundary (measured up to 4.4e-3).
-DECODE_TOL = {False: 5e-3, True: 2e-2}
-
-
-def compare_int8(ours, ref):
-    """compare() for int8 activations: their tolerance, and top-1 checked where the top two differ by more than
-    twice the error it allows."""
-    compare(ours, ref, DECODE_TOL[True], 2 * DECODE_TOL[True] * np.abs(ref).max())
-
-
-def uses_q8_prefill(rt) -> bool:
-    """Whether a prefill GEMM of this runtime takes int8 activations (matmul_q8)."""
-    return any(step[0].label == "matmul_q8" for b in rt.layer_bg for steps in b["mm"].values() for step in steps)
 
 
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
@@ -88,12 +69,6 @@ def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
     with torch.no_grad():
         ref = ref_model(torch.tensor(ids[None])).logits[0].numpy()
     compare_int8(ours, ref) if q8 else compare(ours, ref)
-
-
-def uses_q8(rt) -> bool:
-    """Whether any decode matvec of this runtime (a layer's or the LM head's) takes int8 activations."""
-    pipes = [step[0] for b in rt.layer_bg for steps in b["mv"].values() for step in steps]
-    return any(p.label == "matvec_q8" for p in pipes + [part[0] for part in rt.lm_parts["mv"]])
 
 
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
@@ -116,19 +91,28 @@ def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
 
 @pytest.mark.parametrize("q8_prefill", [False, True], ids=["f32-prefill", "int8-prefill"])
 def test_int8_prefill_rounds_as_int8_decode(gpu, tiny, q8_prefill):
-    """matmul_q8 (prefill) and matvec_q8 (decode) see the same int8 rows: without split-K attention (whose f32
-    rounding can move a code) the logits agree to f32 rounding (exactly, at these K). With q8_prefill=False the
-    prefill keeps f32 activations and differs from the int8 decode by the int8 rounding."""
+    """matmul_q8 (prefill) and matvec_q8 (decode) both round every 4-bit matrix input to int8. They are not
+    compared with each other: their f32 parts sum in different orders, a code near a rounding boundary can land
+    one step apart, and a random tiny model amplifies that (0.8–3% of max|logit| on an H200, 0 on lavapipe). Each
+    is compared with the f32 arithmetic instead: within the int8 tolerance and, int8 rounding being far coarser
+    than f32's, more than 1e-3 away. With q8_prefill=False the prefill runs the f32 kernels themselves."""
     _, mlc = tiny
     model = load_model(mlc, gpu=gpu, max_context=320, prefill_chunk=64, split_keys=320, q8_prefill=q8_prefill)
     rt = model.runtime
     assert uses_q8(rt) and uses_q8_prefill(rt) == q8_prefill
+    exact = load_model(mlc, gpu=gpu, max_context=320, prefill_chunk=64, split_keys=320, q8_decode=False)
+    assert not uses_q8(exact.runtime) and not uses_q8_prefill(exact.runtime)
     ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 160)
+    ref = exact.logits(ids)
     full = model.logits(ids)
     rt.reset()
     per_token = rt.logits(ids, chunk=1)
-    err = np.abs(per_token - full).max() / np.abs(full).max()
-    assert err <= 1e-5 if q8_prefill else 1e-3 < err < DECODE_TOL[True]
+    scale = np.abs(ref).max()
+    assert 1e-3 < np.abs(per_token - ref).max() / scale < DECODE_TOL[True]
+    if q8_prefill:
+        assert 1e-3 < np.abs(full - ref).max() / scale < DECODE_TOL[True]
+    else:  # the same f32 kernels on the same inputs
+        np.testing.assert_array_equal(full, ref)
 
 
 def test_int8_from_the_norms_equals_a_quantize_dispatch(gpu, tiny):
@@ -142,21 +126,6 @@ def test_int8_from_the_norms_equals_a_quantize_dispatch(gpu, tiny):
     assert fused.runtime.dispatches_per_token == apart.runtime.dispatches_per_token - 2 * n_layers - 1
     a, b = fused.runtime.logits(ids, chunk=1), apart.runtime.logits(ids, chunk=1)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-4 * np.abs(b).max())
-
-
-def assert_greedy_decode_is_teacher_forced_argmax(model, n: int, misses: int, **generate) -> None:
-    """GPU-resident greedy decode of n tokens: each is the argmax of the full forward over what came before
-    (up to `misses` near-ties between the decode and prefill kernels; with int8 activations a near-tie is
-    anything within the decode tolerance, and a miss is allowed per 20 tokens more)."""
-    q8 = uses_q8(model.runtime)
-    tie, misses = (DECODE_TOL[True], misses + n // 20) if q8 else (1e-3, misses)
-    prompt = [3, 17, 42, 5, 9]
-    tokens = [r.token for r in model.generate(prompt, max_tokens=n, **generate)]
-    assert len(tokens) == n
-    logits = model.logits(prompt + tokens[:-1])[len(prompt) - 1:]
-    picked = logits[np.arange(len(tokens)), tokens]
-    assert np.all(logits.max(1) - picked <= tie * np.abs(logits).max())
-    assert sum(t == a for t, a in zip(tokens, logits.argmax(1), strict=True)) >= len(tokens) - misses
 
 
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
@@ -176,8 +145,6 @@ def test_cli_logits_writes_npy(gpu, tiny, tmp_path):
 
 
 def test_mlc_qwen3_builds_naming_qkv_either_way_load_the_same(gpu, tmp_path):
-    from tests.tiny_models import cached_tiny_hf
-
     out = tmp_path / "qwen3"
     assert cli_main(["convert", str(cached_tiny_hf("qwen3")), str(out)]) == 0
     ids = [3, 4, 5, 6, 7]
@@ -189,8 +156,6 @@ def test_mlc_qwen3_builds_naming_qkv_either_way_load_the_same(gpu, tmp_path):
 
 def test_fused_qkv_decode_kernel_still_matches(gpu, tmp_path):
     """The fused QKV+RoPE+append decode kernel is off by default (slower on the H200) but kept for A/B runs."""
-    from tests.tiny_models import cached_tiny_hf
-
     out = tmp_path / "phi3"
     assert cli_main(["convert", str(cached_tiny_hf("phi3", vocab_size=250)), str(out)]) == 0
     ids = np.random.default_rng(2).integers(0, 250, 40)
@@ -207,8 +172,6 @@ def test_fused_qkv_decode_kernel_still_matches(gpu, tmp_path):
 def test_vocabulary_matrices_split_across_bindings(gpu, tmp_path, monkeypatch, model_type):
     """An embedding / LM head bigger than one storage binding (Qwen3-4B's is 194 MB; some GPUs bind 128 MiB) is
     bound in row parts: logits, decode and sampling equal the single-binding run."""
-    from tests.tiny_models import cached_tiny_hf
-
     out = tmp_path / model_type
     assert cli_main(["convert", str(cached_tiny_hf(model_type)), str(out)]) == 0
     ids = np.random.default_rng(4).integers(0, 288, 24).tolist()

@@ -20,7 +20,7 @@ from engine import chat_guard
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.errors import ModelFormatError
 from engine.tokenizer import Tokenizer
-from tests.tiny_models import write_tiny_tokenizer
+from tests.helpers import write_tiny_tokenizer
 
 WHERE = "/models/fuzzed/tokenizer_config.json"
 TIMEOUT_S = 0.3

@@ -19,10 +19,9 @@ from hypothesis import strategies as st
 
 from engine.hub import download, names, state
 from engine.hub.download import DownloadError, download_model, is_installed, verify_installed
-from tests import hub_fixtures
-from tests.hub_fixtures import FILES, REPO
+from tests.helpers import HUB_FILES as FILES
+from tests.helpers import HUB_REPO as REPO
 
-hub, memory_keyring = hub_fixtures.hub, hub_fixtures.memory_keyring  # the fixtures, by the names tests ask for
 WANTED = ["config.json", "model.safetensors", "tokenizer.json"]
 STATUSES = [500, 502, 503, 504, 429, 408, 404, 403, 401, 416, 410]
 HOSTILE_LISTINGS = [

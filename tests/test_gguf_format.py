@@ -7,121 +7,26 @@ downloaded.
 
 import numpy as np
 import pytest
-from gguf import GGMLQuantizationType, GGUFWriter
 from gguf.quants import dequantize as gguf_dequantize
-from gguf.quants import quantize as gguf_quantize
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.gguf import GgufCheckpoint, PackedWeight, dequantize, pack_rows, unpermute_index
+from engine.formats.gguf import GgufCheckpoint, dequantize, pack_rows, unpermute_index
 from engine.matmul import format_knobs, matvec_plan
-from tests.kernel_util import poisoned, read, run, step_uniform
-
-Q = GGMLQuantizationType
-DIMS = dict(dim=64, heads=4, kv_heads=2, head_dim=16, ffn=96, vocab=80, layers=2)
-
-
-def llama_cpp_permute(w, n_head, n_head_kv=None):
-    """LlamaModel.permute from llama.cpp's convert_hf_to_gguf.py (q: n_head twice; k: n_head, n_head_kv)."""
-    if n_head_kv is not None and n_head != n_head_kv:
-        n_head = n_head_kv
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def hf_weights(rng, arch, dim, heads, kv_heads, head_dim, ffn, vocab, layers):
-    """Random weights under HF-like keys, rows in transformers' order."""
-    w = {"embed": rng.standard_normal((vocab, dim)), "norm": rng.uniform(0.5, 1.5, dim)}
-    if arch != "qwen3":  # qwen3 ties the LM head to the embedding, like Qwen3-0.6B
-        w["lm_head"] = rng.standard_normal((vocab, dim))
-    for i in range(layers):
-        c = f"layers.{i}."
-        w[c + "attn_norm"], w[c + "mlp_norm"] = rng.uniform(0.5, 1.5, (2, dim))
-        w[c + "q"] = rng.standard_normal((heads * head_dim, dim))
-        w[c + "k"], w[c + "v"] = rng.standard_normal((2, kv_heads * head_dim, dim))
-        w[c + "o"] = rng.standard_normal((dim, heads * head_dim))
-        w[c + "gate"], w[c + "up"] = rng.standard_normal((2, ffn, dim))
-        w[c + "down"] = rng.standard_normal((dim, ffn))
-        if arch == "qwen3":
-            w[c + "q_norm"], w[c + "k_norm"] = rng.uniform(0.5, 1.5, (2, head_dim))
-    return {k: v.astype(np.float32) for k, v in w.items()}
-
-
-def gguf_tensors(arch, w, heads, kv_heads, layers, **_):
-    """HF weights -> {GGUF name: float32 array} as llama.cpp's converter lays them out for `arch`."""
-    t = {"token_embd.weight": w["embed"], "output_norm.weight": w["norm"]}
-    if "lm_head" in w:
-        t["output.weight"] = w["lm_head"]
-    for i in range(layers):
-        c, b = f"layers.{i}.", f"blk.{i}."
-        t[b + "attn_norm.weight"], t[b + "ffn_norm.weight"] = w[c + "attn_norm"], w[c + "mlp_norm"]
-        q, k, v = w[c + "q"], w[c + "k"], w[c + "v"]
-        if arch == "phi3":  # qkv_proj and gate_up_proj are single HF matrices
-            t[b + "attn_qkv.weight"] = np.concatenate([q, k, v])
-            t[b + "ffn_up.weight"] = np.concatenate([w[c + "gate"], w[c + "up"]])
-        else:
-            if arch == "llama":
-                q, k = llama_cpp_permute(q, heads, heads), llama_cpp_permute(k, heads, kv_heads)
-            t[b + "attn_q.weight"], t[b + "attn_k.weight"], t[b + "attn_v.weight"] = q, k, v
-            t[b + "ffn_gate.weight"], t[b + "ffn_up.weight"] = w[c + "gate"], w[c + "up"]
-        t[b + "attn_output.weight"], t[b + "ffn_down.weight"] = w[c + "o"], w[c + "down"]
-        if arch == "qwen3":
-            t[b + "attn_q_norm.weight"], t[b + "attn_k_norm.weight"] = w[c + "q_norm"], w[c + "k_norm"]
-    return t
-
-
-def write_gguf(path, arch, tensors, qtype=Q.Q4_0, types=None, dims=DIMS, meta=True, extra=None, skip=(),
-               theta=500000.0, eps=1e-5):
-    """Write `tensors` ({name: float32, or (raw block bytes, type)}); float matrices in `qtype` (or
-    types[name]), vectors in F32. Returns {name: the stored array} (blocks as bytes when quantized)."""
-    writer = GGUFWriter(str(path), arch)
-    if meta:
-        writer.add_context_length(512)
-        writer.add_embedding_length(dims["dim"])
-        writer.add_block_count(dims["layers"])
-        writer.add_feed_forward_length(dims["ffn"])
-        writer.add_head_count(dims["heads"])
-        writer.add_head_count_kv(dims["kv_heads"])
-        writer.add_layer_norm_rms_eps(eps)
-        writer.add_rope_freq_base(theta)
-        writer.add_key_length(dims["head_dim"])
-        writer.add_value_length(dims["head_dim"])
-        writer.add_rope_dimension_count(dims["head_dim"])
-        writer.add_bos_token_id(1)
-        writer.add_eos_token_id(2)
-    for key, value in (extra or {}).items():
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        elif isinstance(value, list):
-            writer.add_array(key, value)
-        else:
-            writer.add_uint32(key, value)
-    stored = {}
-    for name, arr in tensors.items():
-        if name in skip:
-            continue
-        if isinstance(arr, tuple):  # blocks the gguf package cannot produce (K-quants)
-            data, t = arr
-        else:
-            t = (types or {}).get(name, qtype if arr.ndim == 2 else Q.F32)
-            data = gguf_quantize(arr, t)
-        stored[name] = data
-        writer.add_tensor(name, data, raw_dtype=t if data.dtype == np.uint8 else None)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return stored
-
-
-def make_model(tmp_path, rng, arch, qtype=Q.Q4_0, **kw):
-    w = hf_weights(rng, arch, **DIMS)
-    path = tmp_path / f"{arch}.gguf"
-    stored = write_gguf(path, arch, gguf_tensors(arch, w, **DIMS), qtype=qtype, **kw)
-    return path, w, stored
-
-
-def roundtrip(w, qtype):
-    """What ggml itself gives back for HF weights quantized in `qtype` (vectors stay F32)."""
-    return gguf_dequantize(gguf_quantize(w, qtype), qtype) if w.ndim == 2 else w
+from engine.packed import PackedWeight
+from tests.helpers import (
+    DIMS,
+    Q,
+    gguf_tensors,
+    hf_weights,
+    llama_cpp_permute,
+    make_model,
+    poisoned,
+    read,
+    roundtrip,
+    run,
+    step_uniform,
+    write_gguf,
+)
 
 
 def hf_canonical(w, name, layers):
@@ -181,15 +86,15 @@ def test_config_mapping(tmp_path, rng, arch):
     assert ckpt.architecture == arch
     cfg = ckpt.config
     assert cfg == {
-        "model_type": arch, "architectures": [{"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM",
-                                               "qwen3": "Qwen3ForCausalLM"}[arch]],
+        "model_type": arch,
         "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "intermediate_size": 96, "vocab_size": 80, "rms_norm_eps": 1e-5,
         "rope_theta": 500000.0, "max_position_embeddings": 512, "tie_word_embeddings": arch == "qwen3",
         "rope_scaling": None, "bos_token_id": 1, "eos_token_id": 2,
     }
     names = ckpt.canonical_names()
-    assert names[:2] == ["embed", "norm"] and ("lm_head" in names) == (arch != "qwen3")
+    assert names[0] == "embed" and "norm" in names and ("lm_head" in names) == (arch != "qwen3")
+    assert len(names) == 2 + (arch != "qwen3") + 2 * (6 + 2 * (arch == "qwen3"))
     assert ("layers.1.q_norm" in names) == (arch == "qwen3")
     assert ckpt.formats()["layers.0.qkv"] == "q4_0" and ckpt.formats()["norm"] == "f32"
 
@@ -340,7 +245,7 @@ def test_fused_parts_must_share_a_type(tmp_path, rng):
 
 @pytest.mark.parametrize("extra,match", [
     ({}, r"field 'llama\.block_count' is missing"),
-    ({"llama.block_count": "two"}, r"field 'llama\.block_count' is 'two', expected a positive integer"),
+    ({"llama.block_count": "two"}, r"field 'llama\.block_count' is 'two', expected a whole number from 1 to 1,024"),
 ])
 def test_bad_metadata_is_named(tmp_path, rng, extra, match):
     w = hf_weights(rng, "llama", **DIMS)
@@ -376,7 +281,7 @@ def test_truncated_file_names_the_tensor(tmp_path, rng):
     with pytest.raises(ModelFormatError, match=r"cut\.gguf: tensor '.+' needs bytes up to \d+ .*truncated"):
         GgufCheckpoint(tmp_path / "cut.gguf")
     (tmp_path / "head.gguf").write_bytes(data[:200])  # cut inside the metadata
-    with pytest.raises(ModelFormatError, match=r"head\.gguf: unreadable GGUF header"):
+    with pytest.raises(ModelFormatError, match=r"head\.gguf: .*truncated"):
         GgufCheckpoint(tmp_path / "head.gguf")
 
 

@@ -4,13 +4,23 @@ transformers running the same weights as ggml dequantizes them."""
 
 import numpy as np
 import pytest
-import torch
 from gguf import GGMLQuantizationType
 
 from engine.model import load_model
-from tests.test_dense_models import DECODE_TOL, compare, compare_int8, uses_q8, uses_q8_prefill
-from tests.test_gguf_format import gguf_tensors, roundtrip, write_gguf
-from tests.tiny_models import cached_tiny_hf
+from tests.helpers import (
+    DECODE_TOL,
+    cached_tiny_hf,
+    compare,
+    compare_int8,
+    gguf_tensors,
+    roundtrip,
+    uses_q8,
+    uses_q8_prefill,
+    write_gguf,
+)
+
+pytestmark = pytest.mark.model
+torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 Q = GGMLQuantizationType
 CASES = {  # name: (model_type, matrix type, embedding type or None for the same)

@@ -22,8 +22,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import ModelFormatError
 from engine.tokenizer import Tokenizer, load_tokenizer
-from tests.fixtures_demo import demo_gguf
-from tests.fixtures_tokenizers import FetchError, llama2_tokenizer_dir, llama3_tokenizer_dir, qwen3_tokenizer_dir
+from tests.helpers import FetchError, demo_gguf, llama2_tokenizer_dir, llama3_tokenizer_dir, qwen3_tokenizer_dir
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
@@ -129,6 +128,7 @@ def smollm_reference(hf_smollm):
     return HFTokenizer.from_str(json.dumps(data))
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("text", TEXTS)
 def test_smollm_encode_matches_transformers(smollm, hf_smollm, text):
     ids = smollm.encode(text)
@@ -136,6 +136,7 @@ def test_smollm_encode_matches_transformers(smollm, hf_smollm, text):
     assert smollm.decode(ids) == text
 
 
+@pytest.mark.model
 def test_smollm_splits_digits_like_its_own_tokenizer(smollm, hf_smollm, smollm_reference):
     for text in TEXTS + DIGIT_SPLITS:
         assert smollm.encode(text) == smollm_reference.encode(text).ids, text
@@ -159,6 +160,7 @@ SMOLLM_CHATS = [
 ]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("messages", SMOLLM_CHATS)
 def test_smollm_chat_prompt_matches_transformers(smollm, hf_smollm, messages):
     prompt = smollm.chat_prompt(messages)
@@ -376,6 +378,7 @@ def hf_phi3(phi3_path):
     return AutoTokenizer.from_pretrained(phi3_path.parent, gguf_file=phi3_path.name)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("messages", PHI3_CHATS)
 def test_sentencepiece_gguf_chat_prompt_matches_transformers(phi3, hf_phi3, messages):
     hf = hf_phi3

@@ -3,7 +3,7 @@ import pytest
 
 from engine.errors import GpuError
 from engine.gpu import Gpu, PlanRecorder, Recorder, fold_grid, list_adapters, pick_adapter
-from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.helpers import assert_q8_row, poisoned, read, run, step_uniform
 
 
 def test_adapter_is_vulkan_with_f16(gpu):
@@ -18,6 +18,7 @@ def test_subgroup_size_is_probed(gpu):
     assert gpu.subgroup_size in (4, 8, 16, 32, 64, 128)
 
 
+@pytest.mark.gpu
 def test_adapter_choice_by_name_and_index():
     adapters = list_adapters()
     vk = [a for a in adapters if a.backend == "Vulkan"][0]
@@ -27,6 +28,7 @@ def test_adapter_choice_by_name_and_index():
         pick_adapter("no-such-gpu-anywhere")
 
 
+@pytest.mark.gpu
 def test_opengl_adapter_is_refused_for_lack_of_f16():
     gl = [a for a in list_adapters() if a.backend == "OpenGL"]
     if not gl:
@@ -35,9 +37,10 @@ def test_opengl_adapter_is_refused_for_lack_of_f16():
         Gpu(gl[0])
 
 
+# Workgroups of one dispatch that share a slot run concurrently on a real GPU: they add atomically.
 _COUNTER = """
-@group(0) @binding(0) var<storage, read_write> o: array<u32>;
-@compute @workgroup_size(1) fn main(@builtin(workgroup_id) w: vec3<u32>) { o[w.x] += w.y + 1u; }
+@group(0) @binding(0) var<storage, read_write> o: array<atomic<u32>>;
+@compute @workgroup_size(1) fn main(@builtin(workgroup_id) w: vec3<u32>) { atomicAdd(&o[w.x], w.y + 1u); }
 """
 _TWO_BUFFERS = """
 @group(0) @binding(0) var<storage, read> a: array<u32>;
@@ -107,8 +110,6 @@ def test_fold_grid():
 
 @pytest.mark.parametrize("T,D,q8", [(1, 32, False), (3, 77, False), (5, 3072, False), (1, 64, True), (5, 3072, True)])
 def test_rms_norm(any_gpu, rng, T, D, q8):
-    from tests.test_kernels_q8 import assert_q8_row
-
     g = any_gpu
     x = rng.standard_normal((T, D)).astype(np.float32)
     w = rng.standard_normal(D).astype(np.float16)

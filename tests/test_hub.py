@@ -27,12 +27,12 @@ from engine.hub.download import (
 )
 from engine.hub.errors import TokenError
 from engine.hub.progress import Tracker
-from tests import hub_fixtures
-from tests.hub_fixtures import BIG, FILES, REPO, TOKEN
+from tests.helpers import HUB_BIG as BIG
+from tests.helpers import HUB_FILES as FILES
+from tests.helpers import HUB_REPO as REPO
+from tests.helpers import HUB_TOKEN as TOKEN
+from tests.helpers import no_connections
 from tests.hub_server import HubServer
-from tests.net_guard import no_connections
-
-hub, memory_keyring = hub_fixtures.hub, hub_fixtures.memory_keyring  # the fixtures, by the names tests ask for
 
 WANTED = {"config.json", "tokenizer.json", "model.safetensors"}
 

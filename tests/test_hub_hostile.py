@@ -13,10 +13,11 @@ import pytest
 
 from engine.hub import download, names, remote, state
 from engine.hub.download import DownloadError, download_model, is_installed
-from tests import hub_fixtures, hub_server
-from tests.hub_fixtures import BIG, FILES, REPO
+from tests import hub_server
+from tests.helpers import HUB_BIG as BIG
+from tests.helpers import HUB_FILES as FILES
+from tests.helpers import HUB_REPO as REPO
 
-hub, memory_keyring = hub_fixtures.hub, hub_fixtures.memory_keyring  # the fixtures, by the names tests ask for
 LFS_FILE = "model.safetensors"
 
 

@@ -4,9 +4,8 @@ causal attention (plain and split-K + combine), and decode-vs-prefill agreement.
 import numpy as np
 import pytest
 
-from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.helpers import PAGE, assert_q8_row, inv_freq_for, poisoned, read, rope_ref, run, step_uniform
 
-PAGE = 16
 NEG_BIG = -3.0e38
 
 
@@ -15,26 +14,6 @@ def _run(g, shader, consts, buffers, grid):
 
 
 # ---- numpy references ------------------------------------------------------------------------------
-
-
-def inv_freq_for(rot, base=10000.0):
-    return (1.0 / base ** (np.arange(0, rot, 2, dtype=np.float64) / rot)).astype(np.float32)
-
-
-def rope_ref(x, positions, inv_freq, rot, f32_angle=False):
-    """rotate_half RoPE on the last axis of x [T, heads, HD] in float64; dims ≥ rot pass through.
-    f32_angle forms pos · inv_freq in f32 as transformers (and the kernels) do; only cos/sin stay exact."""
-    x = x.astype(np.float64).copy()
-    half = rot // 2
-    if f32_angle:
-        angle = (np.asarray(positions, np.float32)[:, None] * inv_freq[None, :]).astype(np.float64)
-    else:
-        angle = np.asarray(positions, np.float64)[:, None] * inv_freq.astype(np.float64)[None, :]
-    cos, sin = np.cos(angle)[:, None, :], np.sin(angle)[:, None, :]
-    x1, x2 = x[..., :half].copy(), x[..., half:rot].copy()
-    x[..., :half] = x1 * cos - x2 * sin
-    x[..., half:rot] = x2 * cos + x1 * sin
-    return x
 
 
 EPS = 1e-6
@@ -335,8 +314,6 @@ def test_attention(any_gpu, rng, H, KVH, HD, T, pos0, WG):
 @pytest.mark.parametrize("HD", [96, 128])
 def test_combine_writes_the_int8_row_quantize_q8_would(gpu, rng, HD):
     # Decode (T = 1) with 3 splits: the combine's own int8 copy of its output, chunk by chunk inside each head.
-    from tests.test_kernels_q8 import assert_q8_row
-
     a = AttentionSetup(gpu, rng, 4, 2, HD, 1, 70)
     splits = 3
     part_o, part_ml = poisoned(gpu, "part_o", (splits, 1, 4, HD)), poisoned(gpu, "part_ml", (splits, 1, 4, 2))

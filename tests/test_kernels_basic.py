@@ -6,7 +6,7 @@ import pytest
 from engine.gpu import Recorder
 from engine.matmul import embedding_pipeline, embedding_plan, format_knobs
 from engine.sampling import ARGMAX_SLICE, GpuArgmax
-from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.helpers import assert_q8_row, poisoned, read, run, step_uniform
 
 
 def quantize(w):
@@ -117,8 +117,6 @@ def test_embedding_default_plan_is_the_runtime_pipeline(gpu):
 
 @pytest.mark.parametrize("T,D,q8", [(1, 64, False), (3, 77, False), (4, 3072, False), (1, 96, True), (4, 3072, True)])
 def test_add_rms_norm(any_gpu, rng, T, D, q8):
-    from tests.test_kernels_q8 import assert_q8_row
-
     g = any_gpu
     r_in = rng.standard_normal((T, D)).astype(np.float32)
     delta = rng.standard_normal((T, D)).astype(np.float32)

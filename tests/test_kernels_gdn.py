@@ -5,11 +5,10 @@ transformers' torch_recurrent / torch_chunk_gated_delta_rule."""
 
 import numpy as np
 import pytest
-import torch
 
 from engine.gpu import Recorder
 from engine.hybrid import attn_gate_plan, gdn_conv_plan, gdn_gates_plan, gdn_norm_plan, gdn_recur_plan, pipeline
-from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.helpers import PAGE, inv_freq_for, poisoned, read, rope_ref, run, step_uniform
 
 # ---- float64 references -------------------------------------------------------------------------------
 
@@ -64,7 +63,9 @@ def random_proj(rng, T, KH, VH, DK, DV):
 # ---- the numpy reference vs transformers ---------------------------------------------------------------
 
 
+@pytest.mark.model
 def test_reference_recurrence_matches_transformers(rng):
+    import torch
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
     KH, VH, DK, DV, T = 2, 4, 16, 8, 70  # 70 tokens: two of the chunked algorithm's 64-token chunks
@@ -236,8 +237,6 @@ def test_rms_norms_with_offset(any_gpu, rng, offset):
 
 def test_rope_append_zero_centred_qk_norm_and_partial_rotary(any_gpu, rng):
     """Qwen3.5's attention front: per-head q/k norm x̂·(1 + w), then RoPE on the first ROT = HD/4 dims only."""
-    from tests.test_kernels_attention import PAGE, inv_freq_for, rope_ref
-
     g, H, KVH, HD, ROT, T, pos0, eps = any_gpu, 4, 2, 32, 8, 3, 5, 1e-6
     qkv = rng.standard_normal((T, (H + 2 * KVH) * HD)).astype(np.float32)
     qn, kn = (rng.uniform(-0.5, 0.5, HD).astype(np.float16) for _ in range(2))
@@ -259,15 +258,15 @@ def test_rope_append_zero_centred_qk_norm_and_partial_rotary(any_gpu, rng):
     np.testing.assert_allclose(got_k, k_ref, rtol=2e-3, atol=2e-3)
 
 
+@pytest.mark.model
 def test_partial_rotary_reference_matches_transformers(rng):
     """Our RoPE convention (rotate-half on the first ROT dims, pairs (i, i + ROT/2), the rest passed
     through) and inverse frequencies are transformers' Qwen3.5 partial rotary (text positions)."""
+    import torch
     from transformers import Qwen3_5TextConfig
     from transformers.models.qwen3_5 import modeling_qwen3_5 as m
 
     from engine.models.base import rope_inv_freq
-    from tests.test_kernels_attention import rope_ref
-
     cfg = Qwen3_5TextConfig(head_dim=256, num_attention_heads=2, num_key_value_heads=1, hidden_size=64,
                             rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25))
     rotary = m.Qwen3_5TextRotaryEmbedding(cfg)

@@ -7,21 +7,32 @@ import pytest
 
 from engine.gpu import MAX_GROUPS_PER_DIM
 from engine.matmul import FORMATS, gemm_q8_plan, quantize_q8_plan
-from tests.kernel_util import poisoned, read, run, step_uniform
-from tests.test_kernels_matmul import random_packed, reference_fmt
-from tests.test_kernels_q8 import reference_quantize, unpack_codes
+from tests.helpers import (
+    Q8_SCALE_ULPS,
+    assert_within_ulps,
+    poisoned,
+    random_packed,
+    read,
+    reference_fmt,
+    reference_quantize_q8,
+    run,
+    step_uniform,
+    unpack_codes,
+)
 
 Q4 = {tag: FORMATS[tag] for tag in ("q4f16_1", "q4_0", "q4_1", "mlx4")}
 
 
-def pack_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """q8_pack.wgsl's layout written from its spec, row by row: (xq u32 [T, K/4], xm f32 [T, K/32, 2])."""
+def pack_rows(x: np.ndarray, got_xq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """q8_pack.wgsl's layout written from its spec, row by row: (xq u32 [T, K/4], xm [T, K/32, 2] with exact
+    scales). Codes whose exact value sits within the kernels' rounding of a half-integer take the GPU's choice
+    (reference_quantize_q8), read in element order from `got_xq`."""
     xq, xm = [], []
-    for row in x:
-        q, scale, total = reference_quantize(row)
+    for row, got in zip(x, got_xq, strict=True):
+        q, scale, total = reference_quantize_q8(row, unpack_codes(got))
         words = q.reshape(-1, 4, 8)  # chunk, 8-element word, element
         xq.append(np.stack([words[:, :, 0::2], words[:, :, 1::2]], axis=2).reshape(-1).view(np.uint32))
-        xm.append(np.stack([scale, total.astype(np.float32)], axis=1))
+        xm.append(np.stack([scale, total.astype(np.float64)], axis=1))
     return np.stack(xq), np.stack(xm)
 
 
@@ -70,9 +81,9 @@ def test_quantize_q8_rows_match_the_layout_spec(gpu, rng):
     """The T-row quantize the runtime dispatches writes row t at t·K/4 exactly as q8_pack.wgsl says."""
     x = scaled_activations(rng, 9, 320)
     _, _, xq, xm = quantize_rows(gpu, x)
-    ref_q, ref_m = pack_rows(x)
+    ref_q, ref_m = pack_rows(x, xq)
     np.testing.assert_array_equal(xq, ref_q)
-    np.testing.assert_allclose(xm[..., 0], ref_m[..., 0], rtol=1e-7, atol=0)
+    assert_within_ulps(xm[..., 0], ref_m[..., 0], Q8_SCALE_ULPS)
     np.testing.assert_array_equal(xm[..., 1], ref_m[..., 1])
 
 

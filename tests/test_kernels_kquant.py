@@ -25,8 +25,7 @@ from engine.kquant_plan import (
     weight_buffers,
 )
 from engine.matmul import quantize_q8_plan
-from tests.kernel_util import poisoned, read, run, step_uniform
-from tests.test_kernels_q8 import unpack_codes
+from tests.helpers import poisoned, read, run, step_uniform, unpack_codes
 
 pytestmark = pytest.mark.gpu
 TAGS = list(kquant.TYPES)

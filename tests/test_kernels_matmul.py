@@ -6,7 +6,7 @@ import pytest
 from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
 from engine.gpu import MAX_GROUPS_PER_DIM
 from engine.matmul import FORMATS, format_knobs, gemm_plan, matvec_plan, matvec_sg_plan, prefers_subgroup_rows
-from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.helpers import poisoned, random_packed, read, reference_fmt, run, silu, step_uniform
 
 
 @pytest.fixture
@@ -45,10 +45,6 @@ def random_q4(rng, rows, K):
     q_weight = rng.integers(0, 2**32, size=(rows, K // 8), dtype=np.uint32)
     q_scale = rng.uniform(0.002, 0.02, size=(rows, K // 32)).astype(np.float16)
     return q_weight, q_scale
-
-
-def silu(v):
-    return v / (1 + np.exp(-v))
 
 
 def assert_close(out, ref):
@@ -223,42 +219,6 @@ VARIANTS = {
     "q4_1_g64": dict(bits=4, zero=0, affine=True, group=64),
     "q8_g64": dict(bits=8, zero=128, affine=False, group=64),
 }
-
-
-def random_packed(rng, rows, K, bits, affine, group, **_):
-    """Random weights in a format: every code value occurs; scales > 0, minima of both signs.
-
-    Returns (weight u32 [rows, K·bits/32], scale f16 [rows, K/group] or [rows, K/group, 2] with affine).
-    f16 weights come with a 4-element NaN scale buffer: the kernels must not read binding 2 then.
-    """
-    if bits == 16:
-        w = rng.uniform(-1, 1, size=(rows, K)).astype(np.float16)
-        return w.view(np.uint32), np.full(4, np.nan, np.float16)
-    w = rng.integers(0, 2**32, size=(rows, K * bits // 32), dtype=np.uint32)
-    scale = rng.uniform(0.002, 0.02, size=(rows, K // group)).astype(np.float16)
-    if affine:
-        minimum = rng.uniform(-0.1, 0.1, size=(rows, K // group)).astype(np.float16)
-        scale = np.stack([scale, minimum], axis=-1)
-    return w, scale
-
-
-def reference_dequantize_fmt(w, s, bits, zero, affine, group):
-    """float64 [N, K] from the spec: code k of a row at bits bits·(k % (32/bits)) of word k·bits/32,
-    w = (q − zero)·scale[k/group] (+ min[k/group] with affine); bits 16: f16 pairs, element 2j low."""
-    n = w.shape[0]
-    if bits == 16:
-        return w.view(np.float16).reshape(n, -1).astype(np.float64)
-    per_word = 32 // bits
-    k = np.arange(w.shape[1] * per_word)
-    q = (w[:, k // per_word] >> (bits * (k % per_word)).astype(np.uint32)) & np.uint32(2**bits - 1)
-    pairs = s.astype(np.float64).reshape(n, -1, 2 if affine else 1)
-    out = (q.astype(np.float64) - zero) * pairs[:, k // group, 0]
-    return out + pairs[:, k // group, 1] if affine else out
-
-
-def reference_fmt(x, w, s, N, gate_up, fmt):
-    out = x.astype(np.float64) @ reference_dequantize_fmt(w, s, **fmt).T
-    return silu(out[..., :N]) * out[..., N:] if gate_up else out
 
 
 def test_format_table_matches_the_kernel_defaults():

@@ -6,12 +6,12 @@ representable in our packed layouts: random codes and f16 (scale, bias) pairs, d
 import numpy as np
 import pytest
 
-from engine.formats.gguf import PackedWeight
 from engine.formats.mlx import dequantize
 from engine.gpu import UNIFORM, Recorder
 from engine.matmul import format_knobs
 from engine.moe import MoeBlock, combine_plan, expert_plan, router_plan
-from tests.kernel_util import poisoned, read, run, step_uniform
+from engine.packed import PackedWeight
+from tests.helpers import poisoned, read, run, step_uniform, unpack_codes
 
 
 def silu(v):
@@ -248,6 +248,7 @@ def run_block(gpu, weights, x, top_k, norm=True, max_tokens=8, accumulate=False,
     return block, result[:T]
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("T", [1, 5])
 @pytest.mark.parametrize("shared", [64, 128])  # 64 = F: stacked as expert E; 128: its own dispatches
 def test_moe_block_matches_transformers(any_gpu, rng, T, shared):
@@ -259,6 +260,7 @@ def test_moe_block_matches_transformers(any_gpu, rng, T, shared):
     assert_close(out, transformers_moe(weights, E, top_k, D, F, shared)(x))
 
 
+@pytest.mark.model
 def test_moe_block_shared_expert_in_another_format(gpu, rng):
     # An 8-bit shared expert cannot join the 4-bit stack: it runs apart even at the experts' size.
     E, top_k, D, F = DIMS.values()
@@ -269,6 +271,7 @@ def test_moe_block_shared_expert_in_another_format(gpu, rng):
     assert_close(out, transformers_moe(weights, E, top_k, D, F, F)(x))
 
 
+@pytest.mark.model
 def test_moe_block_accumulates_into_the_residual(gpu, rng):
     E, top_k, D, F = DIMS.values()
     weights = random_moe(rng, E, D, F, F)
@@ -278,6 +281,7 @@ def test_moe_block_accumulates_into_the_residual(gpu, rng):
     assert_close(out, transformers_moe(weights, E, top_k, D, F, F)(x) + residual)
 
 
+@pytest.mark.model
 @pytest.mark.parametrize("T", [1, 4])
 def test_moe_block_without_renormalisation_matches_mlx_lm(gpu, rng, T):
     # mlx-lm's Qwen3-Next/Qwen3.5 SparseMoeBlock honours norm_topk_prob (transformers' always renormalises).
@@ -331,6 +335,7 @@ def test_moe_block_without_shared_expert(any_gpu, rng, T):
     assert_close(out, reference_moe(weights, x, top_k, norm=False))
 
 
+@pytest.mark.model
 def test_reference_moe_agrees_with_transformers(rng):
     # The numpy reference used above is itself checked against transformers once (whose router softmax
     # runs in f32 even in a float64 model: hence not 1e-12).
@@ -373,8 +378,6 @@ def test_moe_block_refuses_too_many_tokens(gpu, rng):
 def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: int = 0):
     """quantize_q8 over rows of x (as the block does): (xq buffer, xm buffer, the dequantized rows as float64)."""
     from engine.matmul import quantize_q8_plan
-    from tests.test_kernels_q8 import unpack_codes
-
     rows, K = x_rows.shape
     stride = x_stride or K
     padded = np.zeros((row0 + rows, stride), np.float32)

@@ -6,28 +6,20 @@ import pytest
 
 from engine.gpu import MAX_GROUPS_PER_DIM
 from engine.matmul import FORMATS, matvec_q8_plan, quantize_q8_plan
-from tests.kernel_util import poisoned, read, run, step_uniform
-from tests.test_kernels_matmul import random_packed, reference_dequantize_fmt, silu
+from tests.helpers import (
+    assert_q8_matches,
+    poisoned,
+    random_packed,
+    read,
+    reference_dequantize_fmt,
+    reference_quantize_q8,
+    run,
+    silu,
+    step_uniform,
+    unpack_codes,
+)
 
 Q4 = {tag: FORMATS[tag] for tag in ("q4f16_1", "q4_0", "q4_1", "mlx4")}
-
-
-def reference_quantize(row: np.ndarray):
-    """(int8 codes [K], scale per chunk, code sum per chunk) as the kernel defines them, in f32 like the GPU."""
-    blocks = row.astype(np.float32).reshape(-1, 32)
-    amax = np.abs(blocks).max(axis=1)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    q = np.clip(np.round(blocks * inv[:, None]), -127, 127).astype(np.int8)
-    return q.reshape(-1), (amax / np.float32(127)).astype(np.float32), q.astype(np.int64).sum(axis=1)
-
-
-def unpack_codes(xq: np.ndarray) -> np.ndarray:
-    """The kernel's byte order back to element order: per 8-element word, u32 2j = elements 0,2,4,6, 2j+1 = odds."""
-    b = xq.view(np.int8).reshape(-1, 4, 2, 4)  # chunk, word, (even, odd), byte
-    out = np.empty((b.shape[0], 4, 8), np.int8)
-    out[:, :, 0::2], out[:, :, 1::2] = b[:, :, 0], b[:, :, 1]
-    return out.reshape(-1)
 
 
 def quantize_on_gpu(gpu, x: np.ndarray, last_row: bool):
@@ -43,26 +35,12 @@ def test_quantize_q8_matches_reference(gpu, rng, T, K, last_row):
     x = (rng.standard_normal((T, K)) * rng.uniform(0.1, 30, (T, K // 32)).repeat(32, axis=1)).astype(np.float32)
     x[:, 32:64] = 0  # an all-zero chunk: scale 0, codes 0, no NaN
     _, _, xq, xm = quantize_on_gpu(gpu, x, last_row)
-    q, scale, total = reference_quantize(x[T - 1 if last_row else 0])
-    np.testing.assert_array_equal(unpack_codes(xq), q)
-    np.testing.assert_allclose(xm[:, 0], scale, rtol=1e-7, atol=0)
-    np.testing.assert_array_equal(xm[:, 1], total)
+    row = x[T - 1 if last_row else 0]
+    assert_q8_matches(xq, xm, row)
+    q, scale, _ = reference_quantize_q8(row, unpack_codes(xq))
     live = scale > 0
     assert (np.abs(q.reshape(-1, 32)).max(axis=1)[live] == 127).all()  # every non-zero chunk uses the full range
     assert K == 32 or not live[1]
-
-
-def assert_q8_row(gpu, xq_buf, xm_buf, row) -> None:
-    """The int8 copy a kernel wrote: `row` quantized exactly as reference_quantize says, or (row None) untouched."""
-    n = xm_buf.size // 8
-    xq, xm = read(gpu, xq_buf, (n * 8,), np.uint32), read(gpu, xm_buf, (n, 2))
-    if row is None:
-        assert (xq == np.iinfo(np.uint32).max).all() and np.isnan(xm).all()
-        return
-    q, scale, total = reference_quantize(row)
-    np.testing.assert_array_equal(unpack_codes(xq), q)
-    np.testing.assert_allclose(xm[:, 0], scale, rtol=1e-7, atol=0)
-    np.testing.assert_array_equal(xm[:, 1], total)
 
 
 def run_q8(gpu, x_row, w, s, N, gate_up, fmt, subgroup_size=None, **plan):

@@ -10,7 +10,7 @@ from engine.library import default_model, installed_models
 from engine.sampling import SamplingParams
 from engine.session import ChatSettings
 from engine.settings import load_settings, save_settings, settings_from_dict
-from tests.fixtures_demo import demo_gguf
+from tests.helpers import demo_gguf
 
 
 def test_installed_models_lists_gguf_files_and_mlc_folders(tmp_path):

@@ -19,7 +19,7 @@ from engine.memfit import (
 from engine.models import model_module
 from engine.sysmem import SystemMemory, parse_meminfo, parse_vm_stat, system_memory
 from engine.transformer import DenseTransformer, tensor_shapes
-from tests.test_catalog import spec_from_dims
+from tests.helpers import spec_from_dims
 
 MEMINFO = """\
 MemTotal:       16318452 kB

@@ -13,12 +13,14 @@ import numpy as np
 import pytest
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.gguf import PackedWeight
 from engine.formats.mlx import MlxCheckpoint, dequantize, widen_codes
 from engine.gpu import UNIFORM, Recorder
 from engine.matmul import format_knobs, gemm_plan, matvec_plan
 from engine.moe import MoeBlock
-from tests.kernel_util import poisoned, read, run, step_uniform
+from engine.packed import PackedWeight
+from tests.helpers import poisoned, read, run, step_uniform
+
+pytestmark = pytest.mark.model
 
 mx = pytest.importorskip("mlx.core", reason="the MLX reader tests build checkpoints with mlx (pip install mlx[cpu])")
 pytest.importorskip("mlx_lm", reason="the MLX reader tests build checkpoints with mlx-lm")

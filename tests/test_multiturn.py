@@ -6,7 +6,9 @@ import pytest
 from engine.cli import main as cli_main
 from engine.errors import ContextLimitError
 from engine.model import load_model
-from tests.tiny_models import cached_tiny_hf
+from tests.helpers import cached_tiny_hf
+
+pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")

@@ -3,15 +3,12 @@ with MoE blocks vs transformers (on the dequantized weights); tiny MLX checkpoin
 (4-bit with the 8-bit router, 3-bit experts, and a dense Qwen3.5) → load_model vs mlx-lm's own forward; decode,
 chunking, multi-turn reuse and rollback; bad checkpoints fail naming the tensor; the hybrid bench harness."""
 
-import copy
 import json
-import os
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from engine.cli import main as cli_main
 from engine.errors import ModelFormatError, UnsupportedModelError
@@ -19,17 +16,19 @@ from engine.formats.q4f16_1 import dequantize_q4f16_1, quantize_q4f16_1
 from engine.model import load_model
 from engine.models import model_module
 from engine.sampling import SamplingParams
-from tests.test_dense_models import DECODE_TOL
-from tests.test_qwen3_5 import (
+from tests.helpers import (
+    DECODE_TOL,
+    assert_greedy_decode_is_teacher_forced_argmax,
     assert_int8_decode_steps_match_the_full_forward,
     assert_recorded_count,
+    cached_mlx,
+    cached_tiny_hf,
     compare,
     tokens_of,
 )
-from tests.tiny_models import cached_tiny_hf
 
-CACHE = Path(__file__).resolve().parents[1] / ".cache" / "test-mlx"
-
+pytestmark = pytest.mark.model
+torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 # ---- HF → MLC q4f16_1 ----------------------------------------------------------------------------------------
 
@@ -161,84 +160,6 @@ def test_qwen3_6_real_config_dispatches():
 
 # ---- MLX checkpoints written by mlx-lm ------------------------------------------------------------------------
 
-# Both tiny models: 4 layers alternating GDN and attention (full_attention_interval 2, which mlx-lm reads),
-# widths multiples of MLX's group of 64. The MoE one: 8 experts of 64, top-2, a shared expert of 64 (stacked
-# as expert 8, as in Qwen3.6), untied LM head; the dense one (Qwen3.5-4B-like): tied embeddings.
-_TEXT = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
-             rms_norm_eps=1e-6, vocab_size=256, linear_num_value_heads=2, linear_num_key_heads=1,
-             linear_key_head_dim=64, linear_value_head_dim=64, linear_conv_kernel_dim=4, full_attention_interval=2,
-             max_position_embeddings=512,
-             rope_parameters=dict(rope_type="default", rope_theta=100000.0, partial_rotary_factor=0.25))
-MLX_CONFIGS = {
-    "moe": ("qwen3_5_moe", dict(_TEXT, model_type="qwen3_5_moe_text", num_experts=8, num_experts_per_tok=2,
-                                moe_intermediate_size=64, shared_expert_intermediate_size=64, norm_topk_prob=True,
-                                tie_word_embeddings=False)),
-    "dense": ("qwen3_5", dict(_TEXT, model_type="qwen3_5_text", intermediate_size=192, tie_word_embeddings=True)),
-}
-GENERATION = {"do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8}
-
-
-def build_mlx(path: Path, variant: str) -> None:
-    """q4: mlx-lm's own predicate (router and shared-expert gate 8-bit, the rest 4-bit), like lmstudio-community's
-    build; q3exp: routed experts 3-bit (zero-tvm's q3 build); dense: a 4-bit Qwen3.5. bf16 like real checkpoints;
-    norms, GDN decays and dt_bias drawn the way tests/tiny_models.py draws them, so every part matters."""
-    mx = pytest.importorskip("mlx.core")
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import qwen3_5, qwen3_5_moe
-    from mlx_lm.utils import quantize_model, save_config, save_model
-
-    from tests.tiny_models import write_tiny_tokenizer
-
-    model_type, text = MLX_CONFIGS["dense" if variant == "dense" else "moe"]
-    config = {"model_type": model_type, "text_config": copy.deepcopy(text)}
-    module = qwen3_5_moe if model_type == "qwen3_5_moe" else qwen3_5
-    mx.random.seed(1)
-    model = module.Model(module.ModelArgs.from_dict(copy.deepcopy(config)))
-    updates = []
-    for name, p in tree_flatten(model.parameters()):
-        if name.endswith("norm.weight"):
-            updates.append((name, mx.random.uniform(0.5, 1.5, p.shape)))
-        elif name.endswith("A_log"):
-            updates.append((name, mx.log(mx.random.uniform(0.05, 1.0, p.shape))))
-        elif name.endswith("dt_bias"):
-            updates.append((name, 0.5 * mx.random.normal(p.shape)))
-        elif p.ndim >= 2 and "embed" not in name:
-            updates.append((name, p * 2))  # mlx's ±1/sqrt(K) init leaves the mixers too quiet to test
-    model.load_weights(updates, strict=False)
-    model.set_dtype(mx.bfloat16)
-    base = model.quant_predicate
-
-    def predicate(p, m):
-        if variant == "q3exp" and ".switch_mlp." in p:
-            return {"group_size": 64, "bits": 3}
-        return base(p, m) if base else True
-
-    model, config = quantize_model(model, config, 64, 4, quant_predicate=predicate)
-    save_model(path, model)
-    save_config(config, path / "config.json")
-    write_tiny_tokenizer(path, text["vocab_size"])
-    (path / "generation_config.json").write_text(json.dumps(GENERATION))
-
-
-def cached_mlx(variant: str) -> Path:
-    mx = pytest.importorskip("mlx.core")
-    pytest.importorskip("mlx_lm")
-    path = CACHE / f"e2e-{variant}-mlx{mx.__version__}-{_source_hash()}"
-    if not (path / "config.json").is_file():
-        tmp = CACHE / f".{path.name}.{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        build_mlx(tmp, variant)
-        shutil.rmtree(path, ignore_errors=True)
-        os.replace(tmp, path)
-    return path
-
-
-def _source_hash() -> str:
-    import hashlib
-    import inspect
-
-    return hashlib.sha1((inspect.getsource(build_mlx) + repr(MLX_CONFIGS)).encode()).hexdigest()[:8]
-
 
 def mlx_reference(path: Path):
     """mlx-lm's own model (the same class and config) with every weight dequantized exactly as stored, in f32:
@@ -316,8 +237,6 @@ def test_int8_decode(gpu):
 
 
 def test_gpu_resident_greedy_decode_matches_full_forward(mlx_model):
-    from tests.test_dense_models import assert_greedy_decode_is_teacher_forced_argmax
-
     mlx_model.runtime.reset()
     assert_greedy_decode_is_teacher_forced_argmax(mlx_model, 160, 2, sampling=SamplingParams())
 
@@ -483,7 +402,8 @@ def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
 
     r = run_bench(shape, decode_tokens=8, prompt_tokens=24, runs=1, gpu=gpu, long_prompt=0)
     moe, q3 = "moe" in shape, shape.endswith("3bit")  # 3-bit routed experts: the 4-bit shared one runs apart
-    assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and 0 < r["pct_of_ceiling"]
+    # Speeds are only checked to be real rates: on a fast GPU this tiny model's share of the ceiling rounds to 0.0%.
+    assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["ceiling_tok_s"] > 0 and r["pct_of_ceiling"] >= 0
     q8 = 2 * 4  # quantize_q8 before o / GDN out, and before the MLP's or the 4-bit experts' down
     assert r["dispatches_per_token"] == 4 + (15 if q3 else 13 if moe else 10) * 4 + q8
     assert r["moe_layers"] == (4 if moe else 0)

@@ -12,7 +12,7 @@ import pytest
 
 from engine.gpu import Recorder
 from engine.sampling import NO_TOKEN, WINDOW, GpuSampler, SamplingParams, reference_probs
-from tests.kernel_util import poisoned, read, run, step_uniform
+from tests.helpers import poisoned, read, run, step_uniform
 
 DRAWS = 20_000
 BIG_V = 151_936
@@ -255,6 +255,7 @@ def test_from_generation_config(tmp_path):
         SamplingParams.from_generation_config(qwen3, topk=3)
 
 
+@pytest.mark.model
 def test_reference_matches_transformers_processors(rng):
     torch = pytest.importorskip("torch")
     lp = pytest.importorskip("transformers.generation.logits_process")

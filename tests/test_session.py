@@ -10,7 +10,9 @@ from engine.generate import stream_generate
 from engine.model import load_model
 from engine.sampling import SamplingParams, reference_probs
 from engine.session import ChatSession, ChatSettings
-from tests.tiny_models import cached_tiny_hf
+from tests.helpers import cached_tiny_hf
+
+pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ RoPE), so their rows are used as stored.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -38,28 +39,31 @@ from functools import cached_property
 from pathlib import Path
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.mlc import ProgressFn
+from engine.formats.files import ProgressFn, real_number, shown, whole_number
+from engine.formats.limits import (
+    CONFIG_LIMITS,
+    MAX_GGUF_ARRAY,
+    MAX_GGUF_ARRAY_DEPTH,
+    MAX_GGUF_DIMS,
+    MAX_GGUF_KEY,
+    MAX_GGUF_KV,
+    MAX_GGUF_STRING,
+    MAX_GGUF_TENSOR_NAME,
+    MAX_GGUF_TENSORS,
+    MAX_UNLISTED_COUNT,
+)
+from engine.models.weights import Weight
+from engine.packed import PackedWeight
 
 Q = GGMLQuantizationType
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "phi3": "Phi3ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 # GGUF tensor types we repack without loss, and the format tag each becomes.
 TAGS = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.F16: "f16", Q.F32: "f32", Q.BF16: "f32"}
 SUPPORTED_TYPES = "Q4_0, Q4_1, Q8_0, F16, F32, BF16"
 CHUNK = 32  # the kernels walk K in 32-element chunks
 ROWS_PER_READ = 4096  # rows repacked at a time: bounds the temporaries for a large embedding table
-
-
-class PackedWeight(dict):
-    """One canonical weight: {array name: array} in our layout, plus what the runtime needs to run it."""
-
-    def __init__(self, arrays: dict, format: str, shape: tuple[int, ...], sources: tuple[str, ...]):
-        super().__init__(arrays)
-        self.format = format  # "q4_0" / "q4_1" / "q8_0" / "f16" / "f32"
-        self.shape = shape  # logical shape: (N, K) for matrices, (D,) for norms
-        self.sources = sources  # the GGUF tensors it was built from, in row order
 
 
 @dataclass(frozen=True)
@@ -78,21 +82,125 @@ class _Truncated(Exception):
         self.tensor, self.end, self.size = tensor, end, size
 
 
+class _Bad(Exception):
+    """A header value past a bound of engine/formats/limits.py, or otherwise impossible; worded for the user."""
+
+
+_MIN_BYTES = {GGUFValueType.STRING: 8, GGUFValueType.ARRAY: 12}  # smallest encoding of an array element
+
+
 class _Reader(GGUFReader):
-    """GGUFReader that names the tensor whose data runs past the end of a truncated file
-    (the stock reader fails in a reshape without saying which)."""
+    """GGUFReader that bounds every count and size in the header before acting on it (the stock reader loops
+    over whatever count the file claims: 2^40 array elements or 2^31 tensors hang it with memory growing) and
+    names the key or tensor at fault, including the tensor whose data runs past the end of a truncated file."""
+
+    def __init__(self, path: Path):
+        self._key = "the header"  # what is being read, for messages
+        self._depth = 0
+        super().__init__(path)
+
+    def _get(self, offset, dtype, count=1, override_order=None):
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if int(count) < 0 or end > len(self.data):
+            raise _Bad(f"{self._key} runs past the end of the file (to byte {end:,} of {len(self.data):,}); the file "
+                       "is truncated or not a GGUF model")
+        return super()._get(offset, dtype, count, override_order)
+
+    def _get_str(self, offset):
+        n = int(self._get(offset, np.uint64)[0])
+        if n > MAX_GGUF_STRING:
+            raise _Bad(f"{self._key} holds a string of {n:,} bytes (limit {MAX_GGUF_STRING:,})")
+        return super()._get_str(offset)
+
+    def _remaining(self, offset: int) -> int:
+        return len(self.data) - int(offset)
+
+    def _build_fields(self, offs, count):
+        count = int(count)
+        _check_count(count, MAX_GGUF_KV, 13, self._remaining(offs), "the header", "metadata fields")
+        for _ in range(count):
+            start = offs
+            self._key = "a metadata key"
+            if int(self._get(offs, np.uint64)[0]) > MAX_GGUF_KEY:
+                raise _Bad(f"a metadata key at byte {offs:,} is longer than {MAX_GGUF_KEY:,} bytes")
+            key_len, key = self._get_str(offs)
+            offs += int(key_len.nbytes + key.nbytes)
+            name = bytes(key).decode("utf-8", "replace")
+            self._key = f"metadata field '{shown(name, 120)[1:-1]}'"
+            raw_type = self._get(offs, np.uint32)
+            offs += int(raw_type.nbytes)
+            size, parts, idxs, types = self._get_field_parts(offs, raw_type[0])
+            self._push_field(ReaderField(start, name, [key_len, key, raw_type, *parts], [i + 3 for i in idxs], types),
+                             skip_sum=True)
+            offs += size
+        self._key = "the tensor table"
+        return offs
+
+    def _get_field_parts(self, orig_offs, raw_type):
+        if int(raw_type) != GGUFValueType.ARRAY:
+            return super()._get_field_parts(orig_offs, raw_type)
+        item_type, n = int(self._get(orig_offs, np.uint32)[0]), int(self._get(orig_offs + 4, np.uint64)[0])
+        try:
+            item = GGUFValueType(item_type)
+        except ValueError:
+            raise _Bad(f"{self._key} is an array of unknown type {item_type}") from None
+        least = _MIN_BYTES.get(item, np.dtype(self.gguf_scalar_to_np.get(item, np.uint8)).itemsize)
+        _check_count(n, MAX_GGUF_ARRAY, least, self._remaining(orig_offs + 12), self._key, "array elements")
+        if self._depth >= MAX_GGUF_ARRAY_DEPTH:
+            raise _Bad(f"{self._key} nests arrays more than {MAX_GGUF_ARRAY_DEPTH} deep")
+        self._depth += 1
+        try:
+            return super()._get_field_parts(orig_offs, raw_type)
+        finally:
+            self._depth -= 1
+
+    def _build_tensor_info(self, offs, count):
+        count = int(count)
+        # name length, n_dims, type, offset: 24 bytes at least per tensor
+        _check_count(count, MAX_GGUF_TENSORS, 24, self._remaining(offs), "the header", "tensors")
+        return super()._build_tensor_info(offs, count)
+
+    def _get_tensor_info_field(self, orig_offs):
+        self._key = f"the tensor entry at byte {orig_offs:,}"
+        n = int(self._get(orig_offs, np.uint64)[0])
+        if n > MAX_GGUF_TENSOR_NAME:
+            raise _Bad(f"{self._key} has a name of {n:,} bytes (ggml allows {MAX_GGUF_TENSOR_NAME})")
+        dims = int(self._get(orig_offs + 8 + n, np.uint32)[0])
+        if dims > MAX_GGUF_DIMS:
+            raise _Bad(f"{self._key} has {dims:,} dimensions (ggml allows {MAX_GGUF_DIMS})")
+        return super()._get_tensor_info_field(orig_offs)
 
     def _build_tensors(self, start_offs, fields):
         size = len(self.data)
         for field in fields:
             _, name, _, dims, raw_type, offset = field.parts
             tensor = bytes(name).decode("utf-8", "replace")
-            qtype = GGMLQuantizationType(int(raw_type[0]))
+            try:
+                qtype = GGMLQuantizationType(int(raw_type[0]))
+            except ValueError:
+                raise _Bad(f"tensor '{tensor}' has unknown type id {int(raw_type[0])}") from None
             block, type_size = GGML_QUANT_SIZES[qtype]
-            end = int(start_offs) + int(offset[0]) + int(np.prod(dims, dtype=np.int64)) * type_size // block
+            shape = [int(d) for d in dims]
+            if shape and shape[0] % block:
+                raise _Bad(f"tensor '{tensor}' ({qtype.name}) has rows of {shape[0]} elements, not a multiple of its "
+                           f"{block}-element blocks")
+            begin = int(start_offs) + int(offset[0])
+            end = begin + math.prod(shape) * type_size // block  # Python ints: a product of dims cannot wrap
+            if int(offset[0]) % self.alignment:
+                raise _Bad(f"tensor '{tensor}' starts at offset {int(offset[0]):,}, not a multiple of the file's "
+                           f"alignment {self.alignment}")
             if end > size:
                 raise _Truncated(tensor, end, size)
         super()._build_tensors(start_offs, fields)
+
+
+def _check_count(n: int, limit: int, least: int, remaining: int, what: str, items: str) -> None:
+    """A count from the header, before anything loops over it: within `limit`, and each of the n items taking
+    at least `least` bytes, within what is left of the file."""
+    if n > limit:
+        raise _Bad(f"{what} claims {n:,} {items}, more than any real file has (limit {limit:,})")
+    if n * least > remaining:
+        raise _Bad(f"{what} lists {n:,} {items} but the file is too short to hold them (truncated download?)")
 
 
 class GgufCheckpoint:
@@ -109,8 +217,13 @@ class GgufCheckpoint:
                 f"{self.path}: tensor '{e.tensor}' needs bytes up to {e.end} but the file is {e.size} bytes "
                 "(truncated download?)"
             ) from None
-        except (ValueError, IndexError, KeyError, OverflowError, UnicodeDecodeError) as e:
-            what = "not a GGUF file (bad magic)" if "magic" in str(e) else f"unreadable GGUF header ({e})"
+        except _Bad as e:
+            raise ModelFormatError(f"{self.path}: {e}") from None
+        except OSError as e:
+            raise ModelFormatError(f"{self.path}: cannot read it ({e.strerror or e})") from None
+        except Exception as e:  # anything else the gguf package raises on a damaged header
+            what = "not a GGUF file (bad magic)" if "magic" in str(e) else \
+                f"unreadable GGUF header ({type(e).__name__}: {str(e)[:200]})"
             raise ModelFormatError(f"{self.path}: {what}; the file may be truncated or not a GGUF model") from None
         if self._reader.byte_order != "I":
             raise ModelFormatError(f"{self.path}: big-endian GGUF files are not supported")
@@ -132,18 +245,16 @@ class GgufCheckpoint:
         field = self._reader.fields.get(key)
         return default if field is None else _decode(field)
 
-    def _number(self, key: str, kind: type, default=None):
-        """A numeric field, checked: an int field must hold a positive integer."""
+    def _number(self, key: str, kind: type, default=None, field: str | None = None):
+        """A numeric field, checked: an int field must be a whole number within the CONFIG_LIMITS bound of
+        `field` (its config.json name), a float field finite and positive."""
         value = self._field(key, default)
         if value is None:
             raise ModelFormatError(f"{self.path}: metadata field '{key}' is missing")
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        label = f"metadata field '{key}'"
         if kind is int:
-            ok = ok and float(value).is_integer() and value > 0
-        if not ok:
-            want = "a positive integer" if kind is int else "a number"
-            raise ModelFormatError(f"{self.path}: metadata field '{key}' is {value!r}, expected {want}")
-        return kind(value)
+            return whole_number(value, key, self.path, high=CONFIG_LIMITS.get(field, MAX_UNLISTED_COUNT), label=label)
+        return real_number(value, key, self.path, low=0.0, low_open=True, label=label)
 
     @property
     def architecture(self) -> str:
@@ -152,61 +263,61 @@ class GgufCheckpoint:
             raise ModelFormatError(f"{self.path}: metadata field 'general.architecture' is missing or not a string")
         return arch
 
-    def _supported_arch(self) -> str:
-        arch = self.architecture
-        if arch not in ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"{self.path}: architecture '{arch}' (general.architecture) is not supported; "
-                f"supported: {', '.join(ARCHITECTURES)}"
-            )
-        return arch
+    @cached_property
+    def model_type(self) -> str:
+        """The config.json model_type of the architecture file that reads this general.architecture."""
+        from engine.models import gguf_model_type
+
+        return gguf_model_type(self.architecture, str(self.path))
 
     @cached_property
     def config(self) -> dict:
         """The model's hyperparameters under Hugging Face config.json names."""
-        arch = self._supported_arch()
-        a = f"{arch}."
-        dim = self._number(a + "embedding_length", int)
-        heads = self._number(a + "attention.head_count", int)
-        head_dim = self._number(a + "attention.key_length", int, dim // heads)
-        if self._number(a + "attention.value_length", int, head_dim) != head_dim:
+        model_type, a = self.model_type, f"{self.architecture}."
+        dim = self._number(a + "embedding_length", int, field="hidden_size")
+        heads = self._number(a + "attention.head_count", int, field="num_attention_heads")
+        head_dim = self._number(a + "attention.key_length", int, dim // heads, field="head_dim")
+        if self._number(a + "attention.value_length", int, head_dim, field="head_dim") != head_dim:
             raise UnsupportedModelError(f"{self.path}: value_length differs from key_length; not supported")
         embed = self._tensors.get("token_embd.weight")
         if embed is None:
             raise ModelFormatError(f"{self.path}: no tensor 'token_embd.weight'; {self._suggest('token_embd.weight')}")
-        vocab = int(embed.shape[1])  # GGUF lists dims fastest first: (dim, vocab)
+        if len(embed.shape) != 2:
+            raise ModelFormatError(f"{self.path}: tensor 'token_embd.weight' has {len(embed.shape)} dimensions, not 2")
+        # GGUF lists dims fastest first: (dim, vocab)
+        vocab = whole_number(int(embed.shape[1]), "token_embd.weight rows", self.path, high=CONFIG_LIMITS["vocab_size"])
         if self._field(a + "vocab_size") not in (None, vocab):
             raise ModelFormatError(
-                f"{self.path}: metadata field '{a}vocab_size' says {self._field(a + 'vocab_size')} but "
+                f"{self.path}: metadata field '{a}vocab_size' says {shown(self._field(a + 'vocab_size'))} but "
                 f"'token_embd.weight' has {vocab} rows"
             )
         cfg = {
-            "model_type": arch,
-            "architectures": [ARCHITECTURES[arch]],
+            "model_type": model_type,
             "hidden_size": dim,
-            "num_hidden_layers": self._number(a + "block_count", int),
+            "num_hidden_layers": self._number(a + "block_count", int, field="num_hidden_layers"),
             "num_attention_heads": heads,
-            "num_key_value_heads": self._number(a + "attention.head_count_kv", int, heads),
+            "num_key_value_heads": self._number(a + "attention.head_count_kv", int, heads, "num_key_value_heads"),
             "head_dim": head_dim,
-            "intermediate_size": self._number(a + "feed_forward_length", int),
+            "intermediate_size": self._number(a + "feed_forward_length", int, field="intermediate_size"),
             "vocab_size": vocab,
             "rms_norm_eps": self._number(a + "attention.layer_norm_rms_epsilon", float),
             "rope_theta": self._number(a + "rope.freq_base", float, 10000.0),
-            "max_position_embeddings": self._number(a + "context_length", int),
+            "max_position_embeddings": self._number(a + "context_length", int, field="max_position_embeddings"),
             "tie_word_embeddings": "output.weight" not in self._tensors,
             "rope_scaling": self._rope_scaling(a),
         }
-        rope_dim = self._number(a + "rope.dimension_count", int, head_dim)
+        rope_dim = self._number(a + "rope.dimension_count", int, head_dim, "head_dim")
         if rope_dim != head_dim:
             cfg["partial_rotary_factor"] = rope_dim / head_dim
         original = self._field(a + "rope.scaling.original_context_length")
         if original is not None:
-            cfg["original_max_position_embeddings"] = self._number(a + "rope.scaling.original_context_length", int)
+            cfg["original_max_position_embeddings"] = self._number(a + "rope.scaling.original_context_length", int,
+                                                                   field="original_max_position_embeddings")
         if self._field(a + "attention.sliding_window"):
-            cfg["sliding_window"] = self._number(a + "attention.sliding_window", int)
+            cfg["sliding_window"] = self._number(a + "attention.sliding_window", int, field="sliding_window")
         for token in ("bos", "eos"):
             value = self._field(f"tokenizer.ggml.{token}_token_id")
-            if isinstance(value, int):
+            if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab:
                 cfg[f"{token}_token_id"] = value
         return cfg
 
@@ -226,10 +337,12 @@ class GgufCheckpoint:
         if kind in (None, "none"):
             return None
         if not isinstance(kind, str):
-            raise ModelFormatError(f"{self.path}: metadata field '{a}rope.scaling.type' is {kind!r}, expected a string")
+            raise ModelFormatError(f"{self.path}: metadata field '{a}rope.scaling.type' is {shown(kind)}, expected a "
+                                   "string")
         scaling = {"rope_type": kind, "factor": self._number(a + "rope.scaling.factor", float)}
         if self._field(a + "rope.scaling.original_context_length") is not None:
-            scaling["original_max_position_embeddings"] = self._number(a + "rope.scaling.original_context_length", int)
+            scaling["original_max_position_embeddings"] = self._number(
+                a + "rope.scaling.original_context_length", int, field="original_max_position_embeddings")
         return scaling
 
     def _small_vector(self, name: str) -> list[float]:
@@ -258,39 +371,24 @@ class GgufCheckpoint:
         return f"it has {len(self._tensors)} tensors, {'similar' if close else 'e.g.'}: {', '.join(some)}"
 
     @cached_property
+    def table(self) -> list[Weight]:
+        """The architecture's weights (engine/models/weights.py) for this file's config; load_model sets the one it
+        built its spec from."""
+        from engine.models import model_module
+
+        module = model_module(self.model_type, str(self.path))
+        return module.weights(module.spec(module.ModelArgs.from_dict(self.config, f"{self.path} (GGUF metadata)")))
+
+    @cached_property
     def _sources(self) -> dict[str, list[_Part]]:
-        """Canonical name -> the GGUF tensors (with expected shapes) it is made of, in row order."""
-        cfg, arch = self.config, self._supported_arch()
-        dim, hd, ffn = cfg["hidden_size"], cfg["head_dim"], cfg["intermediate_size"]
-        h, kvh = cfg["num_attention_heads"], cfg["num_key_value_heads"]
-        permuted = arch == "llama"  # the only one convert_hf_to_gguf permutes for interleaved RoPE
-
-        def norm(name, size):
-            return [_Part(name, None, size)]
-
-        out = {"embed": [_Part("token_embd.weight", cfg["vocab_size"], dim)], "norm": norm("output_norm.weight", dim)}
-        if not cfg["tie_word_embeddings"]:
-            out["lm_head"] = [_Part("output.weight", cfg["vocab_size"], dim)]
-        for i in range(cfg["num_hidden_layers"]):
-            b, c = f"blk.{i}.", f"layers.{i}."
-            out[c + "attn_norm"] = norm(b + "attn_norm.weight", dim)
-            out[c + "mlp_norm"] = norm(b + "ffn_norm.weight", dim)
-            if arch == "phi3" and b + "attn_qkv.weight" in self._tensors:
-                out[c + "qkv"] = [_Part(b + "attn_qkv.weight", (h + 2 * kvh) * hd, dim)]
-            else:
-                out[c + "qkv"] = [_Part(b + "attn_q.weight", h * hd, dim, h if permuted else None),
-                                  _Part(b + "attn_k.weight", kvh * hd, dim, kvh if permuted else None),
-                                  _Part(b + "attn_v.weight", kvh * hd, dim)]
-            out[c + "o"] = [_Part(b + "attn_output.weight", dim, h * hd)]
-            if arch == "phi3" and b + "ffn_gate.weight" not in self._tensors:
-                # Phi-3's gate_up_proj is one matrix ([gate; up] rows); llama.cpp stores it as ffn_up.
-                out[c + "gate_up"] = [_Part(b + "ffn_up.weight", 2 * ffn, dim)]
-            else:
-                out[c + "gate_up"] = [_Part(b + "ffn_gate.weight", ffn, dim), _Part(b + "ffn_up.weight", ffn, dim)]
-            out[c + "down"] = [_Part(b + "ffn_down.weight", dim, ffn)]
-            if arch == "qwen3":
-                out[c + "q_norm"] = norm(b + "attn_q_norm.weight", hd)
-                out[c + "k_norm"] = norm(b + "attn_k_norm.weight", hd)
+        """Canonical name -> the GGUF tensors (with expected shapes) it is made of, in row order: of each weight's
+        alternatives, the first whose tensors the file holds (the last, to report what is missing, if none)."""
+        out = {}
+        for w in self.table:
+            if not w.gguf:
+                continue
+            parts = next((alt for alt in w.gguf if all(p.name in self._tensors for p in alt)), w.gguf[-1])
+            out[w.name] = [_Part(p.name, p.rows, w.shape[-1], p.heads) for p in parts]
         for name in self._tensors:  # biases would be silently dropped: refuse instead
             if name.startswith("blk.") and name.endswith(".bias"):
                 raise UnsupportedModelError(f"{self.path}: tensor '{name}': bias terms are not supported")
@@ -310,9 +408,8 @@ class GgufCheckpoint:
         if parts is None:
             close = difflib.get_close_matches(name, self._sources, n=3)
             raise ModelFormatError(
-                f"{self.path}: no weight '{name}'; canonical names are embed, norm, lm_head (untied only) and "
-                f"layers.N.<attn_norm|mlp_norm|qkv|o|gate_up|down|q_norm|k_norm>"
-                + (f"; similar: {', '.join(close)}" if close else "")
+                f"{self.path}: no weight '{name}'; this {self.architecture} model has {len(self._sources)} weights, "
+                + (f"similar: {', '.join(close)}" if close else f"e.g. {', '.join(list(self._sources)[:5])}")
             )
         tags = {}
         for part in parts:

@@ -2,7 +2,9 @@
 
 A GGUF carries no tokenizer.json: llama.cpp's converter stores the vocabulary under tokenizer.ggml.* keys, and
 llama.cpp rebuilds the tokenizer from them (src/llama-vocab.cpp). We rebuild the same tokenizer for the
-`tokenizers` library, so it runs like a model folder's (engine.tokenizer.Tokenizer.from_parts):
+`tokenizers` library, so it runs like a model folder's: read_tokenizer gives the parts that
+engine.tokenizer.Tokenizer.from_parts takes (this reader does not import the tokenizer, nor it this reader's
+internals):
 
 - "gpt2": byte-level BPE from `tokens` and `merges`. The split before BPE is not in the file; `pre` names it,
   and PRE_TOKENIZERS holds the model family's own pre-tokenizer for each name we know (the regexes llama.cpp
@@ -24,7 +26,7 @@ from typing import NamedTuple
 
 from engine.errors import ModelFormatError
 from engine.formats.gguf import GgufCheckpoint
-from engine.tokenizer import Tokenizer
+from engine.formats.limits import MAX_SPM_MERGE_WORK
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # llama.cpp's llama_token_type
 GGML = "tokenizer.ggml."
@@ -70,7 +72,18 @@ PRE_TOKENIZERS = {
 ADDED = (UNKNOWN, CONTROL, USER_DEFINED)  # token types matched whole in the text, before BPE
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+class TokenizerParts(NamedTuple):
+    """What Tokenizer.from_parts takes: a tokenizer.json text, the chat template, special tokens, stop ids."""
+
+    tokenizer_json: str
+    chat_template: str | None
+    bos: str | None
+    eos: str | None
+    eos_ids: list[int]
+    source: str
+
+
+def read_tokenizer(path: str | Path) -> TokenizerParts:
     """The tokenizer described by a GGUF file's tokenizer.ggml.* metadata, with its chat template."""
     path = Path(path)
     return _Builder(path, GgufCheckpoint(path).metadata).build()
@@ -80,7 +93,7 @@ class _Builder:
     def __init__(self, path: Path, meta: dict):
         self.path, self.meta = path, meta
 
-    def build(self) -> Tokenizer:
+    def build(self) -> TokenizerParts:
         model = self._field("model", str)
         if model not in ("gpt2", "llama"):
             raise ModelFormatError(f"{self.path}: tokenizer model '{model}' ({GGML}model) is not supported; "
@@ -106,10 +119,9 @@ class _Builder:
         ]
         template = self.meta.get("tokenizer.chat_template")
         stops = [self.ids[k] for k in ("eos", "eot", "eom") if self.ids[k] is not None]
-        return Tokenizer.from_parts(json.dumps({"version": "1.0", **config}, ensure_ascii=False),
-                                    template if isinstance(template, str) else None,
-                                    bos=self._text("bos"), eos=self._text("eos"), eos_ids=stops,
-                                    source=str(self.path))
+        return TokenizerParts(json.dumps({"version": "1.0", **config}, ensure_ascii=False),
+                              template if isinstance(template, str) else None, bos=self._text("bos"),
+                              eos=self._text("eos"), eos_ids=stops, source=str(self.path))
 
     # -- the two tokenizer kinds --------------------------------------------------------------------
 
@@ -141,6 +153,12 @@ class _Builder:
 
     def _sentencepiece(self) -> dict:
         scores = self._array("scores", (int, float), len(self.tokens))
+        work = sum(len(t) ** 2 for t in self.tokens)
+        if work > MAX_SPM_MERGE_WORK:
+            longest = max(self.tokens, key=len)
+            raise ModelFormatError(f"{self.path}: metadata field '{GGML}tokens' holds tokens too long to rebuild "
+                                   f"SentencePiece merges from (the longest has {len(longest):,} characters); "
+                                   "not a real vocabulary")
         vocab = {}
         for i, token in enumerate(self.tokens):
             self._add(vocab, token, i)

@@ -16,15 +16,17 @@ Flat records carrying their own `dataPath` are accepted too (zero-tvm's flattenR
 from __future__ import annotations
 
 import difflib
-import json
+import math
 import os
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from engine.errors import ModelFormatError
+from engine.formats.files import ProgressFn, confined, read_json, shown
+from engine.formats.limits import MAX_TENSOR_DIMS
 
 CHAT_CONFIG = "mlc-chat-config.json"
 # Preference order; tensor-cache-b16.json (a bf16 re-labelling TVM also writes) is never read.
@@ -38,9 +40,6 @@ _NUMPY_DTYPES = {
 }
 _RECORD_FIELDS = ("name", "shape", "dtype", "format", "nbytes", "byteOffset")
 _RECORD_FORMATS = ("raw", "f32-to-bf16")
-
-# on_progress(shard_index, n_shards, shard_path, bytes_done, bytes_total), called once per finished shard.
-ProgressFn = Callable[[int, int, str, int, int], None]
 
 
 @dataclass(frozen=True)
@@ -83,21 +82,18 @@ class MlcCheckpoint:
         if not self.path.is_dir():
             raise ModelFormatError(f"{self.path}: model folder not found (or not a folder)")
         self.config_path = self.path / CHAT_CONFIG
-        if not self.config_path.is_file():
-            raise ModelFormatError(f"{self.config_path}: missing; an MLC model folder needs {CHAT_CONFIG}")
-        self.config: dict = _read_json(self.config_path)
-        if not isinstance(self.config, dict):
-            raise ModelFormatError(f"{self.config_path}: expected a JSON object at the top level")
+        self.config: dict = read_json(self.config_path, f"an MLC model folder needs {CHAT_CONFIG}")
 
         found = [self.path / m for m in MANIFESTS if (self.path / m).is_file()]
         if not found:
             raise ModelFormatError(f"{self.path}: no tensor manifest (looked for {' or '.join(MANIFESTS)})")
         self.manifest_path = found[0]
-        manifest = _read_json(self.manifest_path)
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("records"), list):
+        manifest = read_json(self.manifest_path, "the tensor manifest")
+        if not isinstance(manifest.get("records"), list):
             raise ModelFormatError(f"{self.manifest_path}: no 'records' list; not an MLC tensor manifest")
-        self.metadata: dict = manifest.get("metadata") or {}
-        self._records, shards = _flatten(manifest["records"], self.manifest_path)
+        metadata = manifest.get("metadata")
+        self.metadata: dict = metadata if isinstance(metadata, dict) else {}
+        self._records, shards = _flatten(manifest["records"], self.manifest_path, self.path)
         self.shard_paths = [self.path / s for s in shards]  # in manifest order; Record.shard indexes this
 
     # -- config -------------------------------------------------------------------------------------
@@ -151,9 +147,9 @@ class MlcCheckpoint:
         """Read one tensor by byte range; `dtype`/`shape`, when given, are what the caller needs."""
         rec = self.record(name)
         self._check_expected(rec, dtype, shape)
-        path = self.path / rec.data_path
+        path = self.shard_paths[rec.shard]
         self._check_shard(path, rec.end, rec.name)
-        with open(path, "rb") as f:
+        with _open(path, rec.name) as f:
             return self._read(f, path, rec)
 
     def load(self, names: Iterable[str] | None = None, on_progress: ProgressFn | None = None
@@ -170,15 +166,15 @@ class MlcCheckpoint:
             by_shard.setdefault(rec.shard, []).append(rec)
         for group in by_shard.values():
             last = max(group, key=lambda r: r.end)
-            self._check_shard(self.path / last.data_path, last.end, last.name)
+            self._check_shard(self.shard_paths[last.shard], last.end, last.name)
         return self._load(list(by_shard.values()), on_progress)
 
     def _load(self, groups: list[list[Record]], on_progress: ProgressFn | None):
         total = sum(r.nbytes for g in groups for r in g)
         done = 0
         for i, group in enumerate(groups):
-            path = self.path / group[0].data_path
-            with open(path, "rb") as f:
+            path = self.shard_paths[group[0].shard]
+            with _open(path, group[0].name) as f:
                 for rec in group:
                     arr = self._read(f, path, rec)
                     done += rec.nbytes
@@ -206,6 +202,10 @@ class MlcCheckpoint:
             size = path.stat().st_size
         except FileNotFoundError:
             raise ModelFormatError(f"{path}: shard file missing (needed for tensor '{name}')") from None
+        except OSError as e:
+            raise ModelFormatError(f"{path}: cannot read the shard ({e.strerror or e})") from None
+        if not path.is_file():
+            raise ModelFormatError(f"{path}: not a shard file (needed for tensor '{name}')")
         if size < end:
             raise ModelFormatError(
                 f"{path}: shard is {size} bytes but tensor '{name}' ends at byte {end} (truncated download?)"
@@ -224,18 +224,18 @@ class MlcCheckpoint:
             )
 
 
-def _read_json(path: Path):
+def _open(path: Path, name: str):
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError both derive from it
-        raise ModelFormatError(f"{path}: not valid JSON ({e})") from None
+        return open(path, "rb")
+    except OSError as e:
+        raise ModelFormatError(f"{path}: cannot read the shard for tensor '{name}' ({e.strerror or e})") from None
 
 
-def _flatten(entries: list, manifest: Path) -> tuple[dict[str, Record], list[str]]:
-    """Shard groups and flat records -> {name: Record}, plus shard data paths in first-seen order."""
+def _flatten(entries: list, manifest: Path, folder: Path) -> tuple[dict[str, Record], list[str]]:
+    """Shard groups and flat records -> {name: Record}, plus shard data paths in first-seen order (each
+    checked to stay inside `folder`)."""
     records: dict[str, Record] = {}
-    shards: list[str] = []
+    shards: dict[str, int] = {}  # data path -> its position
     for gi, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise ModelFormatError(f"{manifest}: records[{gi}] is not an object")
@@ -245,57 +245,69 @@ def _flatten(entries: list, manifest: Path) -> tuple[dict[str, Record], list[str
             if not isinstance(group_path, str):
                 raise ModelFormatError(f"{manifest}: {where} has no 'dataPath' field")
             if entry.get("format", "raw-shard") != "raw-shard":
-                raise ModelFormatError(f"{manifest}: {where} has format {entry['format']!r}, not 'raw-shard'")
+                raise ModelFormatError(f"{manifest}: {where} has format {shown(entry['format'])}, not 'raw-shard'")
             group_nbytes = entry.get("nbytes")
             for ri, raw in enumerate(entry["records"]):
-                rec = _record(raw, manifest, f"{where} '{group_path}' records[{ri}]", group_path, shards)
+                rec = _record(raw, manifest, f"{where} {shown(group_path)} records[{ri}]", group_path, shards,
+                              folder)
                 if isinstance(group_nbytes, int) and rec.end > group_nbytes:
                     raise ModelFormatError(
-                        f"{manifest}: tensor '{rec.name}' ends at byte {rec.end}, past the {group_nbytes}-byte "
-                        f"shard '{group_path}'"
+                        f"{manifest}: tensor {shown(rec.name)} ends at byte {rec.end}, past the {group_nbytes}-byte "
+                        f"shard {shown(group_path)}"
                     )
                 _add(records, rec, manifest)
         else:
-            _add(records, _record(entry, manifest, f"records[{gi}]", None, shards), manifest)
-    return records, shards
+            _add(records, _record(entry, manifest, f"records[{gi}]", None, shards, folder), manifest)
+    return records, list(shards)
 
 
 def _add(records: dict[str, Record], rec: Record, manifest: Path) -> None:
     if rec.name in records:
-        raise ModelFormatError(f"{manifest}: tensor '{rec.name}' is listed twice")
+        raise ModelFormatError(f"{manifest}: tensor {shown(rec.name)} is listed twice")
     records[rec.name] = rec
 
 
-def _record(raw, manifest: Path, where: str, group_path: str | None, shards: list[str]) -> Record:
+def _record(raw, manifest: Path, where: str, group_path: str | None, shards: dict[str, int], folder: Path
+            ) -> Record:
     if not isinstance(raw, dict):
         raise ModelFormatError(f"{manifest}: {where} is not an object")
-    label = f"tensor '{raw['name']}'" if isinstance(raw.get("name"), str) else where
+    if not isinstance(raw.get("name"), str):
+        raise ModelFormatError(f"{manifest}: {where} has no 'name' string")
+    label = f"tensor {shown(raw['name'])}"
     data_path = raw.get("dataPath", group_path)
     fields = _RECORD_FIELDS if group_path is not None else (*_RECORD_FIELDS, "dataPath")
     for field in fields:
         if field not in raw and not (field == "dataPath" and data_path is not None):
             raise ModelFormatError(f"{manifest}: {label} has no '{field}' field")
     shape, nbytes, offset = raw["shape"], raw["nbytes"], raw["byteOffset"]
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        raise ModelFormatError(f"{manifest}: {label} has a bad 'shape' {shape!r}")
-    if not all(isinstance(v, int) and v >= 0 for v in (nbytes, offset)):
-        raise ModelFormatError(f"{manifest}: {label} has a bad 'nbytes'/'byteOffset' ({nbytes!r}, {offset!r})")
-    if not isinstance(data_path, str) or Path(data_path).is_absolute() or ".." in Path(data_path).parts:
-        raise ModelFormatError(f"{manifest}: {label} has a bad 'dataPath' {data_path!r} (must stay in the folder)")
+    if (not isinstance(shape, list) or len(shape) > MAX_TENSOR_DIMS
+            or not all(_whole(d) for d in shape)):
+        raise ModelFormatError(f"{manifest}: {label} has a bad 'shape' {shown(shape)} (at most {MAX_TENSOR_DIMS} "
+                               "whole numbers ≥ 0)")
+    if not all(_whole(v) for v in (nbytes, offset)):
+        raise ModelFormatError(f"{manifest}: {label} has a bad 'nbytes'/'byteOffset' ({shown(nbytes)}, "
+                               f"{shown(offset)})")
+    if not isinstance(data_path, str):
+        raise ModelFormatError(f"{manifest}: {label} has a bad 'dataPath' {shown(data_path)}")
     if not isinstance(raw["dtype"], str) or (raw["dtype"] not in _NUMPY_DTYPES and raw["dtype"] != "bfloat16"):
-        raise ModelFormatError(f"{manifest}: {label} has unsupported dtype {raw['dtype']!r}")
-    if raw["format"] not in _RECORD_FORMATS:
-        raise ModelFormatError(f"{manifest}: {label} has unknown format {raw['format']!r}")
+        raise ModelFormatError(f"{manifest}: {label} has unsupported dtype {shown(raw['dtype'])}")
+    if not isinstance(raw["format"], str) or raw["format"] not in _RECORD_FORMATS:
+        raise ModelFormatError(f"{manifest}: {label} has unknown format {shown(raw['format'])}")
     if data_path not in shards:
-        shards.append(data_path)
+        confined(folder, data_path, manifest, "dataPath", f" of {label}")
+        shards[data_path] = len(shards)
     rec = Record(
-        name=str(raw["name"]), shape=tuple(shape), dtype=raw["dtype"], format=raw["format"], nbytes=nbytes,
-        byte_offset=offset, data_path=data_path, shard=shards.index(data_path),
+        name=raw["name"], shape=tuple(shape), dtype=raw["dtype"], format=raw["format"], nbytes=nbytes,
+        byte_offset=offset, data_path=data_path, shard=shards[data_path],
     )
-    expected = int(np.prod(rec.shape, dtype=np.int64)) * rec.stored_itemsize
+    expected = math.prod(rec.shape) * rec.stored_itemsize
     if expected != nbytes:
         raise ModelFormatError(
             f"{manifest}: {label} says nbytes={nbytes} but shape {list(shape)} of {raw['dtype']} "
             f"({rec.format}) needs {expected}"
         )
     return rec
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0

@@ -38,8 +38,6 @@ exactly, smaller ones round to the nearest f16 subnormal, and a value past f16's
 from __future__ import annotations
 
 import difflib
-import json
-import math
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -48,8 +46,17 @@ from pathlib import Path
 import numpy as np
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.gguf import PackedWeight
-from engine.formats.mlc import ProgressFn
+from engine.formats.files import (
+    ProgressFn,
+    Tensor,
+    confined,
+    read_array,
+    read_floats,
+    read_json,
+    safetensors_header,
+    shown,
+)
+from engine.packed import PackedWeight
 
 CONFIG = "config.json"
 INDEX = "model.safetensors.index.json"
@@ -58,23 +65,8 @@ PREFIX = "language_model."
 GROUP = 64  # the group size of the mlx4/mlx8 tags
 WIDE = {2: 4, 3: 4, 4: 4, 5: 8, 6: 8, 8: 8}  # stored bits -> the kernel layout's bits
 F32_PARAMS = ("A_log", "dt_bias")  # the GDN gates take these in f32; every other float tensor becomes f16
-MAX_HEADER = 100 << 20  # safetensors' own cap on the JSON header
 ELEMENTS_PER_PASS = 1 << 22  # bounds the temporaries while widening codes or converting floats
-_DTYPES = {"BF16": "<u2", "F16": "<f2", "F32": "<f4", "F64": "<f8", "U8": "u1", "I8": "i1", "U16": "<u2",
-           "I16": "<i2", "U32": "<u4", "I32": "<i4", "U64": "<u8", "I64": "<i8", "BOOL": "?"}
 _FLOATS = ("BF16", "F16", "F32")
-
-
-@dataclass(frozen=True)
-class Tensor:
-    """One tensor of a shard: its full key, dtype, shape and absolute byte range in `path`."""
-
-    key: str
-    dtype: str
-    shape: tuple[int, ...]
-    offset: int
-    nbytes: int
-    path: Path
 
 
 @dataclass(frozen=True)
@@ -95,7 +87,7 @@ class MlxCheckpoint:
         if not self.path.is_dir():
             raise ModelFormatError(f"{self.path}: model folder not found (or not a folder)")
         self.config_path = self.path / CONFIG
-        raw = _read_json(self.config_path)
+        raw = read_json(self.config_path, "an MLX model folder needs it")
         text = raw.get("text_config", {})
         if not isinstance(text, dict):
             raise ModelFormatError(f"{self.config_path}: 'text_config' is not an object")
@@ -106,12 +98,12 @@ class MlxCheckpoint:
         index = self.path / INDEX
         if index.is_file():
             self.source = index
-            weight_map = _read_json(index).get("weight_map")
+            weight_map = read_json(index, "the safetensors index").get("weight_map")
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise ModelFormatError(f"{index}: no 'weight_map' object of tensor -> shard file")
         elif (self.path / SINGLE).is_file():
             self.source = self.path / SINGLE
-            weight_map = {k: SINGLE for k in _read_header(self.source)}
+            weight_map = {k: SINGLE for k in safetensors_header(self.source)}
         else:
             raise ModelFormatError(f"{self.path}: no {INDEX} or {SINGLE}; not an MLX checkpoint folder")
 
@@ -124,19 +116,20 @@ class MlxCheckpoint:
             if not prefixed and key.startswith(("vision_tower.", "model.visual.")):
                 continue
             self._where[key[len(PREFIX):] if prefixed else key] = (key, shard)
+        by_shard: dict[str, list[tuple[str, str]]] = {}
+        for name, (key, shard) in self._where.items():
+            by_shard.setdefault(shard, []).append((name, key))
         self._tensors: dict[str, Tensor] = {}
-        for shard in dict.fromkeys(s for _, s in self._where.values()):
-            file = self.path / shard
+        for shard, entries in by_shard.items():
+            first = shown(entries[0][1])
+            file = confined(self.path, shard, self.source, "shard path", f" (of tensor {first})")
             if not file.is_file():
-                key = next(k for k, s in self._where.values() if s == shard)
-                raise ModelFormatError(f"{self.source}: tensor '{key}' is in shard '{shard}', which is missing")
-            header = _read_header(file)
-            for name, (key, s) in self._where.items():
-                if s != shard:
-                    continue
+                raise ModelFormatError(f"{self.source}: tensor {first} is in shard {shown(shard)}, which is missing")
+            header = safetensors_header(file)
+            for name, key in entries:
                 if key not in header:
-                    raise ModelFormatError(f"{file}: {self.source.name} puts tensor '{key}' here, but the shard's "
-                                           "header does not list it")
+                    raise ModelFormatError(f"{file}: {self.source.name} puts tensor {shown(key)} here, but the "
+                                           "shard's header does not list it")
                 self._tensors[name] = header[key]
 
     # -- names --------------------------------------------------------------------------------------
@@ -248,14 +241,14 @@ class MlxCheckpoint:
         keys = tuple(t.key for t in plan.tensors)
         if len(plan.tensors) == 1:
             t = plan.tensors[0]
-            arr = _to_f16(_floats(t), t) if plan.format == "f16" else _floats(t)
+            arr = _to_f16(read_floats(t), t) if plan.format == "f16" else read_floats(t)
             weight = PackedWeight({"weight": arr}, plan.format, plan.shape, keys)
         else:
             w, s, b = plan.tensors
-            codes = _array(w)
+            codes = read_array(w)
             if plan.bits != WIDE[plan.bits] and plan.format != "mlx3":
                 codes = widen_codes(codes.reshape(-1, codes.shape[-1]), plan.bits).reshape(*w.shape[:-1], -1)
-            q_scale = np.stack([_to_f16(_floats(s), s), _to_f16(_floats(b), b)], axis=-1)
+            q_scale = np.stack([_to_f16(read_floats(s), s), _to_f16(read_floats(b), b)], axis=-1)
             weight = PackedWeight({"q_weight": codes, "q_scale": q_scale}, plan.format, plan.shape, keys)
         weight.bits = plan.bits
         return weight
@@ -263,26 +256,32 @@ class MlxCheckpoint:
     # -- MoE ----------------------------------------------------------------------------------------
 
     def moe_weights(self, layer: int) -> dict[str, PackedWeight]:
-        """A MoE layer's weights keyed by their path under `model.layers.{layer}.mlp.` (gate,
-        switch_mlp.{gate,up,down}_proj, and shared_expert.{gate,up,down}_proj + shared_expert_gate when the
-        config has a shared expert), shapes checked against config.json before anything is read."""
-        cfg = self.config
-        e, d, i = (_int(cfg, k, self.config_path) for k in ("num_experts", "hidden_size", "moe_intermediate_size"))
-        want = {"gate": (e, d), "switch_mlp.gate_proj": (e, i, d), "switch_mlp.up_proj": (e, i, d),
-                "switch_mlp.down_proj": (e, d, i)}
-        shared = cfg.get("shared_expert_intermediate_size") or 0
-        if shared:
-            want |= {"shared_expert.gate_proj": (shared, d), "shared_expert.up_proj": (shared, d),
-                     "shared_expert.down_proj": (d, shared), "shared_expert_gate": (1, d)}
-        prefix = f"model.layers.{layer}.mlp."
-        plans = {}
-        for part, shape in want.items():
-            plan = self._plan(f"{prefix}{part}.weight")
-            if plan.shape != shape:
-                t = plan.tensors[0]
-                raise ModelFormatError(f"{t.path}: tensor '{t.key}' holds a {list(plan.shape)} matrix; config.json "
-                                       f"implies {list(shape)}")
-            plans[part] = plan
+        """A MoE layer's weights keyed by their path under `model.layers.{layer}.mlp.` (for Qwen3.5-MoE: gate,
+        switch_mlp.{gate,up,down}_proj, and shared_expert.{gate,up,down}_proj + shared_expert_gate when the config
+        has a shared expert), named by the architecture file and checked against its shapes before anything is
+        read."""
+        from engine.models import model_module
+
+        where = str(self.config_path)
+        module = model_module(self.config.get("model_type"), where)
+        spec = module.spec(module.ModelArgs.from_dict(self.config, where))
+        table = [w for w in module.weights(spec) if w.name.startswith(f"layers.{layer}.moe.")]
+        if not table:
+            raise ModelFormatError(f"{where}: layer {layer} has no mixture-of-experts block")
+        prefix, plans = f"model.layers.{layer}.mlp.", {}
+        for w in table:
+            parts = [self._plan(n) for n in w.mlx]
+            first = parts[0]
+            joined = (*first.shape[:-2], sum(p.shape[-2] for p in parts), first.shape[-1])
+            if joined != w.shape or any(p.shape[:-2] != first.shape[:-2] or p.shape[-1] != first.shape[-1]
+                                        for p in parts):
+                t = first.tensors[0]
+                held = " + ".join(str(list(p.shape)) for p in parts)
+                raise ModelFormatError(f"{t.path}: tensor '{t.key}' holds a {held} matrix; config.json implies "
+                                       f"{list(w.shape)}" if len(parts) == 1 else
+                                       f"{t.path}: tensors {', '.join(repr(p.tensors[0].key) for p in parts)} hold "
+                                       f"{held} rows; config.json implies {list(w.shape)} joined")
+            plans |= {n.removeprefix(prefix).removesuffix(".weight"): p for n, p in zip(w.mlx, parts, strict=True)}
         return {part: self._read(plan) for part, plan in plans.items()}
 
 
@@ -331,18 +330,6 @@ def dequantize(weight: PackedWeight) -> np.ndarray:
 
 # ---- files -----------------------------------------------------------------------------------------
 
-def _read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise ModelFormatError(f"{path}: missing; an MLX model folder needs it")
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ModelFormatError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(value, dict):
-        raise ModelFormatError(f"{path}: expected a JSON object at the top level")
-    return value
-
-
 def _quantization(raw: dict, text: dict, where: Path) -> tuple[dict | None, dict]:
     """(defaults {bits, group_size, mode} or None, overrides keyed by module path without the prefix)."""
     q = raw.get("quantization", text.get("quantization", raw.get("quantization_config")))
@@ -350,77 +337,28 @@ def _quantization(raw: dict, text: dict, where: Path) -> tuple[dict | None, dict
         return None, {}
     if not isinstance(q, dict) or "bits" not in q or "group_size" not in q:
         method = q.get("quant_method") if isinstance(q, dict) else None
-        raise UnsupportedModelError(f"{where}: 'quantization' is {q if method is None else method!r}; expected "
-                                    "MLX's {bits, group_size, mode}")
-    defaults = {k: q[k] for k in ("bits", "group_size", "mode") if k in q}
+        raise UnsupportedModelError(f"{where}: 'quantization' is {shown(q if method is None else method)}; "
+                                    "expected MLX's {bits, group_size, mode}")
+    defaults = _settings(q, where, "quantization")
     overrides = {}
     for key, value in q.items():
+        if isinstance(value, dict):
+            value = _settings(value, where, f"quantization.{key}")
         if isinstance(value, (dict, bool)):
             overrides[key[len(PREFIX):] if key.startswith(PREFIX) else key] = value
     return defaults, overrides
 
 
-def _int(cfg: dict, key: str, where: Path) -> int:
-    value = cfg.get(key)
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ModelFormatError(f"{where}: '{key}' is {value!r}, expected a positive integer")
-    return value
-
-
-def _read_header(path: Path) -> dict[str, Tensor]:
-    """A shard's tensors from its header, each checked to lie inside the file."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        n = int.from_bytes(head, "little") if len(head) == 8 else -1
-        if n < 2 or n > min(size - 8, MAX_HEADER):
-            raise ModelFormatError(f"{path}: not a safetensors file, or truncated ({size} bytes; header length "
-                                   f"{n})")
-        try:
-            header = json.loads(f.read(n))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ModelFormatError(f"{path}: unreadable safetensors header ({e})") from None
-    if not isinstance(header, dict):
-        raise ModelFormatError(f"{path}: the safetensors header is not a JSON object")
-    start, out = 8 + n, {}
-    for key, meta in header.items():
-        if key == "__metadata__":
-            continue
-        try:
-            dtype, shape, (begin, end) = meta["dtype"], tuple(int(d) for d in meta["shape"]), meta["data_offsets"]
-            nbytes = math.prod(shape) * np.dtype(_DTYPES[dtype]).itemsize
-        except (KeyError, TypeError, ValueError):
-            raise ModelFormatError(f"{path}: tensor '{key}' has a malformed header entry {meta!r}") from None
-        if not 0 <= begin <= end or end - begin != nbytes:
-            raise ModelFormatError(f"{path}: tensor '{key}' is {dtype} {list(shape)} ({nbytes} bytes) but its "
-                                   f"data_offsets span {end - begin} bytes")
-        out[key] = Tensor(key, dtype, shape, start + begin, nbytes, path)
-    # Name the first tensor (in file order) whose bytes run past the end.
-    for t in sorted(out.values(), key=lambda t: t.offset):
-        if t.offset + t.nbytes > size:
-            raise ModelFormatError(f"{path}: tensor '{t.key}' needs bytes up to {t.offset + t.nbytes} but the file "
-                                   f"is {size} bytes (truncated download?)")
+def _settings(q: dict, where: Path, field: str) -> dict:
+    """{bits, group_size, mode} as present in `q`, each of the right type."""
+    out = {k: q[k] for k in ("bits", "group_size", "mode") if k in q}
+    for k, v in out.items():
+        ok = isinstance(v, str) if k == "mode" else isinstance(v, int) and not isinstance(v, bool)
+        if not ok:
+            raise ModelFormatError(f"{where}: '{field}.{k}' is {shown(v)}, expected "
+                                   f"{'a string' if k == 'mode' else 'a whole number'}")
     return out
 
-
-def _array(t: Tensor) -> np.ndarray:
-    """The tensor's raw values (bf16 as u16) read from its byte range."""
-    dtype = np.dtype(_DTYPES[t.dtype])
-    count = t.nbytes // dtype.itemsize
-    with open(t.path, "rb") as f:
-        f.seek(t.offset)
-        arr = np.fromfile(f, dtype, count)
-    if arr.size != count:
-        raise ModelFormatError(f"{t.path}: tensor '{t.key}' ends past the end of the file (truncated?)")
-    return arr.reshape(t.shape)
-
-
-def _floats(t: Tensor) -> np.ndarray:
-    """A float tensor as f32 (bf16 is the top half of an f32: widen by shifting) or f16/f32 as stored."""
-    arr = _array(t)
-    if t.dtype == "BF16":
-        return (arr.astype(np.uint32) << 16).view(np.float32)
-    return arr
 
 
 def _to_f16(arr: np.ndarray, t: Tensor) -> np.ndarray:

@@ -1,9 +1,9 @@
 """An MLX checkpoint (engine/formats/mlx.py) streamed as the runtime's canonical tensors.
 
-The architecture module's mlx_layout(spec) names, for each canonical matrix, the MLX weights whose rows it
-joins (q_proj ++ k_proj ++ v_proj = c_attn, gate_proj ++ up_proj = gate_up; expert stacks join along each
-expert's rows), and for every other canonical tensor its MLX tensor. Everything is planned from the headers
-first, so a missing tensor, a bit width that config.json gets wrong or a truncated shard fails before any
+The architecture file's weight table (engine/models/weights.py mlx_sources) names, for each canonical matrix, the
+MLX weights whose rows it joins (q_proj ++ k_proj ++ v_proj = c_attn, gate_proj ++ up_proj = gate_up; expert stacks
+join along each expert's rows), and for every other canonical tensor its MLX tensor. Everything is planned from the
+headers first, so a missing tensor, a bit width that config.json gets wrong or a truncated shard fails before any
 upload, naming the file and tensor; then weights are read one at a time, at most one matrix's parts in memory.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import numpy as np
 
 from engine.errors import ModelFormatError, UnsupportedModelError
-from engine.formats.gguf import PackedWeight
-from engine.formats.mlc import ProgressFn
+from engine.formats.files import ProgressFn
 from engine.formats.mlx import MlxCheckpoint
+from engine.packed import PackedWeight
 
 
 def _keys(tag: str) -> tuple[str, ...]:

@@ -13,42 +13,19 @@ checkpoints run with norm_offset 0.0. A checkpoint with raw (zero-centred) weigh
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from engine.errors import UnsupportedModelError
-from engine.models.base import DenseArgs, DenseSpec, quantized
-from engine.models.llama import global_names
+from engine.formats.files import shown
+from engine.models.base import FULL, GATED_ATTENTION, GATED_DELTANET, LINEAR, MLP, MOE, DenseArgs, HybridSpec
+from engine.models.weights import NORM, PARAM, Weight, matrix, mlc_names, norm
 
-LINEAR, FULL = "linear_attention", "full_attention"
-
-
-@dataclass
-class HybridSpec(DenseSpec):
-    """DenseSpec plus the Gated DeltaNet side; n_heads/n_kv_heads/head_dim describe the attention layers."""
-
-    layer_types: tuple[str, ...] = ()  # per layer: LINEAR (GDN) or FULL (gated attention)
-    gdn_k_heads: int = 0
-    gdn_v_heads: int = 0
-    gdn_k_dim: int = 0
-    gdn_v_dim: int = 0
-    conv_kernel: int = 4
-    norm_offset: float = 0.0  # added to zero-centred norm weights at run time (0.0: the +1 is baked in)
-    # Mixture-of-experts MLPs (Qwen3.5-MoE / Qwen3.6, engine/models/qwen3_5_moe.py); none: dense MLPs everywhere.
-    moe_layers: tuple[int, ...] = ()
-    n_experts: int = 0
-    top_k: int = 0
-    moe_ffn_dim: int = 0  # per routed expert
-    shared_ffn_dim: int = 0  # 0: no shared expert
-    norm_topk_prob: bool = True
-    attn_layers: tuple[int, ...] = field(init=False, default=())
-
-    def __post_init__(self) -> None:
-        self.attn_layers = tuple(i for i, t in enumerate(self.layer_types) if t == FULL)
-
-    @property
-    def conv_dim(self) -> int:  # q | k | v channels of in_proj_qkv, all through the conv
-        return 2 * self.gdn_k_heads * self.gdn_k_dim + self.gdn_v_heads * self.gdn_v_dim
-
+MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+FORMATS = ("mlc", "mlx")
+GGUF_ARCH = None
+CONV_TEMPLATE = "qwen2"
+HF_IGNORED = ("model.visual.", "mtp.")  # the vision tower and the multi-token-prediction head
+ZERO_CENTRED_OFFSET = 1.0  # y = x̂·(1 + w): converting bakes the 1 into the weight, as mlc-llm does
 
 @dataclass
 class ModelArgs(DenseArgs):
@@ -65,95 +42,118 @@ class ModelArgs(DenseArgs):
     hidden_act: str = "silu"
 
     @classmethod
-    def from_dict(cls, params: dict):
+    def from_dict(cls, params: dict, where: str = "model config"):
         """Flat (qwen3_5_text, mlc-llm) or nested (qwen3_5: text_config) configs; the top-level
         tie_word_embeddings wins, as transformers' Qwen3_5ForConditionalGeneration reads it there."""
-        text = params.get("text_config")
+        text = params.get("text_config") if isinstance(params, dict) else None
         if isinstance(text, dict):
             merged = {**params, **text}
             if "tie_word_embeddings" in params:
                 merged["tie_word_embeddings"] = params["tie_word_embeddings"]
             params = merged
-        return super().from_dict(params)
+        return super().from_dict(params, where)
 
     def kinds(self) -> tuple[str, ...]:
         n = self.num_hidden_layers
         kinds = tuple(self.layer_types or (FULL if (i + 1) % self.full_attention_interval == 0 else LINEAR
                                            for i in range(n)))
         if len(kinds) != n or set(kinds) - {LINEAR, FULL}:
-            raise UnsupportedModelError(f"layer_types must list {n} of {LINEAR!r} / {FULL!r}, got {list(kinds)}")
+            raise UnsupportedModelError(f"{self.source}: layer_types must list {n} of {LINEAR!r} / {FULL!r}, got "
+                                        f"{shown(list(kinds))}")
         return kinds
 
 
 def spec(args: ModelArgs) -> HybridSpec:
+    check(args)
+    s = hybrid_spec(args)
+    s.names = mlc_names(weights(s))
+    return s
+
+
+def check(args: ModelArgs) -> None:
+    """What the runtime cannot run, refused naming the config."""
+    where = args.source
     if not args.attn_output_gate:
-        raise UnsupportedModelError("Qwen3.5 without attn_output_gate is not supported (every build gates)")
+        raise UnsupportedModelError(f"{where}: Qwen3.5 without attn_output_gate is not supported (every build gates)")
     if args.hidden_act != "silu":
-        raise UnsupportedModelError(f"hidden_act {args.hidden_act!r} is not supported (silu only)")
+        raise UnsupportedModelError(f"{where}: hidden_act {shown(args.hidden_act)} is not supported (silu only)")
     if args.linear_num_value_heads % args.linear_num_key_heads:
-        raise UnsupportedModelError("linear_num_value_heads must be a multiple of linear_num_key_heads")
-    kinds = args.kinds()
-    names = global_names(args)
-    for i, kind in enumerate(kinds):
-        p, c = f"model.layers.{i}", f"layers.{i}"
-        names[f"{c}.attn_norm"] = f"{p}.input_layernorm.weight"
-        names[f"{c}.mlp_norm"] = f"{p}.post_attention_layernorm.weight"
-        quantized(names, f"{c}.gate_up", f"{p}.mlp.gate_up_proj")
-        quantized(names, f"{c}.down", f"{p}.mlp.down_proj")
-        if kind == FULL:
-            quantized(names, f"{c}.c_attn", f"{p}.self_attn.c_attn")
-            quantized(names, f"{c}.o", f"{p}.self_attn.o_proj")
-            names[f"{c}.q_norm"] = f"{p}.self_attn.q_norm.weight"
-            names[f"{c}.k_norm"] = f"{p}.self_attn.k_norm.weight"
-            continue
-        g = f"{p}.linear_attn"
-        for proj in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b"):
-            quantized(names, f"{c}.{proj}", f"{g}.{proj}")
-        quantized(names, f"{c}.out", f"{g}.out_proj")
-        names[f"{c}.A_log"] = f"{g}.A_log"
-        names[f"{c}.dt_bias"] = f"{g}.dt_bias"
-        names[f"{c}.conv1d"] = f"{g}.conv1d_weight"
-        names[f"{c}.gdn_norm"] = f"{g}.norm.weight"
-    dense = args.dense_spec(names, qk_norm=True)
+        raise UnsupportedModelError(f"{where}: linear_num_value_heads must be a multiple of linear_num_key_heads")
+
+
+def hybrid_spec(args: ModelArgs, **moe) -> HybridSpec:
+    """The spec of `args`, with the MoE fields `moe` (engine/models/qwen3_5_moe.py) when given. Full-attention
+    layers run gated attention, linear ones Gated DeltaNet; layers in moe_layers a MoE block, the rest an MLP."""
+    dense, kinds, moe_layers = args.dense_spec(qk_norm=True), args.kinds(), set(moe.get("moe_layers", ()))
+    blocks = tuple((GATED_ATTENTION if kind == FULL else GATED_DELTANET, MOE if i in moe_layers else MLP)
+                   for i, kind in enumerate(kinds))
     return HybridSpec(
-        **{f: getattr(dense, f) for f in DenseSpec.__dataclass_fields__}, layer_types=kinds,
-        gdn_k_heads=args.linear_num_key_heads, gdn_v_heads=args.linear_num_value_heads,
-        gdn_k_dim=args.linear_key_head_dim, gdn_v_dim=args.linear_value_head_dim,
-        conv_kernel=args.linear_conv_kernel_dim,
+        **{f: getattr(dense, f) for f in ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "ffn_dim", "vocab",
+                                          "eps", "inv_freq", "rot_dim", "context_length", "tied_embeddings",
+                                          "qk_norm")},
+        layer_blocks=blocks, layer_types=kinds, gdn_k_heads=args.linear_num_key_heads,
+        gdn_v_heads=args.linear_num_value_heads, gdn_k_dim=args.linear_key_head_dim,
+        gdn_v_dim=args.linear_value_head_dim, conv_kernel=args.linear_conv_kernel_dim, **moe,
     )
 
 
-def mlx_layout(spec: HybridSpec) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """mlx-lm's names (qwen3_5.py, prefix stripped) for an MLX checkpoint: (canonical matrix -> the MLX weights
-    whose rows it joins, in order; canonical tensor -> its MLX tensor). q_proj's rows are per head [Q | gate],
-    so q_proj ++ k_proj ++ v_proj is the c_attn matrix of the MLC builds; norms carry their +1 (norm_offset 0)."""
-    matrices = {"embed": ["model.embed_tokens.weight"]}
+def weights(spec: HybridSpec) -> list[Weight]:
+    out = [first_weight(spec)]
+    for i in range(spec.n_layers):
+        out += mixer_weights(spec, i) + mlp_weights(spec, i)
+    return out + last_weights(spec)
+
+
+def first_weight(spec: HybridSpec) -> Weight:
+    return matrix("embed", (spec.vocab, spec.dim), "model.embed_tokens", hf="model.embed_tokens.weight",
+                  mlx="model.embed_tokens.weight")
+
+
+def last_weights(spec: HybridSpec) -> list[Weight]:
+    out = [norm("norm", spec.dim, "model.norm.weight", hf="model.norm.weight", mlx="model.norm.weight",
+                hf_offset=ZERO_CENTRED_OFFSET)]
     if not spec.tied_embeddings:
-        matrices["lm_head"] = ["lm_head.weight"]
-    tensors = {"norm": "model.norm.weight"}
-    for i, kind in enumerate(spec.layer_types):
-        p, c = f"model.layers.{i}", f"layers.{i}"
-        tensors[f"{c}.attn_norm"] = f"{p}.input_layernorm.weight"
-        tensors[f"{c}.mlp_norm"] = f"{p}.post_attention_layernorm.weight"
-        matrices[f"{c}.gate_up"] = [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"]
-        matrices[f"{c}.down"] = [f"{p}.mlp.down_proj.weight"]
-        if kind == FULL:
-            matrices[f"{c}.c_attn"] = [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"]
-            matrices[f"{c}.o"] = [f"{p}.self_attn.o_proj.weight"]
-            tensors[f"{c}.q_norm"] = f"{p}.self_attn.q_norm.weight"
-            tensors[f"{c}.k_norm"] = f"{p}.self_attn.k_norm.weight"
-            continue
-        g = f"{p}.linear_attn"
-        for proj in ("in_proj_qkv", "in_proj_z", "in_proj_a", "in_proj_b"):
-            matrices[f"{c}.{proj}"] = [f"{g}.{proj}.weight"]
-        matrices[f"{c}.out"] = [f"{g}.out_proj.weight"]
-        tensors |= {f"{c}.A_log": f"{g}.A_log", f"{c}.dt_bias": f"{g}.dt_bias", f"{c}.conv1d": f"{g}.conv1d.weight",
-                    f"{c}.gdn_norm": f"{g}.norm.weight"}
-    return matrices, tensors
+        out.append(matrix("lm_head", (spec.vocab, spec.dim), "lm_head", hf="lm_head.weight", mlx="lm_head.weight"))
+    return out
 
 
-def runtime():
-    """The runtime class load_model builds for this architecture (KV cache + recurrent state)."""
-    from engine.hybrid import HybridTransformer
+def mixer_weights(spec: HybridSpec, i: int) -> list[Weight]:
+    """A layer's two norms and its mixer: gated attention (FULL) or Gated DeltaNet (LINEAR). In MLX, q_proj's rows
+    are per head [Q | gate], so q_proj ++ k_proj ++ v_proj is the MLC builds' c_attn; MLX norms carry their +1."""
+    p, c, d = f"model.layers.{i}", f"layers.{i}", spec.dim
+    out = [norm(f"{c}.attn_norm", d, f"{p}.input_layernorm.weight", hf=f"{p}.input_layernorm.weight",
+                mlx=f"{p}.input_layernorm.weight", hf_offset=ZERO_CENTRED_OFFSET),
+           norm(f"{c}.mlp_norm", d, f"{p}.post_attention_layernorm.weight", hf=f"{p}.post_attention_layernorm.weight",
+                mlx=f"{p}.post_attention_layernorm.weight", hf_offset=ZERO_CENTRED_OFFSET)]
+    if spec.layer_types[i] == FULL:
+        a, h, kvh, hd = f"{p}.self_attn", spec.n_heads, spec.n_kv_heads, spec.head_dim
+        projections = [f"{a}.{x}_proj.weight" for x in "qkv"]
+        return out + [
+            matrix(f"{c}.c_attn", ((2 * h + 2 * kvh) * hd, d), (f"{a}.c_attn", f"{a}.qkv_proj"), hf=projections,
+                   mlx=projections),
+            matrix(f"{c}.o", (d, h * hd), f"{a}.o_proj", hf=f"{a}.o_proj.weight", mlx=f"{a}.o_proj.weight"),
+            *(norm(f"{c}.{x}_norm", hd, f"{a}.{x}_norm.weight", hf=f"{a}.{x}_norm.weight", mlx=f"{a}.{x}_norm.weight",
+                   hf_offset=ZERO_CENTRED_OFFSET) for x in "qk"),
+        ]
+    g, vh, vd = f"{p}.linear_attn", spec.gdn_v_heads, spec.gdn_v_dim
+    rows = {"in_proj_qkv": spec.conv_dim, "in_proj_z": vh * vd, "in_proj_a": vh, "in_proj_b": vh}
+    out += [matrix(f"{c}.{x}", (n, d), f"{g}.{x}", hf=f"{g}.{x}.weight", mlx=f"{g}.{x}.weight")
+            for x, n in rows.items()]
+    return out + [
+        matrix(f"{c}.out", (d, vh * vd), f"{g}.out_proj", hf=f"{g}.out_proj.weight", mlx=f"{g}.out_proj.weight"),
+        Weight(f"{c}.A_log", PARAM, (vh,), (f"{g}.A_log",), hf=(f"{g}.A_log",), mlx=(f"{g}.A_log",), dtype="float32"),
+        Weight(f"{c}.dt_bias", PARAM, (vh,), (f"{g}.dt_bias",), hf=(f"{g}.dt_bias",), mlx=(f"{g}.dt_bias",),
+               dtype="float32"),
+        Weight(f"{c}.conv1d", PARAM, (spec.conv_dim, 1, spec.conv_kernel), (f"{g}.conv1d_weight",),
+               hf=(f"{g}.conv1d.weight",), mlx=(f"{g}.conv1d.weight",)),
+        # The gated norm y = x̂·w·silu(z) is a plain weight: no +1.
+        Weight(f"{c}.gdn_norm", NORM, (spec.gdn_v_dim,), (f"{g}.norm.weight",), hf=(f"{g}.norm.weight",),
+               mlx=(f"{g}.norm.weight",)),
+    ]
 
-    return HybridTransformer
+
+def mlp_weights(spec: HybridSpec, i: int) -> list[Weight]:
+    p, c, d, f = f"model.layers.{i}.mlp", f"layers.{i}", spec.dim, spec.ffn_dim
+    up = [f"{p}.gate_proj.weight", f"{p}.up_proj.weight"]
+    return [matrix(f"{c}.gate_up", (2 * f, d), f"{p}.gate_up_proj", hf=up, mlx=up),
+            matrix(f"{c}.down", (d, f), f"{p}.down_proj", hf=f"{p}.down_proj.weight", mlx=f"{p}.down_proj.weight")]
