@@ -77,6 +77,7 @@ class EngineWorker(QObject):
     def reply(self, request: int, messages: list, settings: dict) -> None:
         """Answer the last user message of `messages` (a regenerate or an edit is the same request: the
         cache keeps the longest common prefix with what it holds)."""
+        from engine.chat import TemplateCancelled, render_cancel
         from engine.session import ChatSession
         from engine.settings import settings_from_dict
 
@@ -87,8 +88,9 @@ class EngineWorker(QObject):
         last = None
         events = None
         try:
-            chat = ChatSession(self.model, settings_from_dict(settings), [dict(m) for m in messages])
-            events = chat.regenerate()
+            with render_cancel(self._stop.is_set):  # Stop and close also end a chat template still rendering
+                chat = ChatSession(self.model, settings_from_dict(settings), [dict(m) for m in messages])
+                events = chat.regenerate()
             for event in events:
                 last = event
                 if event.thinking or event.answer:
@@ -96,6 +98,8 @@ class EngineWorker(QObject):
                 if self._stop.is_set():
                     break
             self.reply_done.emit(request, _stats(last, stopped=self._stop.is_set()))
+        except TemplateCancelled:
+            self.reply_done.emit(request, _stats(None, stopped=True))
         except Exception as e:
             log.exception("reply %d failed", request)
             self.failed.emit(request, *describe_error(e, what="answer"))

@@ -109,6 +109,8 @@ def _read_generation_config(path: str) -> dict:
             cfg = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
+        except RecursionError:  # deeper than the JSON parser's stack
+            raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return cfg
