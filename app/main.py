@@ -30,25 +30,34 @@ def main(argv: list[str] | None = None) -> int:
     if args.data_dir:
         os.environ["ZEROTVM_HOME"] = str(Path(args.data_dir).resolve())
     from app.errors import setup_logging
-    from engine.paths import data_dir
+    from engine.paths import data_dir, data_dir_problem, use_temporary_data_dir
 
+    problem = data_dir_problem()  # a file, read-only, full: one sentence, and the window still starts
+    if problem:
+        print(f"zerotvm-chat: {problem}", file=sys.stderr)
+    source = use_temporary_data_dir() if problem else None
     setup_logging(data_dir() / "logs")
     if args.self_test:
         from app.self_test import run_self_test
 
         return run_self_test()
-    return run_app(qt_args, auto_setup=not args.no_auto_setup)
+    return run_app(qt_args, auto_setup=not args.no_auto_setup and not problem, data_problem=problem,
+                   source=source)
 
 
-def run_app(qt_args: list[str], auto_setup: bool = True) -> int:
-    from PySide6.QtWidgets import QApplication, QMessageBox
+def run_app(qt_args: list[str], auto_setup: bool = True, data_problem: str | None = None,
+            source: Path | None = None) -> int:
+    """`source`: where the user's chats, settings and prefs are read from when the data folder cannot be written
+    (this session then writes to a temporary one)."""
+    from PySide6.QtWidgets import QApplication
 
+    from app.errors import startup_notice
     from app.prefs import load_prefs
-    from app.store import ConversationStore, StoreError
+    from app.store import open_store
     from app.theme import apply_theme
     from app.window import MainWindow, apply_environment
     from engine.paths import data_dir
-    from engine.settings import load_settings
+    from engine.settings import read_settings
 
     app = QApplication.instance() or QApplication(["zerotvm-chat", *qt_args])
     app.setApplicationName("ZeroTVM")
@@ -60,19 +69,16 @@ def run_app(qt_args: list[str], auto_setup: bool = True) -> int:
     app.setWindowIcon(QIcon(str(resource_path("icons/zerotvm-256.png"))))  # PNG: no SVG plugin needed
     data = data_dir()
     prefs_path = data / PREFS_FILE
-    prefs = load_prefs(prefs_path)
+    prefs = load_prefs((source or data) / PREFS_FILE)
     apply_environment(prefs)
     apply_theme(app, prefs.theme)
-    try:
-        store = ConversationStore(data / STORE_FILE)
-    except StoreError as e:
-        QMessageBox.critical(None, "Cannot open your chats", f"{e}\n\nNothing was changed.")
-        return 1
-    window = MainWindow(store, load_settings(), prefs, prefs_path, _adapters(), TokenStore(), auto_setup)
+    store = open_store((source or data) / STORE_FILE)  # never fails: repaired, recovered or kept in memory
+    settings, settings_problems = read_settings((source or data) / "settings.json")
+    window = MainWindow(store, settings, prefs, prefs_path, _adapters(), TokenStore(), auto_setup)
     window.show()
-    if store.recovered is not None:
-        window.show_error("Chat history was damaged", f"{store.recovered}\n\nA fresh chat history was started; "
-                          "the damaged file was kept.")
+    notice = startup_notice(data_problem, store.notice, settings_problems)
+    if notice:
+        window.show_error(*notice)
     try:
         return app.exec()
     finally:

@@ -6,8 +6,12 @@ from any other thread raises sqlite3.ProgrammingError instead of racing.
 
 Schema changes are ordered migrations (MIGRATIONS[i] takes a file from version i to i + 1), recorded in the one-row
 schema_version table. A file written by a newer app raises SchemaTooNewError and is left as it is; a file that is not
-a readable database is moved aside to <name>.corrupt-<timestamp> (never deleted), a fresh one is started, and that
-is reported as a StoreRecoveredWarning (also kept on `store.recovered` for the app to show).
+a readable database, or an SQLite file of another program, is moved aside to <name>.corrupt-<timestamp> (never
+deleted), a fresh one is started, and that is reported as a StoreRecoveredWarning (also kept on `store.recovered`
+for the app to show). A readable store with damaged contents (a bad schema_version, missing tables or columns,
+settings or stats that are not JSON) is first copied to <name>.backup-<timestamp>, then repaired keeping every
+valid row (app/store_repair.py); `store.repairs` says what was done. open_store() never fails: when the file
+cannot be opened for writing, the app gets a temporary in-memory store holding what could be read, and says so.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
+from app import store_repair
 from engine.errors import ZeroTVMError
 
 MIGRATIONS: list[str] = [
@@ -105,6 +110,10 @@ class _CorruptFile(sqlite3.DatabaseError):
     """Damage found by our own checks (the file header, quick_check) rather than raised by SQLite."""
 
 
+class _ForeignFile(_CorruptFile):
+    """An SQLite file that holds none of our tables: another program's, moved aside like a corrupt one."""
+
+
 class ConversationStore:
     """Chats and messages in one SQLite file. Use it from the thread that made it (the GUI thread); close() when done.
     Conversation and message ids are SQLite rowids; a message's position is its index in the chat."""
@@ -113,43 +122,129 @@ class ConversationStore:
         self.path = Path(path)
         self.clock = clock  # injectable so tests can order conversations without sleeping
         self.recovered: StoreRecoveredWarning | None = None
+        self.repairs: list[str] = []  # what was repaired at open, in words
+        self.backup: Path | None = None  # the copy made before repairing
+        self.temporary: str | None = None  # why this store lives in memory only (see open_store)
+        if str(path) == ":memory:":
+            self._db = self._open()
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             _check_header(self.path)
             self._db = self._open()
-        except sqlite3.DatabaseError as e:
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:  # the latter: SQLite's message quoting bad bytes
             if not _is_corrupt(e):  # locked, read-only, disk full...: not ours to move aside
                 raise
-            self.recovered = StoreRecoveredWarning(self.path, _move_aside(self.path), e)
+            kind = "foreign" if isinstance(e, _ForeignFile) else "corrupt"
+            self.recovered = StoreRecoveredWarning(self.path, _move_aside(self.path, kind), e)
             warnings.warn(self.recovered, stacklevel=2)
             self._db = self._open()
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(self, db: sqlite3.Connection | None = None) -> sqlite3.Connection:
         # isolation_level=None: transactions are ours (see _tx), so every write is committed when the call returns.
-        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=True, timeout=10)
+        target = ":memory:" if self.temporary is not None or str(self.path) == ":memory:" else self.path
+        db = db or sqlite3.connect(target, isolation_level=None, check_same_thread=True, timeout=10)
         try:
             db.row_factory = sqlite3.Row
+            db.text_factory = _text  # a damaged row's bytes that are not UTF-8 read as text, never an exception
             # quick_check reads every page once: milliseconds for a chat history, and it finds damage at open time
             # rather than in the middle of a session.
             problems = [row[0] for row in db.execute("PRAGMA quick_check")]
             if problems != ["ok"]:
                 raise _CorruptFile("; ".join(problems[:3]))
-            version = _version(db)
-            if version > SCHEMA_VERSION:
+            version, bad = store_repair.read_version(db)
+            if version is not None and version > SCHEMA_VERSION:
                 raise SchemaTooNewError(self.path, version, SCHEMA_VERSION)
-            if version == 0 and db.execute("SELECT 1 FROM sqlite_master").fetchone():
-                raise StoreError(f"{self.path} is an SQLite file but not a Zero-TVM chat store; it was left unchanged")
+            tables = store_repair.user_tables(db)
+            if version is None and bad is None and tables:
+                if not tables & store_repair.OUR_TABLES:
+                    raise _ForeignFile("it is an SQLite file of another program, not a Zero-TVM chat store")
+                bad = "its schema_version table was missing"
+            if version == 0:
+                bad = "its schema version was 0"
+            elif version and (ahead := store_repair.structure_ahead(db, version)):
+                bad = f"its schema version was {version} but its tables are those of version {ahead}"
+            damage = [bad] if bad else store_repair.structure_problems(db, version) if version else []
+            found = {} if damage or not version else store_repair.row_problems(db)
+            if damage or found:
+                self._backup(db)
             db.execute("PRAGMA journal_mode=WAL")
             # In WAL mode NORMAL already survives a killed process, but can lose the last commits on power loss or
             # an OS crash; FULL syncs the WAL at each commit, which at ~2 commits/s while streaming costs nothing.
             db.execute("PRAGMA synchronous=FULL")
+            if damage:
+                self.repairs += damage + store_repair.repair_structure(db, SCHEMA_VERSION)
+                found = store_repair.row_problems(db)
+            else:
+                for step in range(version or 0, SCHEMA_VERSION):
+                    _migrate(db, step)
+            if found:
+                self.repairs += store_repair.repair_rows(db, found)
             db.execute("PRAGMA foreign_keys=ON")
-            for step in range(version, SCHEMA_VERSION):
-                _migrate(db, step)
         except BaseException:
             db.close()
             raise
         return db
+
+    def _backup(self, db: sqlite3.Connection) -> None:
+        """A consistent copy of the file as it is (WAL included), before anything repairs it."""
+        if self.backup is not None or str(self.path) == ":memory:" or self.temporary is not None:
+            return
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target, n = self.path.with_name(f"{self.path.name}.backup-{stamp}"), 1
+        while target.exists():
+            target, n = self.path.with_name(f"{self.path.name}.backup-{stamp}-{n}"), n + 1
+        copy = sqlite3.connect(target)
+        try:
+            db.backup(copy)
+        finally:
+            copy.close()
+        self.backup = target
+
+    @classmethod
+    def in_memory(cls, reason: str, copy_from: Path | None = None, *,
+                  clock: Callable[[], float] = time.time) -> ConversationStore:
+        """A store that lives in memory only (`temporary` = reason), holding a copy of `copy_from`'s chats when
+        that file can be read at all (read-only, even from a read-only folder)."""
+        store = cls(":memory:", clock=clock)
+        unsaved = "new chats and changes in this session are kept in memory and will not be saved."
+        store.temporary = f"{reason} This session starts with no chats: {unsaved}"
+        if copy_from is None or not Path(copy_from).is_file():
+            return store
+        base = Path(copy_from).resolve().as_uri()
+        # immutable=1 reads the file alone and creates nothing (a read-only folder could not take a -shm file);
+        # with a -wal file beside it, mode=ro first, so the last commits in the WAL are not missed.
+        wal = Path(str(copy_from) + "-wal").exists()
+        for uri in ([f"{base}?mode=ro"] if wal else []) + [f"{base}?immutable=1"]:
+            try:
+                source = sqlite3.connect(uri, uri=True)
+                try:
+                    fresh = sqlite3.connect(":memory:", isolation_level=None, check_same_thread=True)
+                    source.backup(fresh)
+                finally:
+                    source.close()
+                db = store._open(fresh)
+            except (sqlite3.Error, StoreError, ValueError):
+                continue
+            store._db.close()
+            store._db = db
+            store.temporary = f"{reason} The chats it holds are shown, but {unsaved}"
+            break
+        return store
+
+    @property
+    def notice(self) -> str | None:
+        """What the app should tell the user about this store's file, or None when all is well."""
+        parts = []
+        if self.recovered is not None:
+            parts.append(f"{self.recovered}.")
+        if self.repairs:
+            kept = f" A copy of the file as it was is kept as {self.backup.name}." if self.backup else ""
+            parts.append(f"Your chat history ({self.path}) was damaged and has been repaired: "
+                         f"{'; '.join(self.repairs)}.{kept} Everything that could be read is still there.")
+        if self.temporary is not None:
+            parts.append(self.temporary)
+        return "\n\n".join(parts) or None
 
     def close(self) -> None:
         self._db.close()
@@ -201,8 +296,9 @@ class ConversationStore:
         r = self._db.execute("SELECT * FROM conversations WHERE id = ?", (conv_id,)).fetchone()
         if r is None:
             raise KeyError(f"no conversation {conv_id}")
-        return {**dict(r), "auto_title": bool(r["auto_title"]), "pinned": bool(r["pinned"]),
-                "settings": json.loads(r["settings"])}
+        return {**dict(r), "title": r["title"] if isinstance(r["title"], str) else DEFAULT_TITLE,
+                "auto_title": bool(r["auto_title"]), "pinned": bool(r["pinned"]),
+                "settings": _json_object(r["settings"]) or {}}
 
     def rename(self, conv_id: int, title: str) -> None:
         title = title.strip()
@@ -302,8 +398,10 @@ class ConversationStore:
         self.conversation(conv_id)  # a KeyError for an unknown chat rather than an empty list
         rows = self._db.execute(
             "SELECT id, position, role, content, thinking, created_at, stats, model FROM messages"
-            " WHERE conversation_id = ? ORDER BY position", (conv_id,))
-        return [{**dict(r), "stats": json.loads(r["stats"]) if r["stats"] else None} for r in rows]
+            " WHERE conversation_id = ? AND role IN ('system', 'user', 'assistant') ORDER BY position", (conv_id,))
+        return [{**dict(r), "content": r["content"] if isinstance(r["content"], str) else "",
+                 "thinking": r["thinking"] if isinstance(r["thinking"], str) else "",
+                 "stats": _json_object(r["stats"])} for r in rows]
 
     # ---- export ---------------------------------------------------------------------------------
     def export_json(self, conv_id: int) -> dict:
@@ -377,10 +475,38 @@ def auto_title(text: str, limit: int = TITLE_LIMIT) -> str:
 
 
 def _version(db: sqlite3.Connection) -> int:
-    if not db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'").fetchone():
-        return 0
-    row = db.execute("SELECT version FROM schema_version").fetchone()
-    return row[0] if row else 0
+    version, _ = store_repair.read_version(db)
+    return version or 0
+
+
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")
+
+
+def _json_object(text) -> dict | None:
+    """A stored JSON object, or None when the stored text is not one (the open-time repair normally fixed it)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def open_store(path: str | os.PathLike, *, clock: Callable[[], float] = time.time) -> ConversationStore:
+    """The chat store at `path`, repaired or recovered as ConversationStore does. Never raises: a file that
+    cannot be opened for writing (written by a newer app, a read-only or unusable folder, another app holding
+    it) gives a temporary in-memory store with a copy of what could be read, and `store.notice` says so."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", StoreRecoveredWarning)  # shown through store.notice instead
+            return ConversationStore(path, clock=clock)
+    except SchemaTooNewError as e:
+        return ConversationStore.in_memory(f"{e}.", clock=clock)
+    except (StoreError, sqlite3.Error, OSError, ValueError) as e:
+        reason = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        return ConversationStore.in_memory(f"Your chat history ({path}) cannot be opened for writing ({reason}).",
+                                           path, clock=clock)
 
 
 def _migrate(db: sqlite3.Connection, step: int) -> None:
@@ -407,9 +533,11 @@ def _check_header(path: Path) -> None:
         raise _CorruptFile("not an SQLite database")
 
 
-def _is_corrupt(e: sqlite3.DatabaseError) -> bool:
+def _is_corrupt(e: Exception) -> bool:
     """Only a damaged or foreign file is moved aside; a locked or unwritable one is the caller's to report."""
-    if isinstance(e, _CorruptFile):
+    if isinstance(e, (_CorruptFile, UnicodeDecodeError)):  # an error message with bytes that are not text:
+        return True  # SQLite quoting a damaged schema
+    if "unsupported file format" in str(e):  # a header whose version bytes are damaged
         return True
     code = getattr(e, "sqlite_errorcode", None)  # Python 3.11+
     if code is not None:
@@ -417,11 +545,11 @@ def _is_corrupt(e: sqlite3.DatabaseError) -> bool:
     return type(e) is sqlite3.DatabaseError and ("not a database" in str(e) or "malformed" in str(e))
 
 
-def _move_aside(path: Path) -> Path:
+def _move_aside(path: Path, kind: str = "corrupt") -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    target, n = path.with_name(f"{path.name}.corrupt-{stamp}"), 1
+    target, n = path.with_name(f"{path.name}.{kind}-{stamp}"), 1
     while target.exists():
-        target, n = path.with_name(f"{path.name}.corrupt-{stamp}-{n}"), n + 1
+        target, n = path.with_name(f"{path.name}.{kind}-{stamp}-{n}"), n + 1
     os.replace(path, target)
     # Its WAL and index go with it, keeping the copy openable: a stale WAL must never be replayed into the new file.
     for suffix in ("-wal", "-shm", "-journal"):
@@ -464,7 +592,10 @@ def _found(cur: sqlite3.Cursor, conv_id: int) -> None:
 
 
 def _iso(ts: float) -> str:
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+    try:
+        return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="seconds")
+    except (TypeError, ValueError, OverflowError, OSError):  # a damaged date: say so rather than fail the export
+        return "unknown"
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -50,6 +50,7 @@ class EngineWorker(QObject):
     @Slot(str, int, bool)
     def load(self, path: str, context: int, exact_decode: bool = False) -> None:
         from engine.model import load_model
+        from engine.runtime_options import RuntimeOptions
 
         self._stop.clear()
         try:
@@ -61,8 +62,8 @@ class EngineWorker(QObject):
                 self.load_progress.emit(part, parts, float(done), float(total))
 
             started = time.perf_counter()
-            self.model = load_model(path, gpu=self._device(), max_context=context or None, on_progress=progress,
-                                    q8_decode=not exact_decode)
+            options = RuntimeOptions(max_context=context or None, q8_decode=not exact_decode)
+            self.model = load_model(path, gpu=self._device(), on_progress=progress, options=options)
             self.loaded.emit(self._facts(time.perf_counter() - started))
         except Stopped:
             self._release()
@@ -76,6 +77,7 @@ class EngineWorker(QObject):
     def reply(self, request: int, messages: list, settings: dict) -> None:
         """Answer the last user message of `messages` (a regenerate or an edit is the same request: the
         cache keeps the longest common prefix with what it holds)."""
+        from engine.chat import TemplateCancelled, render_cancel
         from engine.session import ChatSession
         from engine.settings import settings_from_dict
 
@@ -86,8 +88,9 @@ class EngineWorker(QObject):
         last = None
         events = None
         try:
-            chat = ChatSession(self.model, settings_from_dict(settings), [dict(m) for m in messages])
-            events = chat.regenerate()
+            with render_cancel(self._stop.is_set):  # Stop and close also end a chat template still rendering
+                chat = ChatSession(self.model, settings_from_dict(settings), [dict(m) for m in messages])
+                events = chat.regenerate()
             for event in events:
                 last = event
                 if event.thinking or event.answer:
@@ -95,6 +98,8 @@ class EngineWorker(QObject):
                 if self._stop.is_set():
                     break
             self.reply_done.emit(request, _stats(last, stopped=self._stop.is_set()))
+        except TemplateCancelled:
+            self.reply_done.emit(request, _stats(None, stopped=True))
         except Exception as e:
             log.exception("reply %d failed", request)
             self.failed.emit(request, *describe_error(e, what="answer"))
@@ -135,7 +140,7 @@ class EngineWorker(QObject):
             "context": m.runtime.max_context, "load_seconds": seconds,
             "thinking": "enable_thinking" in template, "chat": bool(tok and tok.chat_templates),
             "sampling": dict(vars(m.default_sampling)),
-            "adapter": self._gpu.info.summary(), "int8_decode": bool(m.runtime.q8),
+            "adapter": self._gpu.info.summary(), "int8_decode": m.runtime.arithmetic.int8,
         }
 
 

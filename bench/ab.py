@@ -1,8 +1,9 @@
 """A/B runs of runtime options in one process, one GPU, one run (absolute times drift between runs).
 
-    python3 bench/ab.py phi3-mini qwen3-4b --variants '{"fused_qkv": true, "matvec_rows": 8}' '{}'
+    python3 bench/ab.py phi3-mini qwen3-4b --variants '{"q8_prefill": false}' '{}'
 
-A variant's "env" object sets environment variables for its run only (e.g. {"env": {"ZEROTVM_RAW_DISPATCH": "0"}}).
+A variant is a JSON object of RuntimeOptions fields (engine/runtime_options.py); its "env" object sets environment
+variables for its run only.
 """
 
 import argparse
@@ -22,7 +23,7 @@ KEYS = ("decode_tok_s", "dispatches_per_token", "gpu_ms_per_token", "wall_ms_per
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("shapes", nargs="+")
-    p.add_argument("--variants", nargs="+", default=["{}"], help="JSON objects of DenseTransformer options")
+    p.add_argument("--variants", nargs="+", default=["{}"], help="JSON objects of RuntimeOptions fields")
     args = p.parse_args()
     gpu = Gpu()
     for shape in args.shapes:

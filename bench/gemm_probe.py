@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.bench import SHAPES, dispatch_seconds  # noqa: E402
 from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
-from engine.matmul import gemm_plan, gemm_q8_plan, quantize_q8_plan  # noqa: E402
+from engine.kernels.matmul import gemm_plan, gemm_q8_plan, quantize_q8_plan  # noqa: E402
 
 TOLERANCE = 5e-2  # int8 x vs f32 x, relative to max|y|
 TILES = [dict(tm=32, tn=128), dict(tm=128, tn=32), dict(kc=1), dict(kc=3)]  # with --tiles

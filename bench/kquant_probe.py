@@ -25,14 +25,7 @@ from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 from engine.bench import copy_kernel_bandwidth, dispatch_seconds  # noqa: E402
 from engine.formats import kquant  # noqa: E402
 from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
-from engine.kquant_plan import (  # noqa: E402
-    gemm_kq_plan,
-    gemm_kq_q8_plan,
-    matvec_kq_plan,
-    matvec_kq_q8_plan,
-    weight_buffers,
-)
-from engine.matmul import (  # noqa: E402
+from engine.kernels.matmul import (  # noqa: E402
     format_knobs,
     gemm_plan,
     gemm_q8_plan,
@@ -41,6 +34,13 @@ from engine.matmul import (  # noqa: E402
     matvec_sg_plan,
     prefers_subgroup_rows,
     quantize_q8_plan,
+)
+from engine.kquant_plan import (  # noqa: E402
+    gemm_kq_plan,
+    gemm_kq_q8_plan,
+    matvec_kq_plan,
+    matvec_kq_q8_plan,
+    weight_buffers,
 )
 
 MATRICES = {"9216x3072": (3072, 9216), "3072x8192": (8192, 3072)}  # name: (K, N outputs), Phi-3 qkv / down

@@ -19,8 +19,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.bench import SHAPES, dispatch_seconds  # noqa: E402
-from engine.gpu import UNIFORM, Gpu, Recorder, fold_grid  # noqa: E402
-from engine.matmul import matvec_plan, matvec_q8_plan, matvec_sg_plan  # noqa: E402
+from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
+from engine.kernels import fold_grid  # noqa: E402
+from engine.kernels.matmul import matvec_plan, matvec_q8_plan, matvec_sg_plan  # noqa: E402
 from engine.shaders import const_block  # noqa: E402
 
 N_REPS = 100
@@ -133,9 +134,7 @@ def sg_pipeline(g: Gpu, k: int, n: int, r: int, wg: int, xs: bool, cut: int = 0,
     """cut (ablations, wrong results on purpose): 1 no dequant/dot ALU, 2 no x loads, 3 no scale loads, 4 all three."""
     consts = dict(K=k, N=n, R=r, WG=wg, XS=xs, XT_LEN=1024 if xs else 1, CUT=cut, U=unroll, RU=r * unroll)
     code = f"enable f16;\n{const_block(consts)}\n{SG_ROWS}"
-    module = g.device.create_shader_module(label="probe", code=code)
-    pipe = g.device.create_compute_pipeline(label="probe", layout="auto", compute={"module": module,
-                                                                                     "entry_point": "main"})
+    pipe = g.pipeline_from_source("probe", code)
     rows_per_wg = (wg // g.subgroup_size) * r
     groups = -(-n // rows_per_wg)
     return pipe, (groups, 1) if groups <= 65535 else (65535, -(-groups // 65535))
@@ -156,9 +155,7 @@ def main(shape: str, quick: bool) -> None:
     rng = np.random.default_rng(0)
     step = g.upload("step", np.array([1, 0, 0, 1], np.uint32), usage=UNIFORM)
     yb = g.buffer("floor-y", 256)
-    floor_pipe = g.device.create_compute_pipeline(
-        label="floor", layout="auto",
-        compute={"module": g.device.create_shader_module(label="floor", code=FLOOR), "entry_point": "main"})
+    floor_pipe = g.pipeline_from_source("floor", FLOOR)
     floor = timed(g, floor_pipe, g.bind(floor_pipe, [yb], "floor"), (1, 1))
     print(f"one-workgroup dispatch floor: {floor * 1e6:.1f} us")
     for name, (k, n) in mats.items():

@@ -24,44 +24,42 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from engine import bench  # noqa: E402
 from engine.bench_hybrid import HYBRID_SHAPES, hybrid_spec  # noqa: E402
 from engine.bench_hybrid import random_weights as hybrid_weights  # noqa: E402
-from engine.gpu import Gpu, PlanRecorder, Recorder  # noqa: E402
-from engine.hybrid import HybridTransformer  # noqa: E402
-from engine.transformer import DenseTransformer  # noqa: E402
+from engine.gpu import Gpu, Recorder  # noqa: E402
+from engine.runtime_options import RuntimeOptions  # noqa: E402
+from engine.transformer import Transformer  # noqa: E402
 
 N_REPS = 50
 CONTEXT = 600
 
 
 def runtime(shape: str, gpu: Gpu, **options):
+    opts = RuntimeOptions.of(max_context=1024, prefill_chunk=512, **options)
     if shape in HYBRID_SHAPES:
         spec, formats = hybrid_spec(shape)
-        return HybridTransformer(gpu, spec, hybrid_weights(spec, formats), max_context=1024, prefill_chunk=512,
-                                 formats=formats, **options)
+        return Transformer(gpu, spec, hybrid_weights(spec, formats), formats=formats, options=opts)
     spec = bench.shape_spec(shape)
-    return DenseTransformer(gpu, spec, bench.random_weights(spec), max_context=1024, prefill_chunk=512, **options)
+    return Transformer(gpu, spec, bench.random_weights(spec), options=opts)
 
 
 def main(shape: str, gpu: Gpu, prefill: int = 0, options: dict | None = None) -> None:
     rt = runtime(shape, gpu, **(options or {}))
     rt.reset()
-    cap = PlanRecorder()
     if prefill:
-        rt._write_step(prefill, 0, 0, 1)
-        gpu.write(rt.tokens, np.random.default_rng(1).integers(0, rt.spec.vocab, prefill).astype(np.uint32))
-        rt._record_body(cap, prefill, 1)
+        rt.ws.write_step(prefill, 0, 0, 1)
+        gpu.write(rt.ws.tokens, np.random.default_rng(1).integers(0, rt.spec.vocab, prefill).astype(np.uint32))
+        plan = rt.forward_plan(prefill)
     else:
         rt.prefill(np.random.default_rng(1).integers(0, rt.spec.vocab, CONTEXT).astype(np.uint32))
         rt.read_sampled(0)
-        splits = rt._splits(CONTEXT + 1)
-        rt._write_step(1, CONTEXT, 1, splits)
-        rt._record_token_body(cap, splits)  # what decode replays (a hybrid's state snapshot aside)
-        rt._record_sample(cap)
+        splits = rt.splits(CONTEXT + 1)
+        rt.ws.write_step(1, CONTEXT, 1, splits)
+        plan = rt.decode_plan(splits)  # what decode replays (a hybrid's state snapshot aside)
     per_kernel: dict[str, list[float]] = defaultdict(list)
-    for pipe, bg, *grid in cap.items:
+    for pipe, bg, *grid in plan.items:
         per_kernel[pipe.label].append(bench.dispatch_seconds(gpu, pipe, bg, tuple(grid), 5 if prefill else N_REPS))
     total = sum(sum(v) for v in per_kernel.values())
     what = f"{prefill}-token prefill chunk" if prefill else "decode token"
-    print(f"{shape} {what} {options or ''}: {cap.dispatches} dispatches, sum of their times {total * 1e3:.2f} ms"
+    print(f"{shape} {what} {options or ''}: {len(plan.items)} dispatches, sum of their times {total * 1e3:.2f} ms"
           + (f" ({prefill / total:,.0f} tok/s)" if prefill else ""), flush=True)
     for name, times in sorted(per_kernel.items(), key=lambda kv: -sum(kv[1])):
         print(f"  {name:22s} ×{len(times):4d}  {np.median(times) * 1e6:7.1f} µs each  "
@@ -74,7 +72,7 @@ def main(shape: str, gpu: Gpu, prefill: int = 0, options: dict | None = None) ->
     for _ in range(20):
         t = time.perf_counter()
         rec = Recorder(gpu, "token")
-        rec.replay(cap.plan())
+        rec.replay(plan)
         rec.submit()
         host.append(time.perf_counter() - t)
     t1 = time.perf_counter()

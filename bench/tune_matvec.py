@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.bench import SHAPES, dispatch_seconds  # noqa: E402
 from engine.gpu import UNIFORM, Gpu  # noqa: E402
-from engine.matmul import matvec_plan  # noqa: E402
+from engine.kernels.matmul import matvec_plan  # noqa: E402
 
 N_REPS = 100
 VARIANTS = [(4, 64), (2, 64), (8, 64), (4, 128), (2, 128), (8, 32), (4, 32), (2, 32), (1, 32), (16, 32), (4, 16),

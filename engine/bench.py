@@ -18,7 +18,8 @@ import numpy as np
 
 from engine.gpu import Gpu
 from engine.models.base import DenseSpec, rope_inv_freq
-from engine.transformer import DenseTransformer, tensor_shapes
+from engine.runtime_options import RuntimeOptions
+from engine.transformer import Transformer, expected_tensors
 
 SHAPES = {
     # name: dim, layers, heads, kv heads, head_dim, ffn, vocab, eps, theta, context, tied, qk_norm
@@ -33,7 +34,7 @@ def shape_spec(name: str) -> DenseSpec:
     d, n_layers, h, kvh, hd, f, v, eps, theta, ctx, tied, qk = SHAPES[name]
     inv, rot = rope_inv_freq(hd, theta)
     spec = DenseSpec(d, n_layers, h, kvh, hd, f, v, eps, inv, rot, ctx, tied, qk)
-    spec.names = {c: c for c in tensor_shapes(spec)}
+    spec.names = {c: c for c in expected_tensors(spec)}
     return spec
 
 
@@ -41,7 +42,7 @@ def random_weights(spec: DenseSpec, seed: int = 0):
     """(name, array) for every tensor; one random array per distinct shape, uploaded to separate buffers."""
     rng = np.random.default_rng(seed)
     cache: dict = {}
-    for name, (shape, dtype) in tensor_shapes(spec).items():
+    for name, (shape, dtype) in expected_tensors(spec).items():
         key = (shape, dtype, name.endswith("q_scale"))
         if key not in cache:
             if dtype == "uint32":
@@ -57,7 +58,7 @@ def random_weights(spec: DenseSpec, seed: int = 0):
 def weight_bytes_per_token(spec: DenseSpec) -> int:
     """Bytes a decode step must read: every layer matrix and the LM head, plus one embedding row."""
     total = 0
-    for name, (shape, dtype) in tensor_shapes(spec).items():
+    for name, (shape, dtype) in expected_tensors(spec).items():
         n = int(np.prod(shape)) * np.dtype(dtype).itemsize
         total += n // spec.vocab if name.startswith("embed.") else n
     return total
@@ -101,7 +102,8 @@ def dispatch_seconds(gpu: Gpu, pipeline, bind_group, grid: tuple, reps: int = 10
 
 def copy_kernel_bandwidth(gpu: Gpu, nbytes: int = 1 << 30, reps: int = 5) -> float:
     """A vec4<u32> copy kernel's rate (read + write): what a compute shader can stream on this GPU."""
-    from engine.gpu import Recorder, fold_grid
+    from engine.gpu import Recorder
+    from engine.kernels import fold_grid
 
     nbytes = min(nbytes, gpu.max_binding // 256 * 256, gpu.limits["max-buffer-size"] // 2 // 256 * 256)
     a, b = gpu.buffer("bwk-src", nbytes), gpu.buffer("bwk-dst", nbytes)
@@ -124,7 +126,7 @@ def copy_kernel_bandwidth(gpu: Gpu, nbytes: int = 1 << 30, reps: int = 5) -> flo
     return 2 * nbytes / statistics.median(times[1:])
 
 
-def _gpu_busy(rt: DenseTransformer, prompt: np.ndarray, n: int = 64) -> dict:
+def gpu_busy(rt: Transformer, prompt: np.ndarray, n: int = 64) -> dict:
     """Decode `n` tokens one pass each with pass timestamps: GPU time per token and busy fraction of wall time."""
     import wgpu
 
@@ -142,13 +144,10 @@ def _gpu_busy(rt: DenseTransformer, prompt: np.ndarray, n: int = 64) -> dict:
     rt.read_sampled(0)
     t = time.perf_counter()
     for j in range(n):
-        splits = rt._splits(rt.n_cached + 1)
-        rt._write_step(1, rt.n_cached, 1 + j, splits)
         rec = Recorder(g, "decode-ts", {"query_set": qs, "beginning_of_pass_write_index": 2 * j,
                                         "end_of_pass_write_index": 2 * j + 1})
-        rt._record_decode_token(rec, splits)
+        rt.record_decode_token(rec, 1 + j)
         rec.submit()
-        rt.n_cached += 1
     g.sync()
     wall = time.perf_counter() - t
     enc = g.device.create_command_encoder(label="resolve")
@@ -163,7 +162,7 @@ def _gpu_busy(rt: DenseTransformer, prompt: np.ndarray, n: int = 64) -> dict:
             "wall_ms_per_token": round(wall / n * 1e3, 3)}
 
 
-def _timed_prefill(rt: DenseTransformer, ids: np.ndarray) -> float:
+def timed_prefill(rt: Transformer, ids: np.ndarray) -> float:
     rt.reset()
     t = time.perf_counter()
     rt.prefill(ids)
@@ -171,7 +170,7 @@ def _timed_prefill(rt: DenseTransformer, ids: np.ndarray) -> float:
     return time.perf_counter() - t
 
 
-def _timed_decode(rt: DenseTransformer, prompt: np.ndarray, n: int) -> float:
+def timed_decode(rt: Transformer, prompt: np.ndarray, n: int) -> float:
     rt.reset()
     rt.prefill(prompt)
     rt.read_sampled(0)
@@ -180,26 +179,22 @@ def _timed_decode(rt: DenseTransformer, prompt: np.ndarray, n: int) -> float:
     return got / (time.perf_counter() - t)
 
 
-def _host_us_per_dispatch(rt: DenseTransformer, reps: int = 20) -> float:
+def host_us_per_dispatch(rt: Transformer, reps: int = 20) -> float:
     """Time spent recording one decode token on the CPU (replaying its captured plan, as decode does), divided by its
     dispatch count."""
     from engine.gpu import Recorder
 
-    plan = None if os.environ.get("ZEROTVM_DECODE_PLANS", "1") == "0" else rt._decode_plan(1)
+    plan = rt.decode_plan(1)
     t = time.perf_counter()
     for _ in range(reps):
         rec = Recorder(rt.gpu, "host-cost")
-        if plan:
-            rec.replay(plan)
-        else:  # as _record_decode_token records without plans (the hybrid's snapshot aside)
-            rt._record_token_body(rec, 1)
-            rt._record_sample(rec)
+        rec.replay(plan)
         rec.pass_.end()
         rec.encoder.finish()
     return (time.perf_counter() - t) / reps / rec.dispatches * 1e6
 
 
-def _git_commit() -> str:
+def git_commit() -> str:
     if os.environ.get("ZEROTVM_COMMIT"):  # set by bench scripts on machines that get a tree without .git
         return os.environ["ZEROTVM_COMMIT"]
     try:
@@ -211,7 +206,7 @@ def _git_commit() -> str:
 
 def run_bench(shape: str = "phi3-mini", decode_tokens: int = 128, prompt_tokens: int = 512, runs: int = 5,
               gpu: Gpu | None = None, long_prompt: int = 2048, timestamps: bool = False, **runtime_options) -> dict:
-    """One shape's numbers; runtime_options go to DenseTransformer (for A/B runs of a runtime switch)."""
+    """One shape's numbers; runtime_options are RuntimeOptions fields (e.g. q8_decode=False)."""
     from engine.bench_hybrid import HYBRID_SHAPES, run_hybrid_bench
 
     if shape in HYBRID_SHAPES:  # Qwen3.5 / Qwen3.6: engine/bench_hybrid.py
@@ -221,26 +216,26 @@ def run_bench(shape: str = "phi3-mini", decode_tokens: int = 128, prompt_tokens:
     spec = shape_spec(shape)
     chunk = min(prompt_tokens, 512)
     longest = max(prompt_tokens, long_prompt)
-    rt = DenseTransformer(gpu, spec, random_weights(spec), max_context=longest + decode_tokens + 16,
-                          prefill_chunk=chunk, **runtime_options)
+    options = RuntimeOptions.of(max_context=longest + decode_tokens + 16, prefill_chunk=chunk, **runtime_options)
+    rt = Transformer(gpu, spec, random_weights(spec), options=options)
     rng = np.random.default_rng(1)
     prompt_all = rng.integers(0, spec.vocab, longest).astype(np.uint32)
     prompt = prompt_all[:prompt_tokens]
     short = prompt[:35]
-    _timed_decode(rt, prompt[:16], 8)  # warm up pipelines and caches
-    decode = statistics.median(_timed_decode(rt, prompt, decode_tokens) for _ in range(runs))
-    prefill = statistics.median(prompt_tokens / _timed_prefill(rt, prompt) for _ in range(runs))
-    prefill_long = statistics.median(long_prompt / _timed_prefill(rt, prompt_all[:long_prompt])
+    timed_decode(rt, prompt[:16], 8)  # warm up pipelines and caches
+    decode = statistics.median(timed_decode(rt, prompt, decode_tokens) for _ in range(runs))
+    prefill = statistics.median(prompt_tokens / timed_prefill(rt, prompt) for _ in range(runs))
+    prefill_long = statistics.median(long_prompt / timed_prefill(rt, prompt_all[:long_prompt])
                                      for _ in range(max(1, runs // 2))) if long_prompt else None
-    ttft = statistics.median(_timed_prefill(rt, short) for _ in range(runs))
-    busy = _gpu_busy(rt, prompt) if timestamps else {}
+    ttft = statistics.median(timed_prefill(rt, short) for _ in range(runs))
+    busy = gpu_busy(rt, prompt) if timestamps else {}
     bw = copy_bandwidth(gpu)
     bw_kernel = copy_kernel_bandwidth(gpu)
     per_token = weight_bytes_per_token(spec)
-    host_us = _host_us_per_dispatch(rt)
+    host_us = host_us_per_dispatch(rt)
     r = {
         "date": datetime.date.today().isoformat(), "gpu": gpu.info.name, "backend": gpu.info.backend,
-        "driver": gpu.info.driver, "commit": _git_commit(), "shape": shape, "options": runtime_options,
+        "driver": gpu.info.driver, "commit": git_commit(), "shape": shape, "options": runtime_options,
         "subgroups": gpu.use_subgroups, "subgroup_size": gpu.subgroup_size,
         "decode_tok_s": round(decode, 1), "prefill_tok_s": round(prefill, 1), "prompt_tokens": prompt_tokens,
         **({f"prefill_{long_prompt}_tok_s": round(prefill_long, 1)} if prefill_long else {}),
@@ -252,5 +247,22 @@ def run_bench(shape: str = "phi3-mini", decode_tokens: int = 128, prompt_tokens:
         "host_ms_per_token": round(host_us * rt.dispatches_per_token / 1000, 3), **busy,
     }
     r["pct_of_ceiling"] = round(100 * decode / r["ceiling_tok_s"], 1)
-    r["table"] = "\n".join(f"{k:>22}: {v}" for k, v in r.items())
+    return finish(r, rt)
+
+
+def block_table(rt: Transformer) -> str:
+    """One line per block: layers, dispatches per decode token, GPU MB by kind."""
+    lines = [f"{'block':>22}  layers  dispatches  weights MB  kv MB  state MB  scratch MB"]
+    for b in rt.report():
+        lines.append(f"{b['block']:>22}  {b['layers']:>6}  {b['dispatches_per_token']:>10}  "
+                     f"{b['weights'] / 1e6:>10.1f}  {b['kv'] / 1e6:>5.1f}  {b['state'] / 1e6:>8.1f}  "
+                     f"{b['scratch'] / 1e6:>10.1f}")
+    return "\n".join(lines)
+
+
+def finish(r: dict, rt: Transformer) -> dict:
+    """The result with the per-block report and a printable table."""
+    r["blocks"] = rt.report()
+    shown = {k: v for k, v in r.items() if k != "blocks"}
+    r["table"] = "\n".join(f"{k:>22}: {v}" for k, v in shown.items()) + "\n" + block_table(rt)
     return r

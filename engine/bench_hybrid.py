@@ -1,6 +1,6 @@
 """`zerotvm bench` for the hybrids: random weights of Qwen3.5-4B's (GDN + gated attention, dense MLP, MLC q4f16_1)
 or Qwen3.6-35B-A3B's shapes (GDN + gated attention, 256 experts top-8 plus a shared one, MLX affine 4-bit with
-the 8-bit router) built in memory and run on HybridTransformer; engine/bench.py's run_bench hands these shapes
+the 8-bit router) built in memory and run on the Transformer; engine/bench.py's run_bench hands these shapes
 over here and shares its timers and bandwidth probes.
 
 Decode reads only part of a MoE model's weights, so the ceiling is the copy bandwidth over the *active* bytes
@@ -19,12 +19,13 @@ import statistics
 import numpy as np
 
 from engine import bench
+from engine.blocks.moe import shared_joins_stack
 from engine.errors import GpuError
 from engine.gpu import Gpu
-from engine.hybrid import HybridTransformer, hybrid_tensor_shapes
-from engine.matmul import FORMATS
+from engine.kernels.matmul import FORMATS
 from engine.models import model_module
-from engine.moe import shared_joins_stack
+from engine.runtime_options import RuntimeOptions
+from engine.transformer import Transformer, expected_tensors
 
 _ROPE = dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25)
 _GDN = dict(linear_num_key_heads=16, linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128,
@@ -65,11 +66,11 @@ def make_spec(model_type: str, config: dict, layout: str, expert_bits: int | Non
     spec = module.spec(module.ModelArgs.from_dict(dict(config)))
     formats = {}
     if layout == "mlx":
-        matrices = [n.removesuffix(".q_weight") for n in hybrid_tensor_shapes(spec) if n.endswith(".q_weight")]
+        matrices = [n.removesuffix(".q_weight") for n in expected_tensors(spec) if n.endswith(".q_weight")]
         formats = {m: "mlx8" if m.endswith((".moe.router", ".moe.shared_gate")) else "mlx4" for m in matrices}
         if expert_bits == 3:  # routed expert stacks as the MLX reader keeps them
             formats |= {m: "mlx3" for m in matrices if m.endswith((".moe.gate_up", ".moe.down"))}
-    spec.names = {c: c for c in hybrid_tensor_shapes(spec, formats)}
+    spec.names = {c: c for c in expected_tensors(spec, formats)}
     return spec, formats
 
 
@@ -77,15 +78,15 @@ def random_weights(spec, formats: dict[str, str], seed: int = 0):
     """(name, array) for every tensor; one random array per distinct shape and role, shared by every layer."""
     rng = np.random.default_rng(seed)
     cache: dict = {}
-    for name, (shape, dtype) in hybrid_tensor_shapes(spec, formats).items():
+    for name, (shape, dtype) in expected_tensors(spec, formats).items():
         matrix, _, role = name.rpartition(".")
         key = (shape, dtype, role, formats.get(matrix))
         if key not in cache:
-            cache[key] = _random(rng, name, shape, dtype, formats)
+            cache[key] = random_tensor(rng, name, shape, dtype, formats)
         yield name, cache[key]
 
 
-def _random(rng, name: str, shape: tuple, dtype: str, formats: dict[str, str]) -> np.ndarray:
+def random_tensor(rng, name: str, shape: tuple, dtype: str, formats: dict[str, str]) -> np.ndarray:
     if dtype == "uint32":
         return rng.integers(0, 2**32, size=shape, dtype=np.uint32)
     if name.endswith("q_scale"):  # keep activations finite through 40 random layers, whatever the code width
@@ -113,7 +114,7 @@ def active_bytes_per_token(spec, formats: dict[str, str]) -> int:
     """Weight bytes one decode token reads: everything but the routed expert stacks (top_k of E of those) and
     the embedding (one row; the whole of it when it doubles as the LM head)."""
     total = 0
-    for name, (shape, dtype) in hybrid_tensor_shapes(spec, formats).items():
+    for name, (shape, dtype) in expected_tensors(spec, formats).items():
         n = _nbytes(shape, dtype)
         if name.startswith("embed."):
             total += n // spec.vocab + (n if spec.tied_embeddings else 0)
@@ -126,7 +127,7 @@ def active_bytes_per_token(spec, formats: dict[str, str]) -> int:
 
 def check_bindings(name: str, spec, formats: dict[str, str], gpu: Gpu) -> None:
     """GpuError, with the numbers, when a tensor or expert stack exceeds the GPU's largest storage binding."""
-    shapes = hybrid_tensor_shapes(spec, formats)
+    shapes = expected_tensors(spec, formats)
     fmt = {k: formats.get(f"layers.0.moe.{k}") for k in ("gate_up", "down", "shared_gate_up", "shared_down")}
     stack = shared_joins_stack(spec.moe_ffn_dim, spec.shared_ffn_dim, (fmt["gate_up"], fmt["down"]),
                                (fmt["shared_gate_up"], fmt["shared_down"]))
@@ -154,34 +155,36 @@ def run_hybrid_bench(shape: str, decode_tokens: int = 128, prompt_tokens: int = 
     spec, formats = hybrid_spec(shape)
     check_bindings(shape, spec, formats, gpu)
     longest = max(prompt_tokens, long_prompt)
-    rt = HybridTransformer(gpu, spec, random_weights(spec, formats), max_context=longest + decode_tokens + 16,
-                           prefill_chunk=min(prompt_tokens, 512), formats=formats, **runtime_options)
+    options = RuntimeOptions.of(max_context=longest + decode_tokens + 16, prefill_chunk=min(prompt_tokens, 512),
+                                **runtime_options)
+    rt = Transformer(gpu, spec, random_weights(spec, formats), formats=formats, options=options)
     prompt_all = np.random.default_rng(1).integers(0, spec.vocab, longest).astype(np.uint32)
     prompt = prompt_all[:prompt_tokens]
-    bench._timed_decode(rt, prompt[:16], 8)  # warm up pipelines and caches
-    decode = statistics.median(bench._timed_decode(rt, prompt, decode_tokens) for _ in range(runs))
-    prefill = statistics.median(prompt_tokens / bench._timed_prefill(rt, prompt) for _ in range(runs))
-    prefill_long = statistics.median(long_prompt / bench._timed_prefill(rt, prompt_all[:long_prompt])
+    bench.timed_decode(rt, prompt[:16], 8)  # warm up pipelines and caches
+    decode = statistics.median(bench.timed_decode(rt, prompt, decode_tokens) for _ in range(runs))
+    prefill = statistics.median(prompt_tokens / bench.timed_prefill(rt, prompt) for _ in range(runs))
+    prefill_long = statistics.median(long_prompt / bench.timed_prefill(rt, prompt_all[:long_prompt])
                                      for _ in range(max(1, runs // 2))) if long_prompt else None
-    busy = bench._gpu_busy(rt, prompt) if timestamps else {}
+    busy = bench.gpu_busy(rt, prompt) if timestamps else {}
     bw = max(bench.copy_bandwidth(gpu, probe_bytes), bench.copy_kernel_bandwidth(gpu, probe_bytes))
     active = active_bytes_per_token(spec, formats)
-    state = 2 * rt.state_bytes  # the GDN conv and recurrent states, read and written every token
-    host_us = bench._host_us_per_dispatch(rt)
+    gdn = rt.block("gated_deltanet")
+    state = 2 * gdn.state_bytes if gdn else 0  # the GDN conv and recurrent states, read and written every token
+    host_us = bench.host_us_per_dispatch(rt)
     r = {
         "date": datetime.date.today().isoformat(), "gpu": gpu.info.name, "backend": gpu.info.backend,
-        "driver": gpu.info.driver, "commit": bench._git_commit(), "shape": shape, "options": runtime_options,
+        "driver": gpu.info.driver, "commit": bench.git_commit(), "shape": shape, "options": runtime_options,
         "weights": "MLC q4f16_1" if not formats else
         f"MLX affine: mlx4, 8-bit router, experts stored at {HYBRID_SHAPES[shape][3]} bits",
         "decode_tok_s": round(decode, 1), "prefill_tok_s": round(prefill, 1), "prompt_tokens": prompt_tokens,
         **({f"prefill_{long_prompt}_tok_s": round(prefill_long, 1)} if prefill_long else {}),
         "decode_tokens": decode_tokens, "dispatches_per_token": rt.dispatches_per_token,
-        "moe_layers": len(rt.moe), "experts": f"{spec.top_k} of {spec.n_experts} + shared" if rt.moe else None,
+        "moe_layers": len(spec.moe_layers),
+        "experts": f"{spec.top_k} of {spec.n_experts} + shared" if spec.moe_layers else None,
         "active_gb_per_token": round(active / 1e9, 4), "state_mb_per_token": round(state / 1e6, 1),
         "achieved_gb_s": round(decode * active / 1e9, 1), "copy_bw_gb_s": round(bw / 1e9, 1),
         "ceiling_tok_s": round(bw / active, 1), "host_us_per_dispatch": round(host_us, 2),
         "host_ms_per_token": round(host_us * rt.dispatches_per_token / 1000, 3), **busy,
     }
     r["pct_of_ceiling"] = round(100 * decode / r["ceiling_tok_s"], 1)
-    r["table"] = "\n".join(f"{k:>22}: {v}" for k, v in r.items())
-    return r
+    return bench.finish(r, rt)

@@ -3,14 +3,18 @@ splitter for `<think>…</think>` blocks in generated text.
 
 The Jinja environment copies transformers' (utils/chat_template_utils.py): an ImmutableSandboxedEnvironment with
 trim_blocks, lstrip_blocks and loop controls, a `tojson` that does not HTML-escape, `raise_exception`,
-`strftime_now`, a safe `dict` and `namespace`, and `{% generation %}` accepted as a plain block.
+`strftime_now`, a safe `dict` and `namespace`, and `{% generation %}` accepted as a plain block. On top of the
+sandbox, engine/chat_guard.py bounds time, sizes and recursion, and lets Stop end a render: every failure is a
+ChatTemplateError naming the template's file.
 """
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime
 from functools import lru_cache
 from pathlib import Path
@@ -18,12 +22,36 @@ from pathlib import Path
 import jinja2
 from jinja2 import nodes
 from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from jinja2.utils import Namespace
 
-from engine.errors import ModelFormatError
+from engine import chat_guard
+from engine.chat_guard import GuardedEnvironment, RenderGuard, TemplateAbort
+from engine.errors import ModelFormatError, ZeroTVMError
 
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # transformers aliases these to each other
+MAX_TEMPLATE_CHARS = 1024**2  # real templates are a few KB (the longest known, ~30 KB); more is not a template
+_cancel = threading.local()
+
+
+class ChatTemplateError(ModelFormatError, ValueError):
+    """A chat template that cannot compile, refused the messages, failed, or hit a limit; str() names its file.
+    A ValueError too, as bad input to render() always was."""
+
+
+class TemplateCancelled(ZeroTVMError):
+    """Stop was pressed while a chat template rendered."""
+
+
+@contextmanager
+def render_cancel(check: Callable[[], bool]) -> Iterator[None]:
+    """Every chat template rendered in this thread inside the block stops (TemplateCancelled) as soon as
+    `check()` is true: the app's worker passes its stop flag, so Stop and close work even mid-render."""
+    previous = getattr(_cancel, "check", None)
+    _cancel.check = check
+    try:
+        yield
+    finally:
+        _cancel.check = previous
 
 
 class _Generation(Extension):
@@ -48,7 +76,9 @@ def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False
 
 
 def _strftime_now(format):
-    return datetime.now().strftime(format)
+    if not isinstance(format, str) or len(format) > 1000:
+        raise jinja2.exceptions.TemplateError("strftime_now() takes a short format string")
+    return chat_guard.built(datetime.now().strftime(format), "strftime_now()")
 
 
 class _TemplateDict:
@@ -79,9 +109,9 @@ class _TemplateNamespace(Namespace):
             raise jinja2.exceptions.SecurityError(f"chat templates cannot set {name!r} on a namespace")
 
 
-def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols])
-    env.filters["tojson"] = _tojson
+def _environment() -> GuardedEnvironment:
+    env = GuardedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_Generation, loopcontrols])
+    env.filters["tojson"] = chat_guard.guarded_filter("tojson", _tojson)
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now, dict=_TemplateDict(),
                        namespace=_TemplateNamespace)
     return env
@@ -95,20 +125,57 @@ class ChatTemplate:
 
     def __init__(self, source: str, where: str = "chat template"):
         self.source, self.where = source, where
+        if not isinstance(source, str):
+            raise ChatTemplateError(f"{where}: the chat template is not text but {type(source).__name__}")
+        if len(source) > MAX_TEMPLATE_CHARS:
+            raise ChatTemplateError(f"{where}: the chat template is {len(source):,} characters long, more than the "
+                                    f"{MAX_TEMPLATE_CHARS:,} a template may have; the file is damaged or not a model's")
         try:
-            self.template = _compile(source)
-            self.literal_text = _literal_text(source)
+            with RenderGuard():  # jinja2 folds constant expressions while compiling: the same limits apply
+                self.template = _compile(source)
+                self.literal_text = _literal_text(source)
         except jinja2.TemplateSyntaxError as e:
-            raise ModelFormatError(f"{where}: chat template does not parse (line {e.lineno}: {e.message})") from e
+            raise ChatTemplateError(f"{where}: chat template does not parse (line {e.lineno}: {e.message})") from e
+        except TemplateAbort as e:
+            raise ChatTemplateError(f"{where}: the chat template was refused while compiling: {e.reason}") from None
+        except Exception as e:  # RecursionError, MemoryError, Python's SyntaxError for 20+ nested blocks...
+            raise ChatTemplateError(f"{where}: the chat template cannot be compiled ({_why(e)})") from None
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None,
-               documents: list[dict] | None = None, **variables) -> str:
-        """Render prepared messages; `variables` are the special tokens plus extras such as enable_thinking."""
+               documents: list[dict] | None = None, *, cancel: Callable[[], bool] | None = None,
+               timeout_s: float | None = None, **variables) -> str:
+        """Render prepared messages; `variables` are the special tokens plus extras such as enable_thinking.
+        `cancel` (default: the render_cancel() of this thread) stops it with TemplateCancelled; any failure,
+        limit included (chat_guard), is a ChatTemplateError naming the template."""
+        cancel = cancel or getattr(_cancel, "check", None)
+        context = dict(messages=messages, tools=tools, documents=documents,
+                       add_generation_prompt=add_generation_prompt, **variables)
         try:
-            return self.template.render(messages=messages, tools=tools, documents=documents,
-                                        add_generation_prompt=add_generation_prompt, **variables)
-        except (jinja2.TemplateError, TypeError) as e:  # raise_exception() in the template, or unreadable messages
-            raise ValueError(f"{self.where}: the chat template refused these messages: {e}") from e
+            with RenderGuard(chat_guard.weight(context, 1 << 31), cancel, timeout_s) as guard:
+                pieces, size = [], 0
+                for piece in self.template.generate(context):
+                    size += len(piece)
+                    if size > guard.max_value:
+                        raise TemplateAbort(f"its output would be longer than {guard.max_value:,} characters")
+                    pieces.append(piece)
+                return "".join(pieces)
+        except TemplateAbort as e:
+            if e.cancelled:
+                raise TemplateCancelled(f"{self.where}: rendering the chat template was stopped") from None
+            raise ChatTemplateError(f"{self.where}: the chat template was stopped: {e.reason}") from None
+        except jinja2.TemplateError as e:  # raise_exception() in the template, an undefined call, the sandbox
+            raise ChatTemplateError(f"{self.where}: the chat template refused these messages: {e}") from e
+        except Exception as e:  # TypeError on unreadable messages, RecursionError, OverflowError, MemoryError...
+            raise ChatTemplateError(f"{self.where}: the chat template failed on these messages ({_why(e)})") from None
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, RecursionError):
+        return "it nests too deeply"
+    if isinstance(e, MemoryError):
+        return "it ran out of memory"
+    text = (str(e).strip().splitlines() or [""])[0][:200]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 @lru_cache(maxsize=32)
@@ -135,7 +202,10 @@ def prepare_messages(messages: Iterable[dict], system: str | None = None) -> lis
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise ValueError(f"message {i}: expected an object with a string 'role', got {m!r:.80}")
-        m = {k: copy.deepcopy(v) for k, v in m.items() if v is not None}
+        try:
+            m = {k: copy.deepcopy(v) for k, v in m.items() if v is not None}
+        except RecursionError:
+            raise ValueError(f"message {i}: its contents are nested too deeply") from None
         reasoning = next((m[k] for k in REASONING_FIELDS if m.get(k) is not None), None)
         if reasoning is not None:
             m = {"thinking": reasoning, **m, "reasoning_content": reasoning}

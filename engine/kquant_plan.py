@@ -16,12 +16,19 @@ arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
 from __future__ import annotations
 
 from engine.formats.kquant import TYPES, ktype
-from engine.gpu import fold_grid
+from engine.kernels import declare, fold_grid
+
+# The host's expectations of each kernel, checked against its WGSL declarations (engine/kernels/__init__.py).
+MATVEC_KQ = declare("matvec_kq", writes=("y",))
+MATVEC_KQ_Q8 = declare("matvec_kq_q8", writes=("y",))
+MATMUL_KQ = declare("matmul_kq", writes=("y",))
+MATMUL_KQ_Q8 = declare("matmul_kq_q8", writes=("y",))
+EMBEDDING_KQ = declare("embedding_kq", writes=("x",))
 
 MATVEC_WG = 64
-MATVEC_ROWS = 4  # weight rows per decode workgroup (halved with gate_up), as engine.matmul.MATVEC_SLOTS
+MATVEC_ROWS = 4  # weight rows per decode workgroup (halved with gate_up), as engine.kernels.matmul.MATVEC_SLOTS
 MATVEC_Q8_WG = 128
-MATVEC_Q8_ROWS = 2  # weight rows per subgroup (halved with gate_up), as engine.matmul.MATVEC_Q8_SLOTS
+MATVEC_Q8_ROWS = 2  # weight rows per subgroup (halved with gate_up), as engine.kernels.matmul.MATVEC_Q8_SLOTS
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
 GEMM_Q8_TM = 64

@@ -64,13 +64,14 @@ def _spec(model_type: str, config: dict, where: str) -> DenseSpec:
 def _gguf(path: Path) -> CatalogEntry:
     from engine.formats.gguf import GgufCheckpoint
     from engine.model import LLAMA_CPP_SAMPLING
-    from engine.transformer import tensor_shapes
+    from engine.transformer import expected_tensors
 
     ckpt = GgufCheckpoint(path)
     cfg = ckpt.config  # raises, naming the file, for an architecture we cannot run
     spec = _spec(cfg["model_type"], cfg, f"{path} (general.architecture)")
     formats = {name: "f16" if tag == "f32" else tag for name, tag in ckpt.formats().items()}
-    sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in tensor_shapes(spec, formats).values()]
+    sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize
+             for shape, dtype in expected_tensors(spec, formats).values()]
     meta = ckpt.metadata
     # What engine/model.py samples with: the file's keys over llama.cpp's defaults.
     found = {k: meta[key] for k, key in _GGUF_SAMPLING.items() if key in meta}

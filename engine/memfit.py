@@ -1,10 +1,10 @@
 """Will a model fit? GPU bytes and host RAM a model needs at a context length, checked against the machine.
 
-GPU bytes = weights + KV cache + working buffers. For the dense models (phi3, llama, qwen3) the KV cache and
-buffers mirror engine/transformer.py `_alloc` exactly (tests compare against a real allocation). For the
-Qwen3.5/3.6 hybrids (engine/hybrid.py) it is an approximation: KV only on the full-attention layers, the
-recurrent + conv state per Gated DeltaNet layer times (1 + STATE_SNAPSHOTS) for the multi-turn snapshots, and
-the dense buffer formula over the widest projection.
+GPU bytes = weights + KV cache + recurrent state + working buffers, as the runtime's blocks will allocate them: the
+estimate asks the same RuntimePlan the runtime builds from (engine/transformer.py), so nothing here mirrors the
+runtime by hand. A catalog entry is planned from its recorded dimensions; its weight bytes are the catalog's figure
+(exact for the MLC builds, approximate where the entry says so). While loading, the GPU also holds the uploads'
+staging copies, at most one window of them (engine/gpu.py UPLOAD_WINDOW, or the largest tensor when bigger).
 
 Host RAM at load: the loaders stream one tensor at a time, so the peak is a baseline (Python, numpy, wgpu
 and the GPU driver) plus LOAD_COPIES of the largest tensor. On a GPU that shares system RAM (integrated,
@@ -16,13 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
+from engine.blocks import DeviceTraits, array_bytes
 from engine.catalog import CatalogEntry
+from engine.gpu import UPLOAD_WINDOW
+from engine.models import model_module
 from engine.models.base import DenseSpec
-from engine.sampling import WINDOW, argmax_plan
+from engine.runtime_options import RuntimeOptions
 from engine.sysmem import SystemMemory, system_memory
-from engine.transformer import LOGIT_ROWS, MAX_SPLITS, PAGE, PREFILL_CHUNK, Q8_PREFILL_MIN_DIM, RING, tensor_shapes
+from engine.transformer import RuntimePlan
 
 __all__ = ["MemoryEstimate", "FitReport", "GpuMemory", "estimate", "check_fit", "gpu_memory", "system_memory",
            "SystemMemory"]
@@ -40,15 +41,21 @@ class MemoryEstimate:
     context: int  # tokens the KV cache holds (capped at the model's own window)
     weights_bytes: int
     kv_bytes: int
-    state_bytes: int  # fixed recurrent state of linear-attention layers (hybrids only)
+    state_bytes: int  # recurrent state of linear-attention layers and its rollback snapshots (hybrids only)
     scratch_bytes: int  # activations for one prefill chunk, logits rows, attention partials, rings
     load_ram_bytes: int  # host RAM at the loading peak, GPU buffers not counted
     approximate: bool
     basis: str
+    staging_bytes: int = 0  # upload staging the GPU holds at most while loading, on top of gpu_bytes
 
     @property
     def gpu_bytes(self) -> int:
         return self.weights_bytes + self.kv_bytes + self.state_bytes + self.scratch_bytes
+
+    @property
+    def load_gpu_bytes(self) -> int:
+        """GPU bytes at the loading peak: the loaded model plus one staging window."""
+        return self.gpu_bytes + self.staging_bytes
 
 
 @dataclass(frozen=True)
@@ -71,92 +78,55 @@ class FitReport:
     estimate: MemoryEstimate
 
 
-def _buf(size: int) -> int:
-    return max(16, (int(size) + 3) // 4 * 4)  # engine.gpu.Gpu.buffer rounds the same way
-
-
-def _up(size: int) -> int:
-    return max(4, (int(size) + 3) // 4 * 4)  # and Gpu.upload pads data to whole words
-
-
-def _scratch(dim: int, q_dim: int, qkv_rows: int, ffn_rows: int, n_heads: int, vocab: int, n_pages: int,
-             rot_dim: int, chunk: int, max_binding: int | None) -> int:
-    """Every non-weight, non-KV buffer DenseTransformer._alloc and GpuSampler create, in their order."""
-    f32 = 4
-    logit_rows = max(1, min(chunk, LOGIT_ROWS, max_binding // (4 * vocab))) if max_binding else min(chunk, LOGIT_ROWS)
-    uploads = [n_pages * 4, rot_dim // 2 * 4, WINDOW * 4]  # page table, RoPE table, sampler window
-    sizes = [16, chunk * 4, RING * 4, chunk * dim * f32, chunk * dim * f32, chunk * dim * f32, chunk * dim * f32,
-             chunk * qkv_rows * f32, chunk * q_dim * f32, chunk * q_dim * f32, chunk * ffn_rows * f32,
-             logit_rows * vocab * f32, MAX_SPLITS * q_dim * f32, MAX_SPLITS * n_heads * 2 * f32, RING * 4, RING * 4,
-             32]
-    max_k = max(dim, q_dim, ffn_rows)  # the int8 copy of one activation row for the q8 matvecs, + chunk scales
-    sizes += [max_k, max_k // 32 * 8]
-    if dim >= Q8_PREFILL_MIN_DIM:  # and of a prefill chunk's rows for the int8 GEMMs (the default from this dim)
-        sizes += [chunk * max_k, chunk * max_k // 32 * 8]
-    parts = argmax_plan(vocab)[2]
-    if parts:  # the two-pass argmax's (value, index) pairs
-        sizes.append(8 * parts)
-    return sum(_up(s) for s in uploads) + sum(_buf(s) for s in sizes)
-
-
-def _pages(context: int) -> int:
-    return -(-context // PAGE)
+def entry_spec(e: CatalogEntry) -> DenseSpec:
+    """The architecture's spec from a catalog entry's recorded dimensions (what memfit plans the blocks from)."""
+    d = e.dims
+    cfg = dict(hidden_size=d["hidden_size"], intermediate_size=d["ffn_dim"], num_hidden_layers=d["num_layers"],
+               num_attention_heads=d["num_heads"], num_key_value_heads=d["num_kv_heads"], head_dim=d["head_dim"],
+               vocab_size=d["vocab_size"], tie_word_embeddings=d["tied_embeddings"],
+               max_position_embeddings=e.max_context)
+    lin, moe = d.get("linear_attention"), d.get("moe")
+    if lin:
+        cfg |= dict(linear_num_key_heads=lin["k_heads"], linear_num_value_heads=lin["v_heads"],
+                    linear_key_head_dim=lin["head_k"], linear_value_head_dim=lin["head_v"],
+                    linear_conv_kernel_dim=lin["conv_kernel"],
+                    full_attention_interval=d["num_layers"] // max(1, d["kv_layers"]))
+    if moe:  # ffn_dim is the routed experts' width; the shared one (if any) is as wide in these models
+        cfg |= dict(intermediate_size=0, num_experts=moe["experts"], num_experts_per_tok=moe["top_k"],
+                    moe_intermediate_size=d["ffn_dim"],
+                    shared_expert_intermediate_size=d["ffn_dim"] if moe.get("shared_experts") else 0)
+    module = model_module(e.architecture)
+    return module.spec(module.ModelArgs.from_dict(cfg))
 
 
 def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None, *,
-             formats: dict[str, str] | None = None, prefill_chunk: int = PREFILL_CHUNK,
-             max_binding: int | None = None) -> MemoryEstimate:
-    """Memory for a catalog entry or a DenseSpec at `context` tokens (default: the entry's default context,
-    the spec's own window). `formats`: a spec's weight formats (absent = q4f16_1). `max_binding`: the GPU's
-    max storage binding, which caps the logits rows; None assumes a full chunk of rows (an upper bound)."""
-    if isinstance(entry_or_spec, DenseSpec):
-        return _spec_estimate(entry_or_spec, context, formats, prefill_chunk, max_binding)
-    e = entry_or_spec
-    ctx = min(context or e.default_context, e.max_context)
-    d = e.dims
-    q_dim, kv_dim = d["num_heads"] * d["head_dim"], d["num_kv_heads"] * d["head_dim"]
-    kv = _pages(ctx) * PAGE * e.kv_bytes_per_token
-    load = RAM_BASELINE_BYTES + LOAD_COPIES * e.largest_tensor_bytes
-    lin, moe = d.get("linear_attention"), d.get("moe")
-    if not lin and not moe:
-        scratch = _scratch(d["hidden_size"], q_dim, q_dim + 2 * kv_dim, d["ffn_dim"], d["num_heads"],
-                           d["vocab_size"], _pages(ctx), d["head_dim"], prefill_chunk, max_binding)
-        return MemoryEstimate(ctx, e.weights_bytes, kv, 0, scratch, load, e.weights_approximate,
-                              "dense: KV cache and buffers as engine/transformer.py allocates them")
-    # Hybrid approximation: the widest per-token projection stands in for qkv, routed + shared experts for the
-    # FFN activations; each linear-attention layer adds an f32 state [v_heads, head_k, head_v] and a conv ring.
-    qkv_rows = q_dim * (2 if d.get("attn_gate") else 1) + 2 * kv_dim
-    state = 0
-    if lin:
-        k_dim, v_dim = lin["k_heads"] * lin["head_k"], lin["v_heads"] * lin["head_v"]
-        qkv_rows = max(qkv_rows, 2 * k_dim + 2 * v_dim + 2 * lin["v_heads"])
-        state_f32 = lin["v_heads"] * lin["head_k"] * lin["head_v"] * 4
-        per_layer = state_f32 + (lin["conv_kernel"] - 1) * (2 * k_dim + v_dim) * 2  # + f16 conv ring
-        state = lin["layers"] * per_layer * (1 + STATE_SNAPSHOTS)
-    ffn_rows = d["ffn_dim"] * ((moe["top_k"] + moe.get("shared_experts", 0)) if moe else 1)
-    scratch = _scratch(d["hidden_size"], q_dim, qkv_rows, ffn_rows, d["num_heads"], d["vocab_size"], _pages(ctx),
-                       d["head_dim"], prefill_chunk, max_binding)
-    if moe:
-        scratch += _buf(prefill_chunk * (moe["experts"] + 1) * 4)  # router logits for a chunk
-        act_int8 = (moe["top_k"] + moe.get("shared_experts", 0)) * d["ffn_dim"]  # the experts' int8 decode input
-        scratch += _buf(act_int8) + _buf(act_int8 // 32 * 8)
-    return MemoryEstimate(ctx, e.weights_bytes, kv, state, scratch, load, True,
-                          "hybrid approximation: KV on full-attention layers only, recurrent state per linear layer")
-
-
-STATE_SNAPSHOTS = 5  # engine/hybrid.py keeps 2 prompt + 3 decode copies of the GDN state for rollback
-
-
-def _spec_estimate(spec: DenseSpec, context, formats, chunk, max_binding) -> MemoryEstimate:
-    ctx = min(context or spec.context_length, spec.context_length)
-    sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in tensor_shapes(spec, formats).values()]
-    q_dim, kv_dim = spec.n_heads * spec.head_dim, spec.n_kv_heads * spec.head_dim
-    kv = spec.n_layers * 2 * _buf(_pages(ctx) * spec.n_kv_heads * PAGE * spec.head_dim * 2)
-    scratch = _scratch(spec.dim, q_dim, q_dim + 2 * kv_dim, spec.ffn_dim, spec.n_heads, spec.vocab, _pages(ctx),
-                       spec.rot_dim, chunk, max_binding)
-    return MemoryEstimate(ctx, sum(_up(s) for s in sizes), kv, 0, scratch,
-                          RAM_BASELINE_BYTES + LOAD_COPIES * max(sizes), False,
-                          "dense: weights, KV cache and buffers as engine/transformer.py allocates them")
+             formats: dict[str, str] | None = None, options: RuntimeOptions | None = None,
+             prefill_chunk: int | None = None, max_binding: int | None = None,
+             traits: DeviceTraits | None = None) -> MemoryEstimate:
+    """Memory for a catalog entry or a model spec at `context` tokens (default: the entry's default context, the
+    spec's own window). `formats`: a spec's weight formats (absent = q4f16_1). `options`: the RuntimeOptions the
+    model will run with (the context and prefill_chunk arguments override theirs). `traits`: the GPU's
+    (DeviceTraits.of(gpu)); by default a typical discrete GPU whose largest binding is `max_binding` (None: every
+    logits row fits, an upper bound)."""
+    entry = None if isinstance(entry_or_spec, DenseSpec) else entry_or_spec
+    spec = entry_or_spec if entry is None else entry_spec(entry)
+    window = min(entry.max_context, spec.context_length) if entry else spec.context_length
+    ctx = min(context or (entry.default_context if entry else window), window)
+    changes = {"max_context": ctx} | ({"prefill_chunk": prefill_chunk} if prefill_chunk else {})
+    traits = traits or DeviceTraits.typical(max_binding)
+    plan = RuntimePlan(spec, formats, RuntimeOptions.of(options, **changes), traits)
+    mem = plan.memory()
+    tensors = [array_bytes(shape, dtype) for shape, dtype in plan.tensors().values()]
+    if entry is None:
+        weights, largest, approximate = mem["weights"], max(tensors), False
+        basis = "the runtime's blocks: weights, KV cache, state and buffers as they allocate them"
+    else:
+        weights, largest, approximate = entry.weights_bytes, entry.largest_tensor_bytes, entry.weights_approximate
+        basis = "the runtime's blocks planned from the catalog's dimensions; weights as the catalog records them"
+    uploaded = sum(n.bytes for n in plan.needs() if n.how == "upload")  # what goes through staging copies at all
+    staging = min(uploaded, max(UPLOAD_WINDOW, plan.largest_weight_buffer()))
+    return MemoryEstimate(plan.max_context, weights, mem["kv"], mem["state"], mem["scratch"],
+                          RAM_BASELINE_BYTES + LOAD_COPIES * largest, approximate, basis, staging)
 
 
 def gpu_memory(adapter=None) -> GpuMemory:

@@ -10,11 +10,12 @@ import numpy as np
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.gpu import Gpu
 from engine.models import format_support, model_module
-from engine.models.base import DenseSpec, HybridSpec
+from engine.models.base import DenseSpec
 from engine.models.weights import mlc_names, mlx_sources
+from engine.runtime_options import RuntimeOptions
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer, load_tokenizer
-from engine.transformer import DenseTransformer, tensor_shapes
+from engine.transformer import Transformer, expected_tensors
 
 ProgressFn = Callable[[int, int, str, int, int], None]  # shard index, shards, path, bytes done, bytes total
 
@@ -25,7 +26,7 @@ _GGUF_SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p"
 
 
 class Model:
-    def __init__(self, runtime: DenseTransformer, tokenizer: Tokenizer | None, path: Path, model_type: str,
+    def __init__(self, runtime: Transformer, tokenizer: Tokenizer | None, path: Path, model_type: str,
                  default_sampling: SamplingParams | None = None):
         self.runtime, self.tokenizer, self.path, self.model_type = runtime, tokenizer, path, model_type
         self.default_sampling = default_sampling or SamplingParams()
@@ -47,27 +48,32 @@ class Model:
 
 
 def load_model(path: str | Path, gpu: Gpu | None = None, max_context: int | None = None,
-               on_progress: ProgressFn | None = None, **runtime_options) -> Model:
-    """Load an MLC q4f16_1 folder, an MLX folder or a .gguf file; runtime_options go to the runtime
-    (prefill_chunk, split_keys). Reads local files only: no network call is made (or allowed) on this path."""
+               on_progress: ProgressFn | None = None, options: RuntimeOptions | None = None, **option_fields) -> Model:
+    """Load an MLC q4f16_1 folder, an MLX folder or a .gguf file. How it runs: `options` (RuntimeOptions), with
+    `max_context` and any RuntimeOptions field given by keyword on top. `on_progress(shard, shards, path, done,
+    total)` follows the reading; an exception raised from it cancels the load (the GPU memory taken so far is
+    released with the half-built runtime). Reads local files only: no network call is made (or allowed) here."""
     from engine.hub.offline import no_network
 
+    if max_context is not None:
+        option_fields["max_context"] = max_context
+    options = RuntimeOptions.of(options, **option_fields)
     with no_network():
-        return _load(Path(path), gpu, max_context, on_progress, runtime_options)
+        return _load(Path(path), gpu, on_progress, options)
 
 
-def _load(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
+def _load(path: Path, gpu, on_progress, options: RuntimeOptions) -> Model:
     if path.suffix.lower() == ".gguf":
-        return _load_gguf(path, gpu, max_context, on_progress, runtime_options)
+        return _load_gguf(path, gpu, on_progress, options)
     from engine.formats.mlc import CHAT_CONFIG, MlcCheckpoint
 
     if path.is_dir() and not (path / CHAT_CONFIG).exists() and (path / "config.json").is_file():
-        return _load_mlx(path, gpu, max_context, on_progress, runtime_options)
+        return _load_mlx(path, gpu, on_progress, options)
 
     ckpt = MlcCheckpoint(path)
     spec, table = _architecture(ckpt.model_type, ckpt.model_config, str(ckpt.config_path))
     spec.names = mlc_names(table, present=ckpt.__contains__)  # of its MLC names, the ones this build uses
-    runtime = _runtime(spec, gpu, ckpt.load(list(spec.names.values()), on_progress), max_context, runtime_options)
+    runtime = _runtime(spec, gpu, ckpt.load(list(spec.names.values()), on_progress), options)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     return Model(runtime, tokenizer, path, ckpt.model_type, SamplingParams.from_generation_config(path))
 
@@ -79,24 +85,14 @@ def _architecture(model_type, config: dict, where: str) -> tuple[DenseSpec, list
     return spec, module.weights(spec)
 
 
-def _runtime(spec: DenseSpec, gpu, weights, max_context: int | None, options: dict, **kw):
+def _runtime(spec: DenseSpec, gpu, weights, options: RuntimeOptions, **kw) -> Transformer:
     """The runtime for `spec`, its RoPE table fixed for the context it will hold (LongRoPE picks its short or long
     factors here, once, so every cached key and every query share one table: engine/models/rope.py)."""
-    spec.use_context(max_context or spec.context_length)
-    return _runtime_class(spec)(gpu or Gpu(), spec, weights, max_context, **kw, **options)
+    spec.use_context(options.max_context or spec.context_length)
+    return Transformer(gpu or Gpu(), spec, weights, options=options, **kw)
 
 
-def _runtime_class(spec: DenseSpec):
-    """The runtime that builds `spec`: the hybrid one (KV cache + recurrent state, MoE) for a HybridSpec, the dense
-    one otherwise. Architecture files declare their layers' blocks and never name a runtime."""
-    if isinstance(spec, HybridSpec):
-        from engine.hybrid import HybridTransformer
-
-        return HybridTransformer
-    return DenseTransformer
-
-
-def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
+def _load_gguf(path: Path, gpu, on_progress, options: RuntimeOptions) -> Model:
     from engine.formats.gguf import GgufCheckpoint
 
     ckpt = GgufCheckpoint(path)
@@ -104,15 +100,14 @@ def _load_gguf(path: Path, gpu, max_context, on_progress, runtime_options) -> Mo
     spec, ckpt.table = _architecture(cfg["model_type"], cfg, f"{path} (GGUF metadata)")
     # Matrices stored as F32/BF16 run through the f16 kernels (the only unquantized variant).
     formats = {name: "f16" if tag == "f32" else tag for name, tag in ckpt.formats().items()}
-    spec.names = {c: c for c in tensor_shapes(spec, formats)}
+    spec.names = {c: c for c in expected_tensors(spec, formats)}
     # Before the upload, so a broken tokenizer fails fast; a file without one runs on token ids only.
     tokenizer = load_tokenizer(path) if "tokenizer.ggml.model" in ckpt.metadata else None
-    runtime = _runtime(spec, gpu, _flatten(ckpt.load(on_progress=on_progress), formats), max_context,
-                       runtime_options, formats=formats)
+    runtime = _runtime(spec, gpu, _flatten(ckpt.load(on_progress=on_progress), formats), options, formats=formats)
     return Model(runtime, tokenizer, path, cfg["model_type"], _gguf_sampling(ckpt.metadata))
 
 
-def _load_mlx(path: Path, gpu, max_context, on_progress, runtime_options) -> Model:
+def _load_mlx(path: Path, gpu, on_progress, options: RuntimeOptions) -> Model:
     """An MLX folder (config.json with `quantization`, safetensors): per-matrix formats, read by byte range."""
     from engine.formats import mlx_layout
     from engine.formats.mlx import MlxCheckpoint
@@ -131,12 +126,12 @@ def _load_mlx(path: Path, gpu, max_context, on_progress, runtime_options) -> Mod
     formats, spec.names = mlx_layout.plan(ckpt, matrices, tensors)
     tokenizer = Tokenizer.from_dir(path) if (path / "tokenizer.json").exists() else None
     weights = mlx_layout.stream(ckpt, matrices, tensors, spec.names, on_progress)
-    runtime = _runtime(spec, gpu, weights, max_context, runtime_options, formats=formats)
+    runtime = _runtime(spec, gpu, weights, options, formats=formats)
     return Model(runtime, tokenizer, path, model_type, SamplingParams.from_generation_config(path))
 
 
 def _flatten(weights, formats: dict[str, str]) -> Iterator[tuple[str, np.ndarray]]:
-    """(canonical name, PackedWeight) → (canonical tensor name, array) as DenseTransformer takes them."""
+    """(canonical name, PackedWeight) → (canonical tensor name, array) as the runtime takes them."""
     for name, packed in weights:
         if list(packed) == ["weight"] and len(packed.shape) == 1:
             yield name, packed["weight"]

@@ -1,8 +1,8 @@
-"""Token sampling: parameters, the GPU sampler's host side, and a float64 numpy reference.
+"""Token sampling: parameters and a float64 numpy reference of what the GPU sampler draws from.
 
-The GPU path is two dispatches appended to a token's compute pass: shaders/sample_penalty.wgsl (keeps the
-window of recent ids and applies the repetition penalty in place) and shaders/sample.wgsl (temperature,
-top-k, top-p, min-p in transformers' order, then a seeded draw). Nothing is read back per token.
+The GPU side is engine/blocks/sampler.py: greedy argmax, or shaders/sample_penalty.wgsl (keeps the window of recent
+ids and applies the repetition penalty in place) then shaders/sample.wgsl (temperature, top-k, top-p, min-p in
+transformers' order, then a seeded draw), appended to a token's compute pass. Nothing is read back per token.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from engine.gpu import UNIFORM, Gpu, Recorder
+from engine.kernels import uniform_struct
 
 WINDOW = 1024  # capacity of the GPU window of recent ids (the penalty looks at up to this many)
 NO_TOKEN = 0xFFFFFFFF  # an empty window slot
@@ -89,18 +89,14 @@ class SamplingParams:
         return cls(**{**kwargs, **overrides})
 
     def pack(self, vocab: int) -> np.ndarray:
-        """The 32-byte SampleParams uniform (shaders/sample_params.wgsl)."""
+        """The SampleParams uniform (shaders/sample_params.wgsl), its fields set by name."""
         self.validate()
-        out = np.zeros(8, np.uint32)
-        f = out.view(np.float32)
-        f[0] = min(1.0 / self.temperature, 1e30) if self.temperature > 0 else 0.0  # finite even for tiny T
-        out[1] = self.top_k if self.top_k < vocab else 0  # k >= vocab keeps everything
-        f[2] = self.top_p
-        f[3] = -math.log(self.min_p) if self.min_p > 0 else MIN_P_OFF
-        f[4] = self.repetition_penalty
-        out[5] = self.penalty_window
-        out[6], out[7] = self.seed & 0xFFFFFFFF, self.seed >> 32
-        return out
+        return uniform_struct("sample_params", "SampleParams").pack(
+            inv_temp=min(1.0 / self.temperature, 1e30) if self.temperature > 0 else 0.0,  # finite even for tiny T
+            top_k=self.top_k if self.top_k < vocab else 0,  # k >= vocab keeps everything
+            top_p=self.top_p, min_p_gap=-math.log(self.min_p) if self.min_p > 0 else MIN_P_OFF,
+            penalty=self.repetition_penalty, window=self.penalty_window,
+            seed_lo=self.seed & 0xFFFFFFFF, seed_hi=self.seed >> 32)
 
 
 def _read_generation_config(path: str) -> dict:
@@ -113,85 +109,11 @@ def _read_generation_config(path: str) -> dict:
             cfg = json.load(f)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path} is not valid JSON: {e}") from e
+        except RecursionError:  # deeper than the JSON parser's stack
+            raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
     if not isinstance(cfg, dict):
         raise ValueError(f"{path} does not hold a JSON object")
     return cfg
-
-
-ARGMAX_WG = 256
-ARGMAX_SLICE = 2048  # logits per first-pass workgroup: ~8 a thread; 74 workgroups for a 151,936 vocabulary
-
-
-def argmax_plan(vocab: int) -> tuple[dict, dict | None, int]:
-    """(argmax.wgsl constants, argmax_parts.wgsl constants or None, first-pass workgroups): a vocabulary of more
-    than two slices is reduced in two passes."""
-    parts = -(-vocab // ARGMAX_SLICE)
-    if parts <= 2:
-        return dict(WG=ARGMAX_WG, VOCAB=vocab, PARTS=0), None, 0
-    slice_ = -(-vocab // parts)
-    return (dict(WG=ARGMAX_WG, VOCAB=vocab, PARTS=parts),
-            dict(WG=ARGMAX_WG, VOCAB=vocab, PARTS=parts, SLICE=slice_), parts)
-
-
-class GpuArgmax:
-    """Greedy decoding's token pick: the largest logit of row 0 into tokens[0] and ring[step.out_index]."""
-
-    def __init__(self, gpu: Gpu, vocab: int, logits, tokens, ring, step):
-        final, first, self.parts = argmax_plan(vocab)
-        self.steps = []  # (pipeline, bind group, workgroups)
-        src = logits
-        if first:
-            src = gpu.buffer("argmax-parts", 8 * self.parts)
-            pipe = gpu.pipeline("argmax_parts", first)
-            self.steps.append((pipe, gpu.bind(pipe, [logits, src], "argmax-parts"), self.parts))
-        pipe = gpu.pipeline("argmax", final)
-        self.steps.append((pipe, gpu.bind(pipe, [src, tokens, ring, step], "argmax"), 1))
-
-    def record(self, rec: Recorder) -> None:
-        for pipe, bg, groups in self.steps:
-            rec.dispatch(pipe, bg, groups)
-
-
-class GpuSampler:
-    """Replaces the argmax dispatch: penalty + sampling kernels, bound once to the runtime's buffers.
-
-    `logits` row 0 is sampled; `tokens[0..n_tokens)` are the ids fed in this forward (appended to the penalty
-    window) and tokens[0] receives the sampled id; `ring[step.out_index]` too.
-    """
-
-    def __init__(self, gpu: Gpu, vocab: int, logits, tokens, ring, step, wg: int = 256, cap: int = 512):
-        shared = 20 * cap + 20 * wg + 12  # sample.wgsl's workgroup memory
-        if wg & (wg - 1) or shared > gpu.limits["max-compute-workgroup-storage-size"]:
-            raise ValueError(f"sampler wg={wg} (a power of two) and cap={cap} need {shared} bytes of workgroup "
-                             f"memory; this GPU has {gpu.limits['max-compute-workgroup-storage-size']}")
-        self.gpu, self.vocab = gpu, vocab
-        self.params = gpu.buffer("sample-params", 32, UNIFORM)
-        self.window = gpu.upload("sample-window", np.full(WINDOW, NO_TOKEN, np.uint32))
-        self.p_penalty = gpu.pipeline("sample_penalty", dict(WG=64, VOCAB=vocab, WINDOW=WINDOW))
-        self.p_sample = gpu.pipeline("sample", dict(WG=wg, VOCAB=vocab, CAP=cap))
-        self.bg_penalty = gpu.bind(self.p_penalty, [logits, tokens, self.window, self.params, step], "penalty")
-        self.bg_sample = gpu.bind(self.p_sample, [logits, tokens, ring, step, self.params], "sample")
-        self.set_params(SamplingParams())
-
-    def set_params(self, params: SamplingParams) -> None:
-        self.gpu.write(self.params, params.pack(self.vocab))
-
-    def set_history(self, ids) -> None:
-        """Rewrite the window from the ids at positions 0..len(ids)-1. The penalty kernel keeps it current on
-        every forward that records the sampler; call this after rolling the context back (truncate) or after
-        forwards that did not record it."""
-        ids = np.asarray(ids, np.uint32)
-        window = np.full(WINDOW, NO_TOKEN, np.uint32)
-        pos = np.arange(max(0, len(ids) - WINDOW), len(ids))
-        window[pos % WINDOW] = ids[pos]
-        self.gpu.write(self.window, window)
-
-    def record(self, rec: Recorder, draws: int = 1) -> None:
-        """Append penalty + sampling; `draws` > 1 samples ring[out_index + j] independently (for tests)."""
-        if not 1 <= draws <= 65535:
-            raise ValueError(f"draws must be in [1, 65535], got {draws}")
-        rec.dispatch(self.p_penalty, self.bg_penalty, 1)
-        rec.dispatch(self.p_sample, self.bg_sample, draws)
 
 
 def reference_probs(logits, params: SamplingParams, history=()) -> np.ndarray:

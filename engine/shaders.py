@@ -1,16 +1,12 @@
 """Turn shaders/<name>.wgsl into WGSL source: constants injected at pipeline build, libraries imported.
 
-A kernel file may contain lines `#import <lib>`; they are replaced by shaders/<lib>.wgsl. The library
-`reduce` resolves to `reduce_subgroup` when the device runs subgroup ops, else `reduce_workgroup`.
+A kernel file may contain lines `#import <lib>`; they are replaced by shaders/<lib>.wgsl (engine.kernels.expand).
+The library `reduce` resolves to `reduce_subgroup` when the device runs subgroup ops, else `reduce_workgroup`.
 """
 
 from __future__ import annotations
 
-import re
-
-from engine.resources import shader_path
-
-_IMPORT = re.compile(r"^#import\s+(\w+)\s*$", re.M)
+from engine.kernels import expand
 
 
 def const_block(consts: dict) -> str:
@@ -30,16 +26,5 @@ def const_block(consts: dict) -> str:
 
 
 def build_source(name: str, consts: dict, gpu) -> str:
-    seen: set[str] = set()
-
-    def expand(lib: str) -> str:
-        if lib == "reduce":
-            lib = "reduce_subgroup" if gpu.use_subgroups else "reduce_workgroup"
-        if lib in seen:
-            return ""
-        seen.add(lib)
-        text = shader_path(lib).read_text()
-        return _IMPORT.sub(lambda m: expand(m.group(1)), text)
-
-    body = expand(name)
+    body = expand(name, "reduce_subgroup" if gpu.use_subgroups else "reduce_workgroup")
     return f"enable f16;\n// ---- constants injected at pipeline build ----\n{const_block(consts)}\n\n{body}"

@@ -2,7 +2,7 @@
 // Residuals ping-pong between two buffers (r_in and r_out never alias). One workgroup per row.
 // With Q8 the last row's y also goes to int8 (norm_q8.wgsl) for the q8 decode matvecs that read it, which then
 // need no quantize_q8 dispatch of their own (the LM head after a prefill reads that last row too).
-// Constants: WG, D, EPS, Q8. Override NORM_OFFSET (default 0.0) is added to w (1.0: zero-centred, y = x̂ · (1 + w)).
+// Constants: WG, D, EPS, Q8, NORM_OFFSET (added to w: 1.0 runs a zero-centred norm, y = x̂ · (1 + w)).
 // Bindings: 0 r_in f32[T,D], 1 delta f32[T,D], 2 w f16[D], 3 r_out f32[T,D] (write),
 //           4 y f32[T,D] (write), 5 step uniform, 6 xq u32[D/4] (write), 7 xm vec2<f32>[D/32] (write);
 //           6 and 7 are bound whether or not Q8.
@@ -18,9 +18,6 @@
 @group(0) @binding(5) var<uniform> step: Step;
 @group(0) @binding(6) var<storage, read_write> xq: array<u32>;
 @group(0) @binding(7) var<storage, read_write> xm: array<vec2<f32>>;
-
-// An override, not an injected const, so builds that never mention it keep compiling unchanged.
-override NORM_OFFSET: f32 = 0.0;
 
 fn norm_src(i: u32) -> f32 { return r_out[i]; }
 

@@ -1,7 +1,7 @@
 // Greedy sampling over a big vocabulary, first pass: workgroup w finds the largest logit (lowest index on ties) of
 // its slice [w·SLICE, (w + 1)·SLICE) and writes it to parts: value at [w], index (as f32 bits) at [PARTS + w].
 // argmax.wgsl with PARTS then reduces those PARTS pairs in one workgroup: two short passes instead of one
-// workgroup walking the whole row (Qwen3's 151,936 logits took 113 µs that way on the H200).
+// workgroup walking the whole row (slow for Qwen3's 151,936 logits on the H200: BENCH.md).
 // Constants: WG (power of two), VOCAB, PARTS, SLICE (= ceil(VOCAB / PARTS)).
 // Bindings: 0 logits f32[VOCAB] (read), 1 parts f32[2·PARTS] (write). Grid: PARTS workgroups.
 #import argmax_reduce

@@ -1,10 +1,10 @@
 // Embedding lookup with dequantization: x[t, :] = row tokens[t] of the packed table, as f32.
 // One thread per u32 word (32/BITS values). Grid: (ceil(D·BITS/32 / WG), n_tokens).
-// Constants: WG, D (model dim, multiple of GROUP), VOCAB.
-// Format overrides (pipeline-overridable, set by engine/matmul.py embedding_pipeline; the defaults are
-//   q4f16_1, so a plain Gpu.pipeline("embedding", {WG, D, VOCAB}) build is the original kernel):
+// Constants: WG, D (model dim, multiple of GROUP), VOCAB; the weight format (engine/kernels/matmul.py FORMATS):
 //   BITS 4 or 8: element i of a row is the code q at bits BITS·(i % (32/BITS)) of word i·BITS/32,
 //     x = (q − ZERO)·scale[i / GROUP], or (q − ZERO)·scale + min with AFFINE; BITS 16: f16 values.
+//   ROW0, NROWS: a table too big for one binding is bound in parts: this dispatch holds rows [ROW0, ROW0 + NROWS)
+//     and embeds only the tokens among them (NROWS 0 = the whole vocabulary).
 // Bindings: 0 tokens u32[T], 1 q_weight u32[VOCAB, D·BITS/32],
 //           2 q_scale f16[VOCAB, D/GROUP] (with AFFINE (scale, min) pairs [VOCAB, D/GROUP, 2]; bound but
 //           not read with BITS 16), 3 x f32[T, D] (write), 4 step uniform.
@@ -15,15 +15,6 @@
 @group(0) @binding(2) var<storage, read> q_scale: array<f16>;
 @group(0) @binding(3) var<storage, read_write> x: array<f32>;
 @group(0) @binding(4) var<uniform> step: Step;
-
-override BITS: u32 = 4u;
-override ZERO: u32 = 7u;
-override AFFINE: bool = false;
-override GROUP: u32 = 32u;
-// A table too big for one binding is bound in parts: this dispatch holds rows [ROW0, ROW0 + NROWS) and embeds only
-// the tokens among them (NROWS 0 = the whole vocabulary).
-override ROW0: u32 = 0u;
-override NROWS: u32 = 0u;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

@@ -5,7 +5,7 @@
 // S = 0 whatever the state buffer holds (a reset needs no clearing).
 // Workgroup (h, y) owns COLS = WG / RSPLIT state columns y·COLS .. of value head h; each column's DK rows are
 // split over RSPLIT threads (DK / RSPLIT rows each, held in registers for the whole dispatch: a thread holding a
-// whole 128-row column spilled, measured 61 µs per decode dispatch on the H200), so the token loop runs inside
+// whole 128-row column spilled registers on the H200: BENCH.md), so the token loop runs inside
 // one dispatch for decode (T = 1) and prefill (T tokens) alike. Columns are independent, so a head may spread
 // over several workgroups (each re-reads q/k and re-takes their norms). Per token: one workgroup reduction (the
 // two norms), then kv = Sᵀk̂ and o = Sᵀq̂ each summed over a column's RSPLIT threads in workgroup memory.

@@ -3,7 +3,7 @@
 // the chunk's weight words (one vec4<u32> at 4 bits) and scale for every weight row of the workgroup
 // before doing any math, so ROWS (2·ROWS with GATE_UP) independent loads are in flight, and reuses the
 // 8 vec4 of x across them. Partial sums meet through wg_sum4, four rows per call.
-// Weight format (engine/matmul.py FORMATS; the defaults BITS=4, ZERO=7, AFFINE=false, GROUP=32 are MLC q4f16_1):
+// Weight format (engine/kernels/matmul.py FORMATS; the defaults BITS=4, ZERO=7, AFFINE=false, GROUP=32 are MLC q4f16_1):
 //   BITS 4 or 8: element k of a row is the code q at bits BITS·(k % (32/BITS)) of u32 word k·BITS/32;
 //     w = (q − ZERO)·scale[k / GROUP], or (q − ZERO)·scale + min with AFFINE. GROUP is a multiple of 32:
 //     a chunk never straddles two groups, a larger group simply shares its scale across GROUP/32 chunks.

@@ -7,7 +7,7 @@
 // ROWS outputs per workgroup, 32-element chunks, every weight load of a chunk issued before the math. For T > 1 each
 // (token, slot) re-reads its expert's weights: prefill costs T times the decode weight traffic (no batching
 // across tokens that share an expert).
-// Weight format (engine/matmul.py FORMATS): BITS 4 or 8 codes, element k at bits BITS·(k % (32/BITS)) of word
+// Weight format (engine/kernels/matmul.py FORMATS): BITS 4 or 8 codes, element k at bits BITS·(k % (32/BITS)) of word
 //   k·BITS/32, w = (q − ZERO)·scale (+ min with AFFINE, (scale, min) f16 pairs), one scale per GROUP along K;
 //   BITS 16: f16 weights (binding 3 bound but unread). Experts are stacked: expert e's rows start at row
 //   e·MATS·N of binding 2 (and group row e·MATS·N of binding 3).

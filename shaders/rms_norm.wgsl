@@ -1,6 +1,6 @@
 // RMSNorm of each row: y = x · rsqrt(mean(x²) + EPS) · w.  One workgroup per row (token).
 // With Q8 the last row's y also goes to int8 (norm_q8.wgsl) for the q8 decode matvecs, as in add_rms_norm.
-// Constants: WG threads, D row length, EPS, Q8. Override NORM_OFFSET (default 0.0) is added to w: 1.0 runs a
+// Constants: WG threads, D row length, EPS, Q8, NORM_OFFSET (added to w: 1.0 runs a
 //   zero-centred norm, y = x̂ · (1 + w) (Qwen3.5 checkpoints that do not bake the 1 in).
 // Bindings: 0 x f32[T, D] (read), 1 w f16[D], 2 y f32[T, D] (write), 3 step uniform (n_tokens),
 //   4 xq u32[D/4] (write), 5 xm vec2<f32>[D/32] (write); 4 and 5 are bound whether or not Q8.
@@ -14,9 +14,6 @@
 @group(0) @binding(3) var<uniform> step: Step;
 @group(0) @binding(4) var<storage, read_write> xq: array<u32>;
 @group(0) @binding(5) var<storage, read_write> xm: array<vec2<f32>>;
-
-// An override, not an injected const, so builds that never mention it keep compiling unchanged.
-override NORM_OFFSET: f32 = 0.0;
 
 fn norm_src(i: u32) -> f32 { return x[i]; }
 

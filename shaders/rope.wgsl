@@ -1,8 +1,4 @@
 // RoPE angle helper shared by the RoPE kernels. Needs a binding named inv_freq (f32[ROT/2]).
-// Override ROPE_SCALE (default 1.0) multiplies cos and sin: the attention factor of YaRN and LongRoPE, which
-// transformers and llama.cpp put on the rotation itself (so q·k grows by its square). An override, not an
-// injected const, so pipelines that never set it keep compiling unchanged.
-override ROPE_SCALE: f32 = 1.0;
 
 // 2π split so that k · TWO_PI_HI is exact in f32 for k < 2^15 (Cody–Waite range reduction).
 const TWO_PI_HI: f32 = 6.28125;
@@ -14,5 +10,5 @@ fn rope_cos_sin(p: u32, i: u32) -> vec2<f32> {
     let angle = f32(p) * inv_freq[i];
     let k = round(angle * 0.15915494309189535);
     let r = (angle - k * TWO_PI_HI) - k * TWO_PI_LO;
-    return vec2<f32>(cos(r), sin(r)) * ROPE_SCALE;
+    return vec2<f32>(cos(r), sin(r));
 }

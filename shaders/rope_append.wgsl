@@ -4,13 +4,15 @@
 // dims ≥ ROT pass through. Grid (T, Y) for any Y ≥ 1: workgroup (t, y) handles head slots y, y + Y, …
 // of token t, so (T, 1) loops over all heads and (T, H + 2·KVH) gives one head per workgroup.
 // Constants: WG threads, H query heads, KVH kv heads, HD head dim (even), ROT rotary dims (even, ≤ HD),
-//   PAGE tokens per cache page, QK_NORM (bool), EPS.
+//   PAGE tokens per cache page, QK_NORM (bool), EPS, NORM_OFFSET (added to the q/k norm weights; 1.0:
+//   zero-centred norms, x̂ · (1 + w), as Qwen3.5 defines them), ROPE_SCALE (multiplies cos and sin: YaRN's and
+//   LongRoPE's attention factor, put on the rotation as transformers and llama.cpp do, so q·k grows by its square;
+//   1.0 otherwise).
 // Bindings: 0 qkv f32[T, (H+2·KVH)·HD] (read), 1 q_out f32[T, H·HD] (write),
 //   2 k_cache f16[n_pages, KVH, PAGE, HD] (read_write), 3 v_cache f16 (same layout, read_write),
 //   4 page_table u32[max_pages] (read), 5 inv_freq f32[ROT/2] (read), 6 step uniform (n_tokens, pos0),
 //   7 q_norm f16[HD], 8 k_norm f16[HD] (read; Qwen3's per-head RMSNorm before RoPE when QK_NORM, with EPS;
-//   bind any f16 buffer when QK_NORM is false). Override NORM_OFFSET (default 0.0) is added to the q/k norm
-//   weights (1.0: zero-centred norms, x̂ · (1 + w), as Qwen3.5 defines them).
+//   bind any f16 buffer when QK_NORM is false).
 #import step
 #import rope
 #import reduce
@@ -26,9 +28,6 @@
 @group(0) @binding(8) var<storage, read> k_norm: array<f16>;
 
 const HALF: u32 = ROT / 2u;
-// An override, not an injected const, so builds that never mention it keep compiling unchanged.
-override NORM_OFFSET: f32 = 0.0;
-
 // Element i of head slot j after the optional per-head RMSNorm (inv = that head's 1/rms).
 fn head_value(src: u32, i: u32, j: u32, inv: f32) -> f32 {
     let v = qkv[src + i];
@@ -58,7 +57,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         for (var i = lid; i < HD; i += WG) {
             var val = head_value(src, i, j, inv);
             if (!is_v && i < ROT) {
-                let cs = rope_cos_sin(p, i % HALF);
+                let cs = rope_cos_sin(p, i % HALF) * ROPE_SCALE;
                 // rotate_half: the first half pairs with −x2, the second half with +x1.
                 if (i < HALF) {
                     val = val * cs.x - head_value(src, i + HALF, j, inv) * cs.y;

@@ -150,6 +150,20 @@ def assert_q8_matches(xq: np.ndarray, xm: np.ndarray, row: np.ndarray) -> None:
     np.testing.assert_array_equal(xm[:, 1], total)
 
 
+def int8_rounding_bound(x: np.ndarray, weights: np.ndarray, N: int, gate_up: bool) -> np.ndarray:
+    """Elementwise bound on how far rounding the rows of x to int8 moves x·Wᵀ (float64 weights [rows, K]), or
+    silu(g)·u with gate_up (|silu'| ≤ 1.1). Per 32-chunk of step s = max|x|/127 an element moves by at most s/2,
+    plus s·2^-12 for the kernels' scale (2.5 ULP) and a code taken on either side of a near-tie."""
+    xs = x.astype(np.float64).reshape(*x.shape[:-1], -1, 32)
+    moved = np.broadcast_to(np.abs(xs).max(-1, keepdims=True) / 127 * (0.5 + 2.0**-12), xs.shape)
+    e = moved.reshape(x.shape) @ np.abs(weights).T
+    if not gate_up:
+        return e
+    y = x.astype(np.float64) @ weights.T
+    g, u, eg, eu = y[..., :N], y[..., N:], e[..., :N], e[..., N:]
+    return 1.1 * eg * (np.abs(u) + eu) + np.abs(silu(g)) * eu
+
+
 def unpack_codes(xq: np.ndarray) -> np.ndarray:
     """The kernel's byte order back to element order: per 8-element word, u32 2j = elements 0,2,4,6, 2j+1 = odds."""
     b = xq.view(np.int8).reshape(-1, 4, 2, 4)  # chunk, word, (even, odd), byte
@@ -220,13 +234,12 @@ def compare_int8(ours, ref):
 
 def uses_q8(rt) -> bool:
     """Whether any decode matvec of this runtime (a layer's or the LM head's) takes int8 activations."""
-    pipes = [step[0] for b in rt.layer_bg for steps in b["mv"].values() for step in steps]
-    return any(p.label == "matvec_q8" for p in pipes + [part[0] for part in rt.lm_parts["mv"]])
+    return "matvec_q8" in rt.dispatched_kernels()
 
 
 def uses_q8_prefill(rt) -> bool:
     """Whether a prefill GEMM of this runtime takes int8 activations (matmul_q8)."""
-    return any(step[0].label == "matmul_q8" for b in rt.layer_bg for steps in b["mm"].values() for step in steps)
+    return "matmul_q8" in rt.dispatched_kernels(8)
 
 
 def assert_greedy_decode_is_teacher_forced_argmax(model, n: int, misses: int, **generate) -> None:
@@ -267,18 +280,86 @@ def assert_int8_decode_steps_match_the_full_forward(model, positions=(10, 30, 50
 
 
 def assert_recorded_count(rt):
+    """A decode token recorded for real dispatches what dispatches_per_token says, and the blocks' own counts sum
+    to it."""
     rt.reset()
     rt.set_sampling(SamplingParams())  # greedy: argmax, no penalty dispatch
     rec = Recorder(rt.gpu, "count")
-    rt._write_step(1, 0, 0, 1)
-    rt._record_body(rec, 1, 1)
-    rt._record_sample(rec)
+    rt.record_decode_token(rec, 0)
     rec.submit()
-    assert rec.dispatches == rt.dispatches_per_token
+    rt.reset()
+    assert rec.dispatches == rt.dispatches_per_token == sum(b["dispatches_per_token"] for b in rt.report())
 
 
 def tokens_of(responses):
     return [r.token for r in responses]
+
+
+# ---- the MoE block alone --------------------------------------------------------------------------------------
+
+def moe_canonical(weights: dict, layer: int = 0) -> tuple[dict, dict]:
+    """The runtime's canonical tensors of one MoE layer (layers.N.moe.*) and their formats, from PackedWeights keyed
+    as MlxCheckpoint.moe_weights keys them."""
+    c = f"layers.{layer}.moe"
+    parts = {"router": [weights["gate"]], "gate_up": [weights["switch_mlp.gate_proj"], weights["switch_mlp.up_proj"]],
+             "down": [weights["switch_mlp.down_proj"]]}
+    if "shared_expert_gate" in weights:
+        parts |= {"shared_gate_up": [weights["shared_expert.gate_proj"], weights["shared_expert.up_proj"]],
+                  "shared_down": [weights["shared_expert.down_proj"]], "shared_gate": [weights["shared_expert_gate"]]}
+    tensors, formats = {}, {}
+    for part, ws in parts.items():
+        axis = len(ws[0].shape) - 2  # gate rows then up rows: along N
+        for key in ws[0]:
+            tensors[f"{c}.{part}.{key}"] = np.concatenate([w[key] for w in ws], axis=axis)
+        formats[f"{c}.{part}"] = ws[0].format
+    return tensors, formats
+
+
+def moe_block(gpu, layers: list[dict], top_k, norm=True, max_tokens=8, int8=False):
+    """The runtime's MoE block over len(layers) layers (MLX-keyed PackedWeights each) with its workspace, built:
+    (block, workspace)."""
+    from engine.blocks.linear import Arithmetic
+    from engine.blocks.moe import MoeFfn
+    from engine.blocks.workspace import Workspace
+
+    E, F, D = layers[0]["switch_mlp.gate_proj"].shape
+    Fs = layers[0]["shared_expert.gate_proj"].shape[0] if "shared_expert_gate" in layers[0] else 0
+    tensors, formats = {}, {}
+    for i, w in enumerate(layers):
+        t, f = moe_canonical(w, i)
+        tensors |= t
+        formats |= f
+    ar = Arithmetic(int8=int8, int8_prefill=False, norm_int8=False, subgroup_rows=gpu.use_subgroups,
+                    subgroup_size=gpu.subgroup_size)
+    block = MoeFfn(D, E, top_k, F, Fs, tuple(range(len(layers))), formats, ar, max_tokens, norm)
+    assert set(block.tensors()) == set(tensors)
+    ws = Workspace(D, max_tokens, D, False, {})
+    ws.build(gpu)
+    ws.dummy_f16 = gpu.upload("dummy", np.zeros(4, np.float16))
+    for name, arr in tensors.items():
+        block.take(gpu, name, arr)
+    block.build(gpu, ws)
+    return block, ws
+
+
+def record_moe_block(gpu, block, ws, x, layers=(0,)):
+    """x [T, D] into the workspace's hidden rows, every layer recorded (each one's output fed to the next), the
+    output rows read back: (rows, dispatches). Rows past T must stay unwritten (NaN)."""
+    T, D = x.shape
+    rows = ws.chunk
+    gpu.write(ws.hidden, np.concatenate([x, np.full((rows - T, D), np.nan, np.float32)]))
+    gpu.write(ws.delta, np.full((rows, D), np.nan, np.float32))
+    ws.write_step(T, 0, 0, 1)
+    rec = Recorder(gpu, "moe-test")
+    for j, layer in enumerate(layers):
+        if j:
+            rec.copy(ws.delta, 0, ws.hidden, 0, 4 * T * D)
+        block.record(rec, layer, T)
+    dispatches = rec.dispatches
+    rec.submit()
+    result = read(gpu, ws.delta, (rows, D))
+    assert np.isnan(result[T:]).all(), "rows past n_tokens were written"
+    return result[:T], dispatches
 
 
 # ---- tiny random Hugging Face checkpoints (transformers) ----------------------------------------------------------

@@ -5,6 +5,10 @@ size, blobId and lfs.sha256 when ?blobs=true), POST /api/models/{repo}/paths-inf
 GET /api/models/{repo}/tree/{rev}, and HEAD/GET /{repo}/resolve/{rev}/{path} (X-Repo-Commit, ETag,
 X-Linked-Etag, X-Linked-Size). LFS files redirect to a second listener (the "CDN", another origin, like the
 real Hub's signed URLs) so a test can check the token never reaches it. Both honour Range.
+
+Faults (HubServer.faults) make it hostile: drops, corruption, stalls, ignored or wrong Ranges, 5xx forever,
+bodies and listings that never end, redirect loops, and listings rewritten with hostile names, hashes and
+sizes. Every loop in here is bounded (FLOOD_BYTES, the stop event), so a test that fails cannot hang the server.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
 
 LFS_THRESHOLD = 100_000  # files at least this big are served as LFS (sha256, CDN redirect)
 CHUNK = 64 * 1024
+FLOOD_BYTES = 64 * 1024**2  # an "endless" body ends here: twice the client's listing cap
 
 
 def git_blob_sha1(data: bytes) -> str:
@@ -89,6 +95,16 @@ class Faults:
     status: dict[str, list[int]] = field(default_factory=dict)  # path -> statuses to answer first (e.g. 503)
     no_sizes: bool = False  # repo info without sizes (an older server): the client must ask paths-info
     api_delay_s: float = 0.0  # the repo info answer waits this long (a silent network)
+    cut_every: dict[str, int] = field(default_factory=dict)  # path -> every response of it ends after N bytes
+    status_always: dict[str, int] = field(default_factory=dict)  # path -> this status for every GET (500 forever)
+    wrong_range: bool = False  # a Range request gets 206 with a Content-Range that starts one byte later
+    flood_files: set[str] = field(default_factory=set)  # bodies that go on past the file (no Content-Length)
+    flood_listing: bool = False  # the repo info never ends (an endless JSON array, up to FLOOD_BYTES)
+    flood_errors: bool = False  # error answers carry an endless body
+    listing_patch: Callable[[dict], dict] | None = None  # rewrites the repo info (hostile names, hashes, sizes)
+    listing_raw: bytes | None = None  # the repo info's exact bytes (JSON nested 100,000 deep, not JSON at all)
+    redirect: dict[str, str] = field(default_factory=dict)  # path -> Location its resolve answers (loops, schemes)
+    trickle_s: float = 0.0  # one byte per this many seconds, forever (bounded by the stop event)
 
 
 @dataclass
@@ -107,6 +123,7 @@ class HubServer:
         self.repos: dict[str, Repo] = {}
         self.faults = Faults()
         self.requests: list[Request] = []
+        self.flood_sent: list[int] = []  # bytes each endless body had sent when the client hung up
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._servers: list[ThreadingHTTPServer] = []
@@ -193,7 +210,30 @@ def _handler(hub: HubServer, name: str):
             headers = {"X-Error-Message": message}
             if code:
                 headers["X-Error-Code"] = code
+            if hub.faults.flood_errors and self.command != "HEAD":
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self._flood(b'{"error": "' + b"x" * (CHUNK - 12))
+                return
             self._json(status, {"error": message}, headers)
+
+        def _flood(self, first: bytes, filler: bytes = b"x" * CHUNK) -> None:
+            """A body without a length that goes on until FLOOD_BYTES, the client leaving, or the server stopping."""
+            self.close_connection = True
+            sent = 0
+            try:
+                self.wfile.write(first)
+                while sent < FLOOD_BYTES and not hub._stopping.is_set():
+                    self.wfile.write(filler)
+                    sent += len(filler)
+            except OSError:
+                pass
+            with hub._lock:
+                hub.flood_sent.append(sent)
 
         def _range_start(self) -> int | None:
             m = re.match(r"bytes=(\d+)-", self.headers.get("Range", ""))
@@ -233,10 +273,27 @@ def _handler(hub: HubServer, name: str):
         # --- the bytes, with faults ---------------------------------------------------------------------
         def _send_bytes(self, file: str, data: bytes, extra: dict) -> None:
             status_fault = hub.take(hub.faults.status, file) if self.command == "GET" else None
+            if self.command == "GET" and file in hub.faults.status_always:
+                status_fault = hub.faults.status_always[file]
             if status_fault:
                 self._error(status_fault, None, "injected fault")
                 return
+            if file in hub.faults.flood_files and self.command == "GET":
+                self.send_response(200)
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self._flood(data)
+                return
+            if hub.faults.trickle_s and self.command == "GET":
+                return self._trickle(data)
             start = self._range_start()
+            if start is not None and hub.faults.wrong_range:
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start + 1}-{len(data) - 1}/{len(data)}")
+                self.send_header("Content-Length", str(len(data) - start - 1))
+                self.end_headers()
+                self.wfile.write(data[start + 1:])
+                return
             if hub.faults.ignore_range or start is None:
                 start = None
             if start is not None and start >= len(data) > 0:
@@ -262,6 +319,8 @@ def _handler(hub: HubServer, name: str):
                 body[len(body) // 2] ^= 0xFF
                 body = bytes(body)
             drop = hub.take(hub.faults.drop_after, file)
+            if file in hub.faults.cut_every:
+                drop = hub.faults.cut_every[file]
             stall = hub.take(hub.faults.stall, file)
             step = 16 * 1024 if hub.faults.chunk_delay_s else CHUNK
             sent = 0
@@ -286,6 +345,19 @@ def _handler(hub: HubServer, name: str):
             except (BrokenPipeError, ConnectionResetError, OSError):
                 self.close_connection = True
 
+        def _trickle(self, data: bytes) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            try:
+                for i in range(len(data)):
+                    if hub._stopping.wait(hub.faults.trickle_s):
+                        break
+                    self.wfile.write(data[i:i + 1])
+                    self.wfile.flush()
+            except OSError:
+                self.close_connection = True
+
         # --- routes -------------------------------------------------------------------------------------
         def do_HEAD(self):
             self.do_GET()
@@ -303,10 +375,24 @@ def _handler(hub: HubServer, name: str):
                 if repo:
                     blobs = parse_qs(url.query).get("blobs") == ["True"] or "blobs=true" in url.query.lower()
                     with_sizes = blobs and not hub.faults.no_sizes
-                    self._json(200, {"_id": repo.commit[:24], "id": repo.repo_id, "modelId": repo.repo_id,
-                                     "sha": repo.revisions[revision], "private": repo.private,
-                                     "gated": "auto" if repo.gated else False, "disabled": False, "tags": [],
-                                     "siblings": [repo.sibling(p, with_sizes) for p in sorted(repo.files)]})
+                    if hub.faults.listing_raw is not None:
+                        self.send_response(200)
+                        self.send_header("Content-Type", "application/json")
+                        self.send_header("Content-Length", str(len(hub.faults.listing_raw)))
+                        self.end_headers()
+                        self.wfile.write(hub.faults.listing_raw)
+                        return
+                    if hub.faults.flood_listing:
+                        self.send_response(200)
+                        self.send_header("Content-Type", "application/json")
+                        self.end_headers()
+                        self._flood(b'{"siblings": [', b'{"rfilename": "x"},' * 3000)
+                        return
+                    info = {"_id": repo.commit[:24], "id": repo.repo_id, "modelId": repo.repo_id,
+                            "sha": repo.revisions[revision], "private": repo.private,
+                            "gated": "auto" if repo.gated else False, "disabled": False, "tags": [],
+                            "siblings": [repo.sibling(p, with_sizes) for p in sorted(repo.files)]}
+                    self._json(200, hub.faults.listing_patch(info) if hub.faults.listing_patch else info)
                 return
             m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/.*)?", url.path)
             if m:
@@ -342,6 +428,13 @@ def _handler(hub: HubServer, name: str):
                 return self._error(404, "EntryNotFound", f"{path} does not exist at {revision}")
             data = repo.files[path]
             commit = repo.revisions[revision]
+            if path in hub.faults.redirect:
+                self.send_response(302)
+                self.send_header("Location", hub.faults.redirect[path])
+                self.send_header("X-Repo-Commit", commit)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
             if repo.is_lfs(path):
                 sha = repo.sha256(path)
                 self.send_response(302)

@@ -45,6 +45,7 @@ def window(qtbot, data_dir):
     w.close()
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_first_launch_loads_the_demo_and_answers(qtbot, window):
     assert window.facts["key"] == "smollm2-135m-demo" or "SmolLM2" in window.facts["title"]
@@ -59,6 +60,7 @@ def test_first_launch_loads_the_demo_and_answers(qtbot, window):
     assert "Paris" in reply.answer, reply.answer
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_stop_regenerate_edit_and_new_chat(qtbot, window):
     window.settings = ChatSettings(max_tokens=200, sampling=SamplingParams(temperature=0.8), seed=1)
@@ -91,6 +93,7 @@ def test_stop_regenerate_edit_and_new_chat(qtbot, window):
     assert window.conv_id != first and window.conversations.count() == 2
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_chats_survive_a_restart(qtbot, data_dir):
     w = open_window(qtbot, data_dir)
@@ -109,6 +112,7 @@ def test_chats_survive_a_restart(qtbot, data_dir):
     again.close()
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_corrupt_model_shows_a_plain_error(qtbot, data_dir, monkeypatch):
     import shutil
@@ -195,6 +199,7 @@ def test_signals_do_not_leak_references():
     assert len(got) == n and sys.getrefcount(True) > before - n // 10
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_self_test_command(data_dir):
     env = dict(os.environ)
@@ -204,6 +209,7 @@ def test_self_test_command(data_dir):
     assert "Paris" in out.stdout.split("A:", 1)[-1], out.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.model
 def test_download_flow_progress_cancel_resume_then_selectable(qtbot, tiny_repo, hub, monkeypatch):
@@ -353,6 +359,7 @@ def test_verify_and_remove_a_downloaded_model(qtbot, tiny_repo, hub, monkeypatch
     w.close()
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_a_message_sent_while_the_model_loads_goes_out_when_it_is_ready(qtbot, data_dir):
     w = open_window(qtbot, data_dir)  # starts loading the demo model
@@ -386,6 +393,7 @@ def test_copy_buttons_put_the_answer_and_code_on_the_clipboard(qtbot, data_dir):
     qtbot.wait(1700)
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 def test_exact_decode_preference_reaches_the_runtime(qtbot, data_dir):
     """The default decode takes int8 activations (faster); the preference loads the model with f32 ones."""

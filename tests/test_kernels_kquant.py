@@ -14,7 +14,8 @@ from gguf import GGUFReader, GGUFWriter
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.formats import kquant
-from engine.gpu import MAX_GROUPS_PER_DIM
+from engine.kernels import MAX_GROUPS_PER_DIM
+from engine.kernels.matmul import quantize_q8_plan
 from engine.kquant_plan import (
     BINDINGS,
     embedding_kq_plan,
@@ -24,7 +25,6 @@ from engine.kquant_plan import (
     matvec_kq_q8_plan,
     weight_buffers,
 )
-from engine.matmul import quantize_q8_plan
 from tests.helpers import poisoned, read, run, step_uniform, unpack_codes
 
 pytestmark = pytest.mark.gpu
@@ -259,6 +259,7 @@ def test_matvec_kq_q8_covers_every_row_whatever_the_subgroup_size(gpu, rng, clai
     check_int8_product(out, x, x_hat, scale, W, M, N, False, 8 + K // 32 + 64)
 
 
+@pytest.mark.slow
 def test_matvec_kq_q8_folded_grid(gpu, rng):
     tag, K, N = "q5_0", 32, (MAX_GROUPS_PER_DIM + 1000) * 2
     raw = random_raw(rng, tag, N, K)
@@ -304,6 +305,7 @@ def test_gemm_kq_writes_only_live_rows_and_its_columns(gpu, rng, gate_up):
     check_f32_product(out[:n_tokens, :N], x[:n_tokens], W, M, N, gate_up, K + 4)
 
 
+@pytest.mark.slow
 def test_gemm_kq_folded_grid(gpu, rng):
     # More than 65,535 column tiles (4-wide here): they fold into (x, z) while y keeps the token tiles.
     tag, K, N, T = "q5_0", 32, 4 * MAX_GROUPS_PER_DIM + 40, 5
@@ -371,6 +373,7 @@ def test_gemm_kq_q8_writes_only_live_rows_and_its_columns(gpu, rng, gate_up):
                        6 * (K // 32) + 4)
 
 
+@pytest.mark.slow
 def test_gemm_kq_q8_folded_grid(gpu, rng):
     tag, K, N, T = "q5_0", 32, 4 * MAX_GROUPS_PER_DIM + 40, 5
     raw = random_raw(rng, tag, N, K)

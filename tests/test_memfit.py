@@ -5,9 +5,9 @@ from dataclasses import replace
 import pytest
 
 from engine import memfit
-from engine.bench import random_weights
+from engine.blocks import DeviceTraits
 from engine.catalog import load_catalog
-from engine.gpu import AdapterInfo
+from engine.gpu import UPLOAD_WINDOW, AdapterInfo
 from engine.memfit import (
     LOAD_COPIES,
     RAM_BASELINE_BYTES,
@@ -17,8 +17,9 @@ from engine.memfit import (
     gpu_memory,
 )
 from engine.models import model_module
+from engine.runtime_options import RuntimeOptions
 from engine.sysmem import SystemMemory, parse_meminfo, parse_vm_stat, system_memory
-from engine.transformer import DenseTransformer, tensor_shapes
+from engine.transformer import Transformer, expected_tensors
 from tests.helpers import spec_from_dims
 
 MEMINFO = """\
@@ -73,8 +74,8 @@ def test_context_rounds_up_to_pages_and_stops_at_the_models_window(models):
 def test_hybrids_count_kv_on_full_attention_layers_only(models):
     q35 = estimate(models["qwen3.5-4b-q4f16_1"], 32768)
     assert q35.kv_bytes == 2 * 8 * 4 * 256 * 2 * 32768 == 2**30
-    # f32 state + f16 conv ring per GDN layer, plus the runtime's 5 rollback snapshots of it
-    assert q35.state_bytes == 24 * (32 * 128 * 128 * 4 + 3 * 8192 * 2) * 6
+    # f32 recurrent state + f32 conv window per GDN layer (each on a 256-byte offset), and 2 + 3 rollback snapshots
+    assert q35.state_bytes == 24 * (32 * 128 * 128 * 4 + 3 * 8192 * 4) * 6
     q36 = estimate(models["qwen3.6-35b-a3b-mlx-q3"])
     assert q36.kv_bytes == 20_480 * 6144 and q36.approximate
 
@@ -91,24 +92,59 @@ def test_entry_and_spec_estimates_agree_for_dense_models(models):
         assert (a.weights_bytes, a.kv_bytes, a.scratch_bytes) == (b.weights_bytes, b.kv_bytes, b.scratch_bytes)
 
 
-def test_estimate_matches_what_the_runtime_allocates(gpu):
-    # Every byte DenseTransformer allocates (weights, KV pages, activations, logits, sampler) is predicted.
+def tiny_dense_spec():
     module = model_module("qwen3")
     spec = module.spec(module.ModelArgs.from_dict(dict(
         hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         head_dim=32, vocab_size=512, max_position_embeddings=256)))
-    spec.names = {c: c for c in tensor_shapes(spec)}  # random_weights yields canonical names
+    spec.names = {c: c for c in expected_tensors(spec)}  # random weights under canonical names
+    return spec, {}
+
+
+RUNTIME_SHAPES = {  # every block and variant the runtime builds: dense, hybrid, MoE stacked / apart / 3-bit
+    "dense": tiny_dense_spec, "hybrid": "tiny-hybrid", "moe": "tiny-hybrid-moe", "moe-3bit": "tiny-hybrid-moe-3bit"}
+OPTIONS = {"int8": {}, "f32": {"q8_decode": False}, "int8-prefill": {"q8_prefill": True, "prefill_chunk": 48},
+           "few-snapshots": {"state_snapshots": (1, 0), "split_keys": 16}}
+
+
+@pytest.mark.parametrize("setting", list(OPTIONS))
+@pytest.mark.parametrize("shape", list(RUNTIME_SHAPES))
+def test_estimate_matches_what_the_runtime_allocates(gpu, shape, setting):
+    """Every byte the runtime allocates (weights, KV pages, state and snapshots, activations, logits, sampler) is
+    what memfit predicts from the blocks' plan, for every runtime shape and setting."""
+    from engine import bench, bench_hybrid
+
+    made = RUNTIME_SHAPES[shape]
+    if callable(made):
+        spec, formats = made()
+        weights = bench.random_weights(spec)
+    else:
+        spec, formats = bench_hybrid.hybrid_spec(made)
+        weights = bench_hybrid.random_weights(spec, formats)
+    options = RuntimeOptions.of(max_context=100, **OPTIONS[setting])
+    gpu.sync()  # the device's own sync buffer exists before counting starts
     sizes = []
     orig_buffer, orig_upload = gpu.buffer, gpu.upload
     gpu.buffer = lambda *a, **k: sizes.append(b := orig_buffer(*a, **k)) or b
     gpu.upload = lambda *a, **k: sizes.append(b := orig_upload(*a, **k)) or b
     try:
-        DenseTransformer(gpu, spec, random_weights(spec), max_context=100)
+        rt = Transformer(gpu, spec, weights, formats=formats, options=options)
     finally:
         del gpu.buffer, gpu.upload  # back to the class methods
-    est = estimate(spec, 100, max_binding=gpu.max_binding)
-    assert est.gpu_bytes == sum(b.size for b in sizes)
-    assert est.context == 100
+    est = estimate(spec, 100, formats=formats, options=options, traits=DeviceTraits.of(gpu))
+    assert est.gpu_bytes == sum(b.size for b in sizes) and est.context == 100
+    by_kind = {k: sum(b[k] for b in rt.report()) for k in ("weights", "kv", "state", "scratch")}
+    assert by_kind == {"weights": est.weights_bytes, "kv": est.kv_bytes, "state": est.state_bytes,
+                       "scratch": est.scratch_bytes}
+    assert (est.state_bytes > 0) == (shape != "dense")
+
+
+def test_load_peak_is_the_model_plus_one_staging_window(models):
+    for e in models.values():
+        est = estimate(e)
+        assert est.gpu_bytes < est.load_gpu_bytes <= est.gpu_bytes + max(UPLOAD_WINDOW, e.largest_tensor_bytes * 2)
+    tiny = estimate(tiny_dense_spec()[0], 64)
+    assert tiny.staging_bytes == tiny.weights_bytes + 4 * 4 + 4 * 16 + 4 * 1024  # + page table, RoPE table, window
 
 
 # ---- verdicts -------------------------------------------------------------------------------------------

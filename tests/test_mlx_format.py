@@ -14,11 +14,9 @@ import pytest
 
 from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.formats.mlx import MlxCheckpoint, dequantize, widen_codes
-from engine.gpu import UNIFORM, Recorder
-from engine.matmul import format_knobs, gemm_plan, matvec_plan
-from engine.moe import MoeBlock
+from engine.kernels.matmul import format_knobs, gemm_plan, matvec_plan
 from engine.packed import PackedWeight
-from tests.helpers import poisoned, read, run, step_uniform
+from tests.helpers import moe_block, poisoned, read, record_moe_block, run, step_uniform
 
 pytestmark = pytest.mark.model
 
@@ -327,8 +325,8 @@ def test_existing_kernels_run_mlx8_and_mlx4(any_gpu, checkpoint, rng):
 
 @pytest.mark.parametrize("T", [1, 3])
 def test_moe_block_from_checkpoint_matches_mlx_lm(gpu, checkpoint, rng, T):
-    # The layer as mlx-lm's own SparseMoeBlock computes it (f32, on mx.dequantize's values) vs MoeBlock fed by
-    # MlxCheckpoint.moe_weights.
+    # The layer as mlx-lm's own SparseMoeBlock computes it (f32, on mx.dequantize's values) vs the runtime's MoE
+    # block fed by MlxCheckpoint.moe_weights.
     from mlx_lm.models.qwen3_5 import SparseMoeBlock, TextModelArgs
 
     ckpt, raw = MlxCheckpoint(checkpoint), mlx_tensors(checkpoint)
@@ -345,15 +343,9 @@ def test_moe_block_from_checkpoint_matches_mlx_lm(gpu, checkpoint, rng, T):
     x = rng.standard_normal((T, cfg["hidden_size"])).astype(np.float32)
     expect = np.array(ref(mx.array(x)[None]))[0]
 
-    step = gpu.upload("step", np.array([T, 0, 0, 1], np.uint32), usage=UNIFORM)
-    block = MoeBlock(gpu, ckpt.moe_weights(0), step, top_k=cfg["num_experts_per_tok"],
-                     norm_topk_prob=cfg["norm_topk_prob"], max_tokens=4)
+    block, ws = moe_block(gpu, [ckpt.moe_weights(0)], cfg["num_experts_per_tok"], cfg["norm_topk_prob"], 4)
     q3 = "q3exp" in checkpoint.name  # 3-bit routed experts and a 4-bit shared one: not one stack
-    assert block.stacked != q3 and block.dispatch_count() == (7 if q3 else 5)
-    out = gpu.buffer("out", 4 * 4 * cfg["hidden_size"])
-    rec = Recorder(gpu, "moe")
-    block.record(rec, gpu.upload("x", x), out, T)
-    rec.submit()
-    got = read(gpu, out, (T, cfg["hidden_size"]))
+    assert block.stacked[0] != q3 and block.dispatches_per_token() == (7 if q3 else 5)
+    got, _ = record_moe_block(gpu, block, ws, x)
     err = np.abs(got - expect).max() / np.abs(expect).max()
     assert err < 2e-4, err

@@ -1,4 +1,4 @@
-"""Qwen3.5-MoE / Qwen3.6 end to end: tiny random Qwen3_5MoeForCausalLM → `zerotvm convert` → HybridTransformer
+"""Qwen3.5-MoE / Qwen3.6 end to end: tiny random Qwen3_5MoeForCausalLM → `zerotvm convert` → the runtime
 with MoE blocks vs transformers (on the dequantized weights); tiny MLX checkpoints written by mlx-lm itself
 (4-bit with the 8-bit router, 3-bit experts, and a dense Qwen3.5) → load_model vs mlx-lm's own forward; decode,
 chunking, multi-turn reuse and rollback; bad checkpoints fail naming the tensor; the hybrid bench harness."""
@@ -87,7 +87,8 @@ def test_converter_stacks_experts(tiny):
 
 def test_logits_match_transformers_at_every_position(mlc_model, tiny):
     rt = mlc_model.runtime
-    assert sorted(rt.moe) == [0, 1, 2, 3] and not any(b.stacked for b in rt.moe.values())  # shared 64 ≠ 32
+    moe = rt.block("moe")
+    assert moe.layers == (0, 1, 2, 3) and not any(moe.stacked.values())  # shared 64 ≠ 32
     ids = np.random.default_rng(0).integers(0, rt.spec.vocab, 150)
     ours = mlc_model.logits(ids)  # 5 prefill chunks: MoE for T = 32 and T = 22
     with torch.no_grad():
@@ -134,7 +135,7 @@ def test_converter_names_a_missing_expert(tiny, tmp_path):
 
 def test_dispatch_count(mlc_model):
     rt = mlc_model.runtime
-    assert all(b.dispatch_count() == 7 for b in rt.moe.values())  # shared expert apart: 7
+    assert rt.block("moe").dispatches_per_token() == 7 * 4  # shared expert apart: 7 a layer
     assert rt.dispatches_per_token == 4 + (8 + 7) * rt.spec.n_layers
     assert_recorded_count(rt)
 
@@ -206,10 +207,11 @@ def test_mlx_logits_match_mlx_lm_at_every_position(gpu, mlx_variant):
     model = load_model(path, gpu=gpu, max_context=160, prefill_chunk=32, split_keys=48, q8_prefill=False)
     rt = model.runtime
     if variant == "dense":
-        assert not rt.moe and rt.formats["embed"] == "mlx4" and rt.spec.tied_embeddings
+        assert rt.block("moe") is None and rt.formats["embed"] == "mlx4" and rt.spec.tied_embeddings
     else:
         q3 = variant == "q3exp"  # 3-bit routed experts read as stored; the 4-bit shared expert runs apart
-        assert sorted(rt.moe) == [0, 1, 2, 3] and all(b.stacked != q3 for b in rt.moe.values())
+        moe = rt.block("moe")
+        assert moe.layers == (0, 1, 2, 3) and all(stacked != q3 for stacked in moe.stacked.values())
         assert rt.formats["layers.0.moe.router"] == rt.formats["layers.0.moe.shared_gate"] == "mlx8"
         assert rt.formats["layers.1.moe.gate_up"] == ("mlx3" if q3 else "mlx4")
         # + quantize_q8 before o / GDN out and before the (4-bit) experts' down (the norms quantize the rest)
@@ -228,6 +230,7 @@ def test_mlx_folder_brings_tokenizer_and_sampling_defaults(mlx_model):
 # ---- decode, chunking, multi-turn (the 4-bit MoE checkpoint) ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_int8_decode(gpu):
     """The default decode of the MLX MoE model (int8 activations into the 4-bit attention/GDN matvecs and the LM
     head; the experts read f32): each step close to the full forward, and the dispatch count as recorded."""
@@ -236,11 +239,13 @@ def test_int8_decode(gpu):
     assert_recorded_count(model.runtime)
 
 
+@pytest.mark.slow
 def test_gpu_resident_greedy_decode_matches_full_forward(mlx_model):
     mlx_model.runtime.reset()
     assert_greedy_decode_is_teacher_forced_argmax(mlx_model, 160, 2, sampling=SamplingParams())
 
 
+@pytest.mark.slow
 def test_chunked_prefill_equals_per_token(mlx_model):
     rt = mlx_model.runtime
     ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 90)
@@ -254,6 +259,7 @@ def test_chunked_prefill_equals_per_token(mlx_model):
     assert np.abs(odd - full).max() / scale < 5e-3
 
 
+@pytest.mark.slow
 def test_logits_after_rollback_equal_fresh_prefill(mlx_model):
     rt = mlx_model.runtime
     seq = np.random.default_rng(3).integers(3, 250, 130).tolist()
@@ -396,6 +402,7 @@ def test_unquantized_hf_folder_is_refused(gpu):
 # ---- bench harness --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("shape", ["tiny-hybrid", "tiny-hybrid-moe", "tiny-hybrid-moe-3bit"])
 def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
     from engine.bench import run_bench
@@ -412,11 +419,11 @@ def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
 
 def test_bench_active_bytes_count_top_k_experts():
     from engine.bench_hybrid import active_bytes_per_token, hybrid_spec
-    from engine.hybrid import hybrid_tensor_shapes
+    from engine.transformer import expected_tensors
 
     spec, formats = hybrid_spec("qwen3.6-35b-a3b-4bit")
     assert formats["layers.0.moe.router"] == formats["layers.0.moe.shared_gate"] == "mlx8"
-    sizes = {n: int(np.prod(s)) * np.dtype(t).itemsize for n, (s, t) in hybrid_tensor_shapes(spec, formats).items()}
+    sizes = {n: int(np.prod(s)) * np.dtype(t).itemsize for n, (s, t) in expected_tensors(spec, formats).items()}
     routed = sum(n for k, n in sizes.items() if ".moe.gate_up." in k or ".moe.down." in k)
     embed = sizes["embed.q_weight"] + sizes["embed.q_scale"]
     assert active_bytes_per_token(spec, formats) == sum(sizes.values()) - routed + routed * 8 // 256 - embed + (
@@ -440,13 +447,15 @@ def test_bench_real_shapes_say_when_a_binding_is_too_small(gpu, shape):
         run_bench(shape, gpu=gpu)
 
 
+@pytest.mark.slow
 def test_real_qwen3_6_layer_widths_run(gpu):
     """One GDN and one attention layer at Qwen3.6-35B-A3B's real widths (d 2048, GDN 16/32 heads × 128, attention
     16/2 × 256, experts of 512 with a shared one of 512, top-8, MLX 4-bit with the 8-bit router), 16 experts
     instead of 256 so the stacks bind on a software GPU: every kernel builds and binds at these sizes, and the
     decode kernels agree with chunked prefill."""
     from engine.bench_hybrid import make_spec, random_weights
-    from engine.hybrid import HybridTransformer
+    from engine.runtime_options import RuntimeOptions
+    from engine.transformer import Transformer
 
     config = dict(hidden_size=2048, num_hidden_layers=2, num_attention_heads=16, num_key_value_heads=2, head_dim=256,
                   vocab_size=1024, layer_types=["linear_attention", "full_attention"], num_experts=16,
@@ -454,9 +463,9 @@ def test_real_qwen3_6_layer_widths_run(gpu):
                   max_position_embeddings=64,
                   rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25))
     spec, formats = make_spec("qwen3_5_moe", config, "mlx")
-    rt = HybridTransformer(gpu, spec, random_weights(spec, formats), max_context=64, prefill_chunk=8,
-                           formats=formats)
-    assert all(b.stacked for b in rt.moe.values()) and rt.dispatches_per_token == 4 + 2 * 13 + 2 * 2
+    rt = Transformer(gpu, spec, random_weights(spec, formats), formats=formats,
+                     options=RuntimeOptions(max_context=64, prefill_chunk=8))
+    assert all(rt.block("moe").stacked.values()) and rt.dispatches_per_token == 4 + 2 * 13 + 2 * 2
     ids = np.random.default_rng(0).integers(0, 1024, 6)
     chunked = rt.logits(ids)
     rt.reset()

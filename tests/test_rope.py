@@ -1,10 +1,10 @@
-"""RoPE scaling (engine/models/rope.py, shaders/rope.wgsl ROPE_SCALE) vs transformers and llama.cpp's files.
+"""RoPE scaling (engine/models/rope.py, rope_append's ROPE_SCALE) vs transformers and llama.cpp's files.
 
 - Tables: every variant's inverse frequencies and attention factor vs transformers' ROPE_INIT_FUNCTIONS on real-
   sized configs (Llama-3.1's llama3, Qwen3's YaRN with and without an explicit or mscale attention factor, partial
   rotary, Phi-3-mini-128k's LongRoPE short and long, linear), to 4 ulps (numpy's and torch's f32 pow differ in
   the last bit for some exponents).
-- Kernels: rope_append and qkv_rope_append with ROPE_SCALE vs float64 numpy: q and k scaled, v not.
+- Kernel: rope_append with ROPE_SCALE vs float64 numpy: q and k scaled, v not.
 - Whole models: tiny random Llama (llama3, linear), Qwen3 (YaRN) and Phi-3 (LongRoPE) converted to q4f16_1 vs
   transformers on the dequantized weights at every position. LongRoPE in both regimes: a context within the original
   one (short factors: transformers' rule agrees for any sequence that fits) and a longer context (long factors: it
@@ -149,15 +149,6 @@ def test_unsupported_and_damaged_scaling_is_named():
 
 # ---- kernels --------------------------------------------------------------------------------------------------
 
-def rope_pipeline(gpu, shader, consts, scale):
-    """The kernel's pipeline with the ROPE_SCALE override set (a WGSL pipeline constant)."""
-    from engine.shaders import build_source
-
-    module = gpu.device.create_shader_module(label=shader, code=build_source(shader, consts, gpu))
-    return gpu.device.create_compute_pipeline(label=shader, layout="auto", compute={
-        "module": module, "entry_point": "main", "constants": {"ROPE_SCALE": float(scale)}})
-
-
 def dispatch(gpu, pipe, buffers, grid):
     from engine.gpu import Recorder
 
@@ -171,9 +162,11 @@ def dispatch(gpu, pipe, buffers, grid):
 @pytest.mark.parametrize("scale", [1.0, 1.2119, 0.8])
 def test_rope_append_scales_cos_and_sin(gpu, rng, scale):
     """q and k rotate with cos·s and sin·s (the pairs past ROT and v untouched), at positions across two pages."""
+    from engine.kernels.attention import ROPE_APPEND, rope_append_consts
+
     g = gpu
     H, KVH, HD, ROT, T, pos0 = 4, 2, 64, 48, 5, 14
-    consts = dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, QK_NORM=False, EPS=1e-6)
+    consts = rope_append_consts(H, KVH, HD, ROT, PAGE, False, 1e-6, rope_scale=scale)
     inv_freq = inv_freq_for(ROT)
     qkv = rng.standard_normal((T, (H + 2 * KVH) * HD)).astype(np.float32)
     q_out = poisoned(g, "q_out", (T, H * HD))
@@ -182,7 +175,7 @@ def test_rope_append_scales_cos_and_sin(gpu, rng, scale):
     norms = [g.upload("qn", np.ones(HD, np.float16)), g.upload("kn", np.ones(HD, np.float16))]
     buffers = [g.upload("qkv", qkv), q_out, k_cache, v_cache, g.upload("pt", np.array([1, 0], np.uint32)),
                g.upload("inv_freq", inv_freq), step_uniform(g, T, pos0), *norms]
-    dispatch(g, rope_pipeline(g, "rope_append", consts, scale), buffers, (T, H + 2 * KVH))
+    dispatch(g, g.pipeline(ROPE_APPEND, consts), buffers, (T, H + 2 * KVH))
 
     heads = qkv.reshape(T, H + 2 * KVH, HD).astype(np.float64)
     positions = np.arange(pos0, pos0 + T)
@@ -200,34 +193,6 @@ def test_rope_append_scales_cos_and_sin(gpu, rng, scale):
         tol = 2e-3 * max(np.abs(k_ref).max(), 1)
         np.testing.assert_allclose(k[page, :, p % PAGE], k_ref[t], atol=tol)
         np.testing.assert_allclose(v[page, :, p % PAGE], v_ref[t], atol=tol)
-
-
-@pytest.mark.gpu
-def test_qkv_rope_append_scales_cos_and_sin(gpu, rng):
-    """The fused int4 decode kernel takes the same override through the shared rope.wgsl."""
-    g, scale = gpu, 1.3466
-    H, KVH, HD, ROT, D, pos0 = 2, 1, 32, 32, 64, 9
-    n = (H + 2 * KVH) * HD
-    w = rng.standard_normal((n, D)).astype(np.float32) * 0.1
-    words, scales = quantize_q4f16_1(w)
-    w_deq = dequantize_q4f16_1(words, scales).astype(np.float64)
-    x = rng.standard_normal((1, D)).astype(np.float32)
-    inv_freq = inv_freq_for(ROT)
-    q_out = poisoned(g, "q_out", (H * HD,))
-    shape = (1, KVH, PAGE, HD)
-    k_cache, v_cache = poisoned(g, "k", shape, np.float16), poisoned(g, "v", shape, np.float16)
-    consts = dict(WG=32, K=D, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, PAIRS=4)
-    buffers = [g.upload("x", x), g.upload("w", words), g.upload("s", scales), q_out, k_cache, v_cache,
-               g.upload("pt", np.zeros(1, np.uint32)), g.upload("inv_freq", inv_freq), step_uniform(g, 1, pos0)]
-    dispatch(g, rope_pipeline(g, "qkv_rope_append", consts, scale), buffers, (-(-n // 8),))
-
-    y = (w_deq @ x[0].astype(np.float64)).reshape(1, H + 2 * KVH, HD)
-    q_ref = rope_ref(y[:, :H], [pos0], inv_freq, ROT) * scale
-    k_ref = rope_ref(y[:, H:H + KVH], [pos0], inv_freq, ROT) * scale
-    np.testing.assert_allclose(read(g, q_out, (1, H, HD)), q_ref, rtol=0, atol=1e-4 * np.abs(q_ref).max())
-    k, v = read(g, k_cache, shape, np.float16), read(g, v_cache, shape, np.float16)
-    np.testing.assert_allclose(k[0, :, pos0], k_ref[0], atol=2e-3 * np.abs(k_ref).max())
-    np.testing.assert_allclose(v[0, :, pos0], y[0, H + KVH:], atol=2e-3 * np.abs(y).max())
 
 
 # ---- whole models -----------------------------------------------------------------------------------------------

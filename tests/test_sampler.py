@@ -10,8 +10,9 @@ import math
 import numpy as np
 import pytest
 
+from engine.blocks.sampler import GpuSampler
 from engine.gpu import Recorder
-from engine.sampling import NO_TOKEN, WINDOW, GpuSampler, SamplingParams, reference_probs
+from engine.sampling import NO_TOKEN, WINDOW, SamplingParams, reference_probs
 from tests.helpers import poisoned, read, run, step_uniform
 
 DRAWS = 20_000

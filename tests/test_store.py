@@ -16,7 +16,6 @@ from app.store import (
     SCHEMA_VERSION,
     ConversationStore,
     SchemaTooNewError,
-    StoreError,
     StoreRecoveredWarning,
     auto_title,
 )
@@ -304,13 +303,20 @@ def test_a_newer_file_is_refused_and_left_alone(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if "corrupt" in p.name) == []
 
 
-def test_a_foreign_sqlite_file_is_refused(tmp_path):
+def test_a_foreign_sqlite_file_is_kept_aside_and_a_fresh_store_started(tmp_path):
     path = tmp_path / "chats.db"
     db = sqlite3.connect(path)
     db.execute("CREATE TABLE photos (id INTEGER)")
+    db.execute("INSERT INTO photos VALUES (42)")
+    db.commit()
     db.close()
-    with pytest.raises(StoreError, match="not a Zero-TVM chat store"):
-        ConversationStore(path)
+    original = path.read_bytes()
+    with pytest.warns(StoreRecoveredWarning, match="an SQLite file of another program, not a Zero-TVM chat store"):
+        store = ConversationStore(path)
+    with store:
+        assert store.recovered.moved_to.name.startswith("chats.db.foreign-")
+        assert store.recovered.moved_to.read_bytes() == original  # kept as it was, under another name
+        assert store.list_conversations() == [] and "another program" in store.notice
 
 
 def test_a_corrupt_file_is_kept_aside_and_a_fresh_store_started(tmp_path):
@@ -347,3 +353,204 @@ def test_damaged_pages_are_found_by_the_check_on_open(tmp_path):
     with store:
         assert store.list_conversations() == []
     assert len(list(tmp_path.glob("chats.db.corrupt-*"))) == 1
+
+
+# --- damaged contents: the app starts, says what happened, keeps a backup, and keeps every valid row --------------
+
+def _store_with_chats(path) -> tuple[int, int]:
+    with ConversationStore(path, clock=Clock()) as store:
+        a = store.create_conversation("Keep me", settings={"thinking": True})
+        store.add_message(a, "user", "question")
+        store.add_message(a, "assistant", "answer", stats={"tokens": 5})
+        b = store.create_conversation("Second")
+        store.add_message(b, "user", "more")
+    return a, b
+
+
+def _dump(path) -> list[str]:
+    db = sqlite3.connect(path)
+    try:
+        return list(db.iterdump())
+    finally:
+        db.close()
+
+
+def _damage(path, *statements) -> list[str]:
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA foreign_keys=OFF")
+    for sql in statements:
+        db.execute(sql)
+    db.commit()
+    db.close()
+    return _dump(path)
+
+
+def _assert_backup_is(store, before: list[str]) -> None:
+    assert store.backup is not None and store.backup.name.startswith("chats.db.backup-")
+    assert _dump(store.backup) == before  # the file exactly as it was, before anything was repaired
+
+
+@pytest.mark.parametrize("version_sql, said", [
+    ("UPDATE schema_version SET version = 'abc'", "its schema version was 'abc' instead of one number"),
+    ("UPDATE schema_version SET version = -1", "its schema version was -1"),
+    ("UPDATE schema_version SET version = 2.5", "its schema version was 2.5"),
+    ("DELETE FROM schema_version", "its schema version was nothing"),
+    ("DROP TABLE schema_version", "its schema_version table was missing"),
+    ("UPDATE schema_version SET version = 0", "its schema version was 0"),
+])
+def test_a_bad_schema_version_is_repaired_keeping_the_chats(tmp_path, version_sql, said):
+    path = tmp_path / "chats.db"
+    a, b = _store_with_chats(path)
+    before = _damage(path, version_sql)
+    with ConversationStore(path) as store:
+        assert store.schema_version() == SCHEMA_VERSION
+        assert [c["title"] for c in store.list_conversations()] == ["Second", "Keep me"]
+        assert store.messages(a) == [{"role": "user", "content": "question"},
+                                     {"role": "assistant", "content": "answer"}]
+        assert said in store.notice and "has been repaired" in store.notice
+        _assert_backup_is(store, before)
+    with ConversationStore(path) as store:  # repaired once: the next start is clean
+        assert store.repairs == [] and store.notice is None
+    assert len(list(tmp_path.glob("chats.db.backup-*"))) == 1
+
+
+def test_a_missing_messages_table_is_recreated_and_the_chats_kept(tmp_path):
+    path = tmp_path / "chats.db"
+    a, _ = _store_with_chats(path)
+    before = _damage(path, "DROP TABLE messages")
+    with ConversationStore(path) as store:
+        assert [c["title"] for c in store.list_conversations()] == ["Second", "Keep me"]
+        assert store.message_rows(a) == []
+        store.add_message(a, "user", "it works again")
+        assert "the messages table was missing" in store.notice
+        assert "the missing messages table was recreated (empty)" in store.notice
+        _assert_backup_is(store, before)
+
+
+def test_missing_columns_are_added_back(tmp_path):
+    path = tmp_path / "chats.db"
+    a, _ = _store_with_chats(path)
+    before = _damage(path, "ALTER TABLE conversations DROP COLUMN pinned", "ALTER TABLE messages DROP COLUMN thinking")
+    with ConversationStore(path) as store:
+        assert "the conversations table lacked pinned" in store.notice
+        assert "the messages table's missing thinking column was added back" in store.notice
+        assert not store.conversation(a)["pinned"] and store.messages(a)[1]["content"] == "answer"
+        store.update_conversation(a, pinned=True)
+        _assert_backup_is(store, before)
+
+
+def test_a_table_without_its_keys_is_set_aside_not_dropped(tmp_path):
+    path = tmp_path / "chats.db"
+    a, _ = _store_with_chats(path)
+    _damage(path, "ALTER TABLE messages DROP COLUMN role")
+    with ConversationStore(path) as store:
+        assert "had lost its role column(s) and was set aside as messages_damaged" in store.notice
+        assert store.message_rows(a) == [] and store.list_conversations()[1]["title"] == "Keep me"
+    db = sqlite3.connect(path)
+    assert [r[0] for r in db.execute("SELECT content FROM messages_damaged ORDER BY id")] == \
+        ["question", "answer", "more"]  # still in the file
+    db.close()
+
+
+def test_invalid_json_and_non_text_values_get_defaults_and_nothing_else_changes(tmp_path):
+    path = tmp_path / "chats.db"
+    a, b = _store_with_chats(path)
+    before = _damage(path, f"UPDATE conversations SET settings = '{{not json' WHERE id = {a}",
+                     f"UPDATE messages SET stats = '[' || '[' || 'deep' WHERE conversation_id = {a}",
+                     f"UPDATE conversations SET title = x'ff00fe' WHERE id = {b}",
+                     f"UPDATE messages SET content = x'48ff49' WHERE conversation_id = {b}",  # not UTF-8
+                     f"UPDATE conversations SET updated_at = 'yesterday' WHERE id = {b}")
+    with ConversationStore(path) as store:
+        assert store.conversation(a)["settings"] == {}
+        assert [m["stats"] for m in store.message_rows(a)] == [None, None]
+        assert [m["content"] for m in store.message_rows(a)] == ["question", "answer"]
+        assert store.messages(b) == [{"role": "user", "content": "H\ufffdI"}]
+        assert isinstance(store.conversation(b)["title"], str)
+        assert store.export_markdown(b) and store.export_json(a)["settings"] == {}
+        notice = store.notice
+        for words in ("chat settings that were not valid JSON were reset (1)",
+                      "reply statistics that were not valid JSON were cleared (2)", "message texts that were not text",
+                      "chat titles that were not text were restored (1)", "chat dates that were not numbers"):
+            assert words in notice, notice
+        _assert_backup_is(store, before)
+
+
+def test_rows_damaged_after_opening_still_read(tmp_path):
+    """Reads never raise on a bad value, even one written behind the store's back while it is open."""
+    path = tmp_path / "chats.db"
+    a, _ = _store_with_chats(path)
+    with ConversationStore(path) as store:
+        other = sqlite3.connect(path)
+        other.execute(f"UPDATE conversations SET settings = 'nope' WHERE id = {a}")
+        other.execute(f"UPDATE messages SET stats = '{{\"a\": ' WHERE conversation_id = {a}")
+        other.commit()
+        other.close()
+        assert store.conversation(a)["settings"] == {} and store.message_rows(a)[1]["stats"] is None
+
+
+def test_open_store_never_fails(tmp_path, monkeypatch):
+    from app.store import open_store
+
+    blocked = tmp_path / "file-not-folder"
+    blocked.write_text("x")
+    store = open_store(blocked / "chats.db")  # the data folder is a file
+    with store:
+        assert store.temporary and "cannot be opened for writing" in store.notice and "will not be saved" in \
+            store.notice
+        store.add_message(store.create_conversation(), "user", "kept in memory")  # the app still works
+
+    newer = tmp_path / "newer.db"
+    ConversationStore(newer).close()
+    _damage(newer, "UPDATE schema_version SET version = 99")
+    before = newer.read_bytes()
+    with open_store(newer) as store:
+        assert "only knows up to 2" in store.notice and store.list_conversations() == []
+    assert newer.read_bytes() == before  # never touched
+
+    path = tmp_path / "chats.db"
+    a, _ = _store_with_chats(path)
+
+    def read_only(self, db=None):  # what a read-only folder or file answers (tests may run as root: no chmod)
+        if db is None and self.temporary is None and str(self.path) != ":memory:":
+            raise sqlite3.OperationalError("attempt to write a readonly database")
+        return real_open(self, db)
+
+    real_open = ConversationStore._open
+    monkeypatch.setattr(ConversationStore, "_open", read_only)
+    with open_store(path) as store:
+        assert "attempt to write a readonly database" in store.notice
+        assert store.messages(a)[1] == {"role": "assistant", "content": "answer"}  # the chats are shown
+        store.add_message(a, "user", "only in memory")
+    monkeypatch.undo()
+    with ConversationStore(path) as store:
+        assert len(store.messages(a)) == 2  # the file was not written
+
+
+def test_a_schema_whose_key_declaration_was_damaged_is_rebuilt_with_every_row(tmp_path):
+    """Found by tests/test_fuzz_store.py: one flipped bit made 'PRIMARY KEY' read 'PRIMASY KEY', so every chat's
+    id read as NULL. The rows keep their ids in the rowid: the table is rebuilt from it."""
+    path = tmp_path / "chats.db"
+    a, b = _store_with_chats(path)
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA writable_schema=ON")
+    db.execute("UPDATE sqlite_master SET sql = replace(sql, 'id INTEGER PRIMARY KEY,', 'id INTEGER PRIMASY KEY,') "
+               "WHERE name = 'conversations'")
+    db.commit()
+    db.close()
+    before = _dump(path)
+    with ConversationStore(path) as store:
+        assert "the conversations table's id column was no longer its key" in store.notice
+        assert "the conversations table was rebuilt with all 2 rows" in store.notice
+        assert [c["id"] for c in store.list_conversations()] == [b, a]
+        assert store.messages(a)[1] == {"role": "assistant", "content": "answer"}
+        _assert_backup_is(store, before)
+
+
+def test_a_version_row_behind_its_tables_is_repaired(tmp_path):
+    """Found by tests/test_fuzz_store.py: version 1 on version 2 tables made migration 2 fail (duplicate column)."""
+    path = tmp_path / "chats.db"
+    a, _ = _store_with_chats(path)
+    _damage(path, "UPDATE schema_version SET version = 1")
+    with ConversationStore(path) as store:
+        assert "its schema version was 1 but its tables are those of version 2" in store.notice
+        assert store.schema_version() == 2 and len(store.messages(a)) == 2

@@ -3,10 +3,10 @@ repacked, exactly, into the layouts our kernels read.
 
 The file is memory-mapped through the `gguf` package's GGUFReader; tensors are read a few thousand rows
 at a time while being repacked, never the whole file at once. Weights come out under the runtime's
-canonical names (engine/transformer.py `tensor_shapes`): embed, norm, lm_head (absent when tied) and
+canonical names (engine/transformer.py `expected_tensors`): embed, norm, lm_head (absent when tied) and
 layers.N.{attn_norm, mlp_norm, qkv, o, gate_up, down, q_norm, k_norm}; q/k/v rows are fused into qkv
 and gate/up rows into gate_up. Each comes as a PackedWeight: a dict of arrays plus its format tag,
-which engine.matmul.format_knobs turns into kernel constants:
+which engine.kernels.matmul.format_knobs turns into kernel constants:
 
 | GGUF type | tag | arrays (N rows, K columns, G = K/32 groups) | value |
 |---|---|---|---|
@@ -20,7 +20,7 @@ Nibble order: a GGUF Q4 block is d (and m) then 16 bytes, byte j holding element
 and element j+16 in its high nibble; ours puts element i of a group at bits 4·(i % 8) of word i / 8
 (MLC's q4f16_1 order). Q8_0's int8 codes are stored offset by 128 so every integer format is
 w = (code − ZERO)·scale for the kernels. Q4_1 keeps (d, m) pairs in one array because the kernels read
-the minimum from the scale binding (see engine/matmul.py for why).
+the minimum from the scale binding (see engine/kernels/matmul.py for why).
 
 RoPE order: llama.cpp's converter permutes the q/k rows of arch "llama" for its interleaved RoPE
 (LlamaModel.permute in convert_hf_to_gguf.py); we undo that here, back to transformers' rotate_half

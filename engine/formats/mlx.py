@@ -11,7 +11,7 @@ such a checkpoint (the vision tower) is ignored: its shards are never opened.
 A quantized module X is three tensors: X.weight (u32 codes), X.scales and X.biases; it is yielded once,
 as X.weight, in a PackedWeight. config.json `quantization` holds the defaults {group_size, bits, mode} and
 per-module overrides keyed by module path (mlx-lm writes {"bits": 8} for the MoE router and the
-shared-expert gate). Formats (engine/matmul.py FORMATS; N rows, K columns, G = K/64 groups):
+shared-expert gate). Formats (engine/kernels/matmul.py FORMATS; N rows, K columns, G = K/64 groups):
 
 | MLX tensor | tag | arrays | value |
 |---|---|---|---|

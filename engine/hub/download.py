@@ -11,26 +11,28 @@ file matched its size and hash and the marker is written (see state.py for the l
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
+import re
 import shutil
 import socket
 import threading
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
-from huggingface_hub.utils import get_session, hf_raise_for_status
+from huggingface_hub.utils import get_session
 from huggingface_hub.utils import httpx as _httpx  # httpx2 on huggingface_hub 2.x
 
-from engine.hub import remote, state
+from engine.hub import names, remote, state
 from engine.hub.errors import DownloadCancelled, DownloadError
 from engine.hub.offline import offline_reason
 from engine.hub.progress import DownloadProgress, Tracker
 from engine.hub.remote import RemoteFile
 from engine.hub.state import is_installed, remove_model, verify_installed
 from engine.hub.token import resolve_token
-from engine.paths import models_dir
+from engine.paths import describe_os_error, models_dir
 
 __all__ = ["download_model", "default_dest", "is_installed", "verify_installed", "remove_model",
            "DownloadProgress", "DownloadError", "DownloadCancelled"]
@@ -43,17 +45,55 @@ DISK_MARGIN_BYTES = 200 * 1024**2
 BACKOFF_BASE_S = 1.0  # waits 1, 2, 4, 8... s between failed attempts that received nothing
 BACKOFF_MAX_S = 30.0
 VERIFY_ATTEMPTS = 3  # a file whose hash does not match is fetched again twice, then the download fails
+# Per file, a budget that bytes arriving never reset: a server that cuts every answer short, or trickles,
+# ends in an error instead of a loop. 16 requests plus one per 4 MiB lets a flaky line drop a 10 GB file
+# 2,500 times; the time allows 10 minutes or an average of 32 KB/s, whichever is longer.
+FILE_REQUESTS_BASE = 16
+FILE_REQUEST_CREDIT_BYTES = 4 * 1024**2
+FILE_TIME_FLOOR_S = 600.0
+FILE_MIN_RATE = 32 * 1024
+RANGE_RESTARTS = 1  # a server that ignores Range (or answers the wrong range) gets one clean restart per file
 READ_TIMEOUT_S = 30.0  # a connection silent this long is dropped and resumed
 CANCEL_POLL_S = 0.1
 
 
 def default_dest(repo_id: str) -> Path:
     """models_dir()/<repo name>, the folder the library lists."""
-    return models_dir() / repo_id.split("/")[-1]
+    return models_dir() / names.check_repo_id(repo_id).split("/")[-1]
 
 
 class _Incomplete(ConnectionError):
     """The body ended early or the server answered a Range oddly: resume with a fresh request."""
+
+
+class _FileBudget:
+    """Requests and wall time one file may use in one download_model call (see FILE_REQUESTS_BASE)."""
+
+    def __init__(self, rf: RemoteFile, repo_id: str):
+        self.rf, self.repo_id = rf, repo_id
+        self.max_requests = FILE_REQUESTS_BASE + rf.size // FILE_REQUEST_CREDIT_BYTES
+        self.started = time.monotonic()
+        self.seconds = max(FILE_TIME_FLOOR_S, rf.size / FILE_MIN_RATE)
+        self.requests = 0
+        self.range_restarts = 0
+
+    def remaining_s(self) -> float:
+        return self.started + self.seconds - time.monotonic()
+
+    def request(self, have: int) -> None:
+        if self.requests >= self.max_requests:
+            raise DownloadError(f"gave up on {self.rf.path} of repo {self.repo_id} after {self.requests} requests "
+                                f"({have:,} of {self.rf.size:,} bytes): the server keeps ending the transfer early; "
+                                "try again later (the download resumes where it stopped)")
+        self.check_time(have)
+        self.requests += 1
+
+    def check_time(self, have: int) -> None:
+        if self.remaining_s() < 0:
+            took = f"{self.seconds:.0f} s" if self.seconds < 120 else f"{self.seconds / 60:.0f} minutes"
+            raise DownloadError(f"gave up on {self.rf.path} of repo {self.repo_id} after {took} ({have:,} of "
+                                f"{self.rf.size:,} bytes): the server is too slow; try again later (the download "
+                                "resumes where it stopped)")
 
 
 def _check_folder(dest: Path, repo_id: str) -> None:
@@ -102,6 +142,7 @@ class _Job:
         self.commit = ""
         self.tracker: Tracker | None = None
         self.received = 0  # bytes received by this job: tells a failed attempt that made progress
+        self.budget: _FileBudget | None = None  # of the file being fetched
         self._response = None
         self._located: dict[str, tuple[str, dict[str, str]]] = {}
 
@@ -145,8 +186,9 @@ class _Job:
 
     # --- retry --------------------------------------------------------------------------------------------------
     def retrying(self, fn, file: str | None = None, fail_fast_on_connect: bool = False):
-        """fn() with bounded retries on network errors and 408/429/5xx; the count restarts whenever bytes
-        arrived. Backoff waits wake up on cancel."""
+        """fn() with bounded retries on network errors and 408/429/5xx; the count of failures in a row restarts
+        whenever bytes arrived (a file's _FileBudget bounds the total). Backoff waits wake up on cancel. An
+        OSError of the disk is not retried: download_model names the folder."""
         failures = 0
         while True:
             self.check_cancel()
@@ -156,20 +198,25 @@ class _Job:
             except (DownloadError, DownloadCancelled):
                 raise
             except Exception as e:
-                self.check_cancel()  # a cancel that broke the connection is a cancel, not a network error
-                progressed = self.received > before
-                failures = 1 if progressed else failures + 1
-                if (not remote.is_transient(e) or failures > self.retries
-                        or (fail_fast_on_connect and remote.is_connect_error(e))):
-                    raise remote.translate(e, repo_id=self.repo_id, revision=self.revision, ep=self.ep,
-                                           token_used=bool(self.token), file=file) from e
-                delay = 0.0 if progressed else min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (failures - 1))
-                log.info("retrying %s of %s in %.1f s after %s", file or "listing", self.repo_id, delay,
-                         type(e).__name__)
-                if self.cancel is not None:
-                    self.cancel.wait(delay)
-                else:
-                    time.sleep(delay)
+                if remote.is_disk_error(e):
+                    raise
+                error = e
+            self.check_cancel()  # a cancel that broke the connection is a cancel, not a network error
+            progressed = self.received > before
+            failures = 1 if progressed else failures + 1
+            if (not remote.is_transient(error) or failures > self.retries
+                    or (fail_fast_on_connect and remote.is_connect_error(error))):
+                raise remote.translate(error, repo_id=self.repo_id, revision=self.revision, ep=self.ep,
+                                       token_used=bool(self.token), file=file) from error
+            delay = 0.0 if progressed else min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (failures - 1))
+            if self.budget is not None and file is not None:
+                delay = max(0.0, min(delay, self.budget.remaining_s()))
+            log.info("retrying %s of %s in %.1f s after %s", file or "listing", self.repo_id, delay,
+                     type(error).__name__)
+            if self.cancel is not None:
+                self.cancel.wait(delay)
+            else:
+                time.sleep(delay)
 
     # --- one file -----------------------------------------------------------------------------------------------
     def locate(self, rf: RemoteFile) -> tuple[str, dict[str, str]]:
@@ -179,11 +226,12 @@ class _Job:
         part = state.staged_path(self.dest, rf.path, rf.etag, "part")
         ok = state.staged_path(self.dest, rf.path, rf.etag, "ok")
         part.parent.mkdir(parents=True, exist_ok=True)
-        name = Path(rf.path).name
-        for other in os.listdir(part.parent):  # <name>.<etag>.part|ok of another version of this file
-            tail = other[len(name) + 1:].split(".") if other.startswith(name + ".") else []
-            if len(tail) == 2 and tail[1] in ("part", "ok") and other not in (part.name, ok.name):
+        # Staged copies of other versions of this file, and nothing else (part.parent is inside staging: checked).
+        stale = state.staged_name_pattern(PurePosixPath(rf.path).name)
+        for other in os.listdir(part.parent):
+            if stale.fullmatch(other) and other not in (part.name, ok.name) and (part.parent / other).is_file():
                 (part.parent / other).unlink(missing_ok=True)
+        self.budget = _FileBudget(rf, self.repo_id)
         problem = ""
         for attempt in range(1, VERIFY_ATTEMPTS + 1):
             self._open_hashes(rf, part)
@@ -228,6 +276,7 @@ class _Job:
         self.tracker.set_file_done(0)
 
     def _stream(self, rf: RemoteFile, part: Path) -> None:
+        self.budget.request(self.have)
         url, headers = self._located.pop(rf.path, None) or self.locate(rf)  # signed URLs expire: fresh each try
         if self.have:
             headers = {**headers, "Range": f"bytes={self.have}-"}
@@ -244,19 +293,22 @@ class _Job:
             # A CDN refusing its signed URL (expired during a long stall): the next try asks the Hub for a new one.
             raise _Incomplete(f"the download link for {rf.path} expired (HTTP {r.status_code})")
         if r.status_code == 416:  # our partial is not a prefix the server recognises: start over
-            self._reset(rf, part)
+            self._range_restart(rf, part, "refused to resume (HTTP 416)")
             raise _Incomplete(f"HTTP 416 for {rf.path}")
-        hf_raise_for_status(r)
+        remote.raise_for_status(r, time.monotonic() + max(0.0, self.budget.remaining_s()))
         if self.have and r.status_code == 200:  # the server ignored Range and sends the whole file
-            self._reset(rf, part)
+            self._range_restart(rf, part, "ignored a request to resume (answered with the whole file)")
         elif r.status_code == 206:
-            start = r.headers.get("Content-Range", "").removeprefix("bytes ").split("-")[0]
-            if start != str(self.have):
-                self._reset(rf, part)
-                raise _Incomplete(f"{rf.path}: asked for bytes from {self.have}, got Content-Range {start}")
+            problem = _range_problem(r.headers.get("Content-Range", ""), self.have, rf.size)
+            if problem:
+                self._range_restart(rf, part, f"answered a request to resume with {problem}")
+                raise _Incomplete(f"{rf.path}: asked for bytes from {self.have}: {problem}")
+        elif r.status_code != 200:
+            raise _Incomplete(f"{rf.path}: HTTP {r.status_code} instead of the file's bytes")
         with open(part, "ab") as f:
             for chunk in r.iter_bytes():
                 self.check_cancel()
+                self.budget.check_time(self.have)
                 chunk = chunk[: rf.size - self.have]  # never more than the listed size
                 f.write(chunk)
                 self._hash(chunk)
@@ -268,6 +320,15 @@ class _Job:
         if self.have < rf.size:
             raise _Incomplete(f"{rf.path}: the connection closed at {self.have} of {rf.size} bytes")
 
+    def _range_restart(self, rf: RemoteFile, part: Path, what: str) -> None:
+        """Start the file over from byte 0, once; a server that does it again cannot resume: refuse."""
+        if self.budget.range_restarts >= RANGE_RESTARTS:
+            raise DownloadError(f"{remote.host(self.ep)} {what} again for {rf.path} of repo {self.repo_id}, after a "
+                                "clean restart; it cannot resume downloads reliably, try again later")
+        self.budget.range_restarts += 1
+        log.warning("%s %s for %s; restarting the file from its first byte", remote.host(self.ep), what, rf.path)
+        self._reset(rf, part)
+
     def _check(self, rf: RemoteFile) -> str:
         size = os.path.getsize(state.staged_path(self.dest, rf.path, rf.etag, "part"))
         if size != rf.size:
@@ -277,6 +338,17 @@ class _Job:
         if rf.git_sha1 and self.sha1.hexdigest() != rf.git_sha1:
             return f"git blob sha1 {self.sha1.hexdigest()[:12]}… instead of {rf.git_sha1[:12]}…"
         return ""
+
+
+def _range_problem(content_range: str, start: int, size: int) -> str:
+    """'' when a 206's Content-Range is exactly bytes start-(size-1)/size (or /*), else what is wrong."""
+    m = re.fullmatch(r"bytes (\d+)-(\d+)/(\d+|\*)", content_range.strip())
+    if not m:
+        return f"an unreadable Content-Range {content_range[:60]!r}"
+    first, last, total = int(m[1]), int(m[2]), m[3]
+    if first != start or last < first or last >= size or (total != "*" and int(total) != size):
+        return f"the wrong bytes (Content-Range {content_range[:60]!r}, expected bytes {start}- of {size})"
+    return ""
 
 
 def download_model(repo_id: str, revision: str = "main", dest: Path | str | None = None,
@@ -292,20 +364,29 @@ def download_model(repo_id: str, revision: str = "main", dest: Path | str | None
     endpoint: the Hub to use (default: HF_ENDPOINT as it is now, else huggingface.co).
     Raises DownloadError (a ZeroTVMError) with a plain message, or DownloadCancelled.
     """
+    names.check_repo_id(repo_id)
+    if not isinstance(revision, str) or not revision or len(revision) > 256 or not revision.isprintable():
+        raise DownloadError(f"{revision!r:.80} is not a revision (a branch, tag or commit id)")
     reason = offline_reason()
     if reason:
         raise DownloadError(f"offline mode is on ({reason}): cannot download {repo_id}")
     dest = Path(dest).expanduser() if dest else default_dest(repo_id)
-    _check_folder(dest, repo_id)
-    ep = (endpoint or remote.endpoint()).rstrip("/")
-    job = _Job(repo_id, revision, dest, ep, resolve_token(token), retries, cancel)
-    finished = threading.Event()
-    if cancel is not None:
-        threading.Thread(target=job.watch_cancel, args=(finished,), daemon=True, name="zerotvm-cancel").start()
     try:
-        return _download(job, files, on_progress)
-    finally:
-        finished.set()
+        _check_folder(dest, repo_id)
+        ep = (endpoint or remote.endpoint()).rstrip("/")
+        job = _Job(repo_id, revision, dest, ep, resolve_token(token), retries, cancel)
+        finished = threading.Event()
+        if cancel is not None:
+            threading.Thread(target=job.watch_cancel, args=(finished,), daemon=True, name="zerotvm-cancel").start()
+        try:
+            return _download(job, files, on_progress)
+        finally:
+            finished.set()
+    except OSError as e:  # the disk or the folder (network errors arrive translated): one sentence, no traceback
+        if not remote.is_disk_error(e):
+            raise
+        raise DownloadError(describe_os_error(e, dest, f"download {repo_id}")
+                            + ("; the download resumes where it stopped" if e.errno == errno.ENOSPC else "")) from e
 
 
 def _download(job: _Job, patterns: list[str] | None, on_progress) -> Path:
@@ -381,7 +462,9 @@ def _finish(job: _Job, listed: list[RemoteFile], in_place: list[RemoteFile], old
     entries = []
     keep = {f.path for f in in_place}
     for f in listed:
-        target = dest / f.path
+        target = state.confined(dest, f.path)
+        if target is None:
+            raise DownloadError(f"refusing to place {f.path} of repo {job.repo_id}: it would land outside {dest}")
         if f.path in keep:
             sha256 = old_entries[f.path]["sha256"]
         else:

@@ -5,30 +5,40 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from urllib.parse import quote, urljoin, urlparse
 
-from huggingface_hub import HfApi, constants, get_hf_file_metadata
+from huggingface_hub import constants, get_hf_file_metadata
 from huggingface_hub.errors import (
     GatedRepoError,
     HfHubHTTPError,
+    LocalEntryNotFoundError,
     OfflineModeIsEnabled,
     RemoteEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.utils import build_hf_headers
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 from huggingface_hub.utils import httpx as _httpx  # httpx2 on huggingface_hub 2.x, httpx on 1.x
 
 from engine.errors import ZeroTVMError
+from engine.hub import names
 from engine.hub.errors import DownloadError
 from engine.hub.state import MARKER, STAGING
 
 # A few seconds are plenty for metadata; the body read timeout only bounds a stalled connection.
 META_TIMEOUT_S = 15.0
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
+# Listings are small (about 300 bytes a file): the caps stop a server that streams an endless one.
+MAX_LISTING_BYTES = 32 * 1024**2
+MAX_REPO_FILES = 25_000  # the Hub's own advice is under 10,000 files a folder; no model has more
+LISTING_TIMEOUT_S = 60.0  # a listing trickling in slower than this is not coming
+ERROR_BODY_BYTES = 64 * 1024  # enough for any error message
+MAX_FILE_BYTES = 1 << 40  # 1 TiB: beyond the largest single model file; a bigger claim is a hostile listing
 
 
 @dataclass(frozen=True)
@@ -58,49 +68,137 @@ def same_origin(url: str, ep: str) -> bool:
     return (a.scheme, a.netloc.lower()) == (b.scheme, b.netloc.lower())
 
 
-def _safe_path(path: str, repo_id: str) -> str:
-    p = PurePosixPath(path)
-    if p.is_absolute() or ".." in p.parts or "\\" in path or not p.parts:
-        raise DownloadError(f"repo {repo_id} lists a file with an unsafe path: {path!r}")
-    return str(p)
-
-
 def _wanted(path: str, patterns: list[str] | None) -> bool:
     parts = PurePosixPath(path).parts
-    if parts and parts[0] in (MARKER, STAGING):  # a repo file must never overwrite our own bookkeeping
+    if parts and parts[0].casefold() in (MARKER.casefold(), STAGING.casefold()):  # never overwrite our bookkeeping
         return False
     if patterns is None:  # everything except hidden files and folders: .gitattributes, .github/...
         return not any(part.startswith(".") for part in parts)
     return any(fnmatch.fnmatchcase(path, pat) for pat in patterns)
 
 
+def raise_for_status(r, deadline: float | None = None) -> None:
+    """hf_raise_for_status on a streamed response, reading at most ERROR_BODY_BYTES of an error body
+    (huggingface_hub reads all of it: a hostile server could send gigabytes)."""
+    if r.status_code < 400:
+        hf_raise_for_status(r)  # warning headers
+        return
+    body = bytearray()
+    try:
+        for chunk in r.iter_bytes():
+            body += chunk
+            if len(body) >= ERROR_BODY_BYTES or (deadline is not None and time.monotonic() > deadline):
+                break
+    except _httpx.HTTPError:  # the error status is what matters
+        pass
+    headers = [(k, v) for k, v in r.headers.multi_items()
+               if k.lower() not in ("content-length", "content-encoding", "transfer-encoding")]
+    hf_raise_for_status(_httpx.Response(r.status_code, headers=headers, content=bytes(body[:ERROR_BODY_BYTES]),
+                                        request=r.request))
+
+
+def _get_json(method: str, url: str, token: str | bool, what: str, ep: str, **kw):
+    """A JSON answer of at most MAX_LISTING_BYTES, read within LISTING_TIMEOUT_S."""
+    headers = build_hf_headers(token=token)
+    headers["Accept-Encoding"] = "identity"  # the byte cap counts what the server sends, not a decompressed bomb
+    deadline = time.monotonic() + LISTING_TIMEOUT_S
+    with get_session().stream(method, url, headers=headers, timeout=_httpx.Timeout(META_TIMEOUT_S), **kw) as r:
+        raise_for_status(r, deadline)
+        declared = r.headers.get("Content-Length", "")
+        if declared.isdigit() and int(declared) > MAX_LISTING_BYTES:
+            raise DownloadError(f"{host(ep)} sent a {what} of {int(declared):,} bytes (more than "
+                                f"{MAX_LISTING_BYTES:,}); refusing it")
+        body = bytearray()
+        for chunk in r.iter_bytes():
+            body += chunk
+            if len(body) > MAX_LISTING_BYTES:
+                raise DownloadError(f"{host(ep)} sent a {what} longer than {MAX_LISTING_BYTES:,} bytes; refusing it")
+            if time.monotonic() > deadline:
+                raise DownloadError(f"{host(ep)} took more than {LISTING_TIMEOUT_S:.0f} s to send the {what}; try "
+                                    "again later")
+    try:
+        return json.loads(bytes(body))
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
+        detail = "nested too deeply" if isinstance(e, RecursionError) else str(e)[:80]
+        raise DownloadError(f"{host(ep)} sent a {what} that is not valid JSON ({detail}); is HF_ENDPOINT a "
+                            "Hugging Face Hub?") from None
+
+
+def _size(value, repo_id: str, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_FILE_BYTES:
+        raise DownloadError(f"repo {repo_id} lists {path!r} with an invalid size {value!r:.40}; refusing to "
+                            "download it")
+    return value
+
+
+def _remote_file(entry: dict, path: str, repo_id: str) -> RemoteFile:
+    """One listing entry (repo info's siblings or paths-info), every field checked."""
+    size = _size(entry.get("size"), repo_id, path)
+    lfs = entry.get("lfs")
+    if lfs is not None:
+        if not isinstance(lfs, dict):
+            raise DownloadError(f"repo {repo_id} lists {path!r} with invalid LFS details; refusing to download it")
+        sha256 = names.check_sha256(lfs.get("sha256", lfs.get("oid")), repo_id, path)
+        if "size" in lfs and _size(lfs["size"], repo_id, path) != size:
+            raise DownloadError(f"repo {repo_id} lists {path!r} with two different sizes; refusing to download it")
+        return RemoteFile(path, size, sha256, None)
+    blob = entry.get("blobId", entry.get("oid"))
+    return RemoteFile(path, size, None, None if blob is None else names.check_git_sha1(blob, repo_id, path))
+
+
 def list_files(repo_id: str, revision: str, patterns: list[str] | None, token: str | bool,
                ep: str) -> tuple[str, list[RemoteFile]]:
-    """(commit sha, selected files with sizes and hashes) of `repo_id` at `revision`."""
-    api = HfApi(endpoint=ep)
-    info = api.model_info(repo_id, revision=revision, files_metadata=True, token=token, timeout=META_TIMEOUT_S)
-    if not info.sha:
+    """(commit sha, selected files with sizes and hashes) of `repo_id` at `revision`. Everything the server
+    says is checked: the commit id, each name (a name that could leave the folder refuses the whole listing),
+    sizes and hashes; the answer is capped in bytes, files and time."""
+    url = f"{ep}/api/models/{repo_id}/revision/{quote(revision, safe='')}"
+    info = _get_json("GET", url, token, "repo listing", ep, params={"blobs": True})
+    if not isinstance(info, dict):
+        raise DownloadError(f"{host(ep)} sent a repo listing that is not a JSON object; is HF_ENDPOINT a Hub?")
+    if not info.get("sha"):
         raise DownloadError(f"{host(ep)} gave no commit for {repo_id} at {revision}; is HF_ENDPOINT a Hub?")
-    siblings = [s for s in (info.siblings or []) if _wanted(s.rfilename, patterns)]
-    if not siblings:
+    commit = names.check_commit(info["sha"], repo_id, host(ep))
+    siblings = info.get("siblings") or []
+    if not isinstance(siblings, list) or not all(isinstance(s, dict) for s in siblings):
+        raise DownloadError(f"{host(ep)} sent a repo listing for {repo_id} without a valid file list")
+    if len(siblings) > MAX_REPO_FILES:
+        raise DownloadError(f"repo {repo_id} lists {len(siblings):,} files, more than the {MAX_REPO_FILES:,} a "
+                            "model download accepts; refusing it")
+    for s in siblings:
+        why = names.traversal_problem(s.get("rfilename"))
+        if why is not None:  # git cannot hold such a name: the server is lying
+            raise DownloadError(f"{host(ep)} listed a file {_shown(s.get('rfilename'))} in repo {repo_id} whose "
+                                f"name is unsafe ({why}); refusing the whole listing")
+    wanted = [s for s in siblings if _wanted(s["rfilename"], patterns)]
+    if not wanted:
         what = f"matches {', '.join(patterns)}" if patterns else "can be downloaded"
         raise DownloadError(f"no file in repo {repo_id} at revision {revision} {what}")
-    missing = [s.rfilename for s in siblings if s.size is None]
-    extra = {}
+    for s in wanted:
+        why = names.name_problem(s["rfilename"])
+        if why is not None:
+            raise DownloadError(f"repo {repo_id} has a file {_shown(s['rfilename'])} that cannot be saved on this "
+                                f"computer ({why}); refusing to download it")
+    names.check_file_set([s["rfilename"] for s in wanted], repo_id)
+    missing = [s["rfilename"] for s in wanted if s.get("size") is None]
+    extra: dict[str, dict] = {}
     if missing:  # an older server without sizes in the repo info: ask paths-info for them
-        for f in api.get_paths_info(repo_id, missing, revision=info.sha, token=token):
-            if hasattr(f, "size"):
-                extra[f.path] = f
+        url = f"{ep}/api/models/{repo_id}/paths-info/{quote(commit, safe='')}"
+        answer = _get_json("POST", url, token, "file list", ep, data={"paths": missing, "expand": False})
+        for f in answer if isinstance(answer, list) else []:
+            if isinstance(f, dict) and f.get("type", "file") == "file" and f.get("path") in missing:
+                extra[f["path"]] = f
     files = []
-    for s in siblings:
-        src = extra.get(s.rfilename, s)
-        if src.size is None:
-            raise DownloadError(f"{host(ep)} gave no size for {s.rfilename} in repo {repo_id}")
-        lfs = src.lfs
-        files.append(RemoteFile(_safe_path(s.rfilename, repo_id), int(src.size),
-                                lfs["sha256"].lower() if lfs else None,
-                                None if lfs or not src.blob_id else src.blob_id.lower()))
-    return info.sha, files
+    for s in wanted:
+        src = extra.get(s["rfilename"], s)
+        if src.get("size") is None:
+            raise DownloadError(f"{host(ep)} gave no size for {s['rfilename']} in repo {repo_id}")
+        files.append(_remote_file(src, s["rfilename"], repo_id))
+    return commit, files
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:80] + "…"
 
 
 def locate(repo_id: str, commit: str, path: str, token: str | bool, ep: str) -> tuple[str, dict[str, str]]:
@@ -110,6 +208,11 @@ def locate(repo_id: str, commit: str, path: str, token: str | bool, ep: str) -> 
     url = f"{ep}/{repo_id}/resolve/{quote(commit, safe='')}/{quote(path)}"
     meta = get_hf_file_metadata(url, token=token, timeout=META_TIMEOUT_S, endpoint=ep)
     location = urljoin(url, meta.location)
+    scheme = urlparse(location).scheme.lower()
+    if scheme not in ("http", "https") or (scheme == "http" and urlparse(ep).scheme.lower() == "https"):
+        # Another scheme is no download; https to http would let anyone on the way swap the bytes' source.
+        raise DownloadError(f"{host(ep)} sent {path} of repo {repo_id} to {_shown(location[:60])}, which is not a "
+                            "secure web address; refusing it")
     headers = build_hf_headers(token=token)
     if not same_origin(location, ep):  # a signed CDN URL
         headers.pop("authorization", None)
@@ -125,6 +228,12 @@ def is_transient(e: BaseException) -> bool:
     if isinstance(e, HfHubHTTPError):
         return e.response is not None and e.response.status_code in TRANSIENT_STATUS
     return isinstance(e, (_httpx.TransportError, TimeoutError, ConnectionError))
+
+
+def is_disk_error(e: BaseException) -> bool:
+    """An OSError of the local disk or folder (huggingface_hub's HTTP errors and network errors are OSErrors too)."""
+    return isinstance(e, OSError) and not isinstance(e, (HfHubHTTPError, ConnectionError, TimeoutError,
+                                                         LocalEntryNotFoundError))
 
 
 def is_connect_error(e: BaseException) -> bool:
@@ -162,6 +271,8 @@ def translate(e: BaseException, *, repo_id: str, revision: str, ep: str, token_u
         return DownloadError(f"{host(ep)} answered HTTP {status} for {where}; try again later")
     if is_connect_error(e):
         return DownloadError(f"cannot reach {host(ep)} (offline?)")
+    if isinstance(e, _httpx.TooManyRedirects):
+        return DownloadError(f"{host(ep)} redirected {where} too many times (a redirect loop); try again later")
     detail = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
     if isinstance(e, (_httpx.TransportError, TimeoutError, ConnectionError)):
         return DownloadError(f"the connection to {host(ep)} failed while downloading {where} ({detail}); "

@@ -13,11 +13,13 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from engine.hub import names
 from engine.hub.errors import DownloadCancelled, DownloadError
 
 MARKER = ".zerotvm-download.json"
@@ -31,8 +33,35 @@ def staging_dir(dest: Path) -> Path:
 
 
 def staged_path(dest: Path, rel: str, etag: str, suffix: str) -> Path:
-    """files/<rel>.<etag prefix>.<part|ok>: a new version of a file never resumes from the old one's bytes."""
-    return staging_dir(dest) / "files" / f"{rel}.{etag[:20]}.{suffix}"
+    """files/<rel>.<etag prefix>.<part|ok>: a new version of a file never resumes from the old one's bytes.
+    rel and etag come from a server: both are checked here too, whatever the caller checked, and the result
+    must resolve inside the staging folder."""
+    if names.traversal_problem(rel) is not None or not names.is_etag(etag) or suffix not in ("part", "ok"):
+        raise DownloadError(f"refusing to stage {rel!r:.80} with etag {etag!r:.80}: not a safe file name")
+    path = confined(staging_dir(dest) / "files", f"{rel}.{etag[:20]}.{suffix}")
+    if path is None:
+        raise DownloadError(f"refusing to stage {rel!r:.80}: it would be written outside {staging_dir(dest)}")
+    return path
+
+
+def staged_name_pattern(name: str) -> re.Pattern:
+    """<name>.<etag prefix>.<part|ok>: the staged copies of one file (any version), and nothing else."""
+    return re.compile(re.escape(name) + r"\.([0-9a-f]{20}|size[0-9]{1,16})\.(part|ok)")
+
+
+def confined(root: Path, rel: str) -> Path | None:
+    """root/rel when rel is a plain relative path and the result, symlinks resolved, stays inside root."""
+    if names.traversal_problem(rel) is not None:
+        return None
+    path = Path(root) / PurePosixPath(rel)
+    try:
+        real_root = Path(root).resolve()
+        real = path.parent.resolve() / path.name
+    except (OSError, RuntimeError):  # a symlink loop
+        return None
+    if real != real_root and real_root not in real.parents:
+        return None
+    return path
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
@@ -47,7 +76,7 @@ def write_json_atomic(path: Path, data: dict) -> None:
 def read_json(path: Path) -> dict | None:
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
         return None
     return data if isinstance(data, dict) else None
 
@@ -57,6 +86,10 @@ def read_marker(dest: Path) -> dict | None:
     data = read_json(Path(dest) / MARKER)
     if not data or not isinstance(data.get("files"), list):
         return None
+    for entry in data["files"]:
+        if (not isinstance(entry, dict) or not isinstance(entry.get("path"), str)
+                or isinstance(entry.get("size"), bool) or not isinstance(entry.get("size"), int)):
+            return None
     return data
 
 
@@ -67,11 +100,9 @@ def make_marker(repo_id: str, revision: str, commit: str, endpoint: str, files: 
 
 
 def safe_child(dest: Path, rel: str) -> Path | None:
-    """dest/rel when rel is a plain relative path (a marker is data; never follow one out of the folder)."""
-    p = PurePosixPath(str(rel))
-    if not rel or p.is_absolute() or ".." in p.parts or "\\" in str(rel):
-        return None
-    return Path(dest) / p
+    """dest/rel when rel is a plain relative path inside dest (a marker is data; never follow one out of the
+    folder, through '..' or through a symlinked folder)."""
+    return confined(dest, rel) if isinstance(rel, str) else None
 
 
 def is_installed(dest: Path) -> bool:

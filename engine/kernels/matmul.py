@@ -1,4 +1,5 @@
-"""Host side of the packed-weight matmul and embedding kernels: pipeline constants and dispatch grids.
+"""The matrix kernels' host side: weight formats, and the constants and grids of the matvecs, GEMMs, quantize_q8 and
+the embedding, declared beside their kernels.
 
 matvec_int4 (decode, one activation row) and matmul_int4 (prefill GEMM, T rows) share bindings:
 0 x f32[T, K], 1 weight u32[N or 2N, K·BITS/32], 2 scale f16[N or 2N, K/GROUP (, 2 with AFFINE)],
@@ -21,23 +22,28 @@ a sixth buffer. Two variables cannot share a binding index either (naga rejects 
 
 from __future__ import annotations
 
-import weakref
+from engine.kernels import declare, fold_grid
 
-from engine.gpu import fold_grid
-from engine.shaders import build_source
+MATVEC_INT4 = declare("matvec_int4", writes=("y",))
+MATVEC_SG = declare("matvec_sg", writes=("y",))
+MATVEC_Q8 = declare("matvec_q8", writes=("y",))
+MATMUL_INT4 = declare("matmul_int4", writes=("y",))
+MATMUL_Q8 = declare("matmul_q8", writes=("y",))
+QUANTIZE_Q8 = declare("quantize_q8", writes=("xq", "xm"))
+EMBEDDING = declare("embedding", writes=("x",))
 
 MATVEC_WG = 64
 # Weight rows per decode-matvec workgroup (gate_up reads two per output, so it takes half as many outputs).
 # 4 measured fastest on the H200 for every Phi-3 / Qwen3-4B matrix (bench/tune_matvec.py; BENCH.md): fewer
 # rows starve each thread of loads in flight, more rows spill registers and leave SMs idle.
 MATVEC_SLOTS = 4
-# The subgroup-rows matvec (shaders/matvec_sg.wgsl) wins where a matrix has many rows for its K: on the H200 it
-# took 16384×3072 from 180 to 80 µs and the 32064×3072 LM head from 187 to 98 µs, but lost on 3072×8192 and
-# 2560×4096 (bench/matvec_probe.py). It is used from this many weight rows per K element up.
+# The subgroup-rows matvec (shaders/matvec_sg.wgsl) wins where a matrix has many rows for its K (gate_up, LM heads)
+# and loses on long-K, few-row ones (o, down; bench/matvec_probe.py, BENCH.md). It is used from this many weight
+# rows per K element up.
 MATVEC_SG_MIN_ROWS_PER_K = 4
 MATVEC_SG_WG = 128
 # The int8-activation matvec (shaders/matvec_q8.wgsl): 2 weight rows per subgroup measured best on the H200
-# (bench/matvec_probe.py: 12–17 µs where the f32 matvecs took 21–51 µs on Phi-3's matrices).
+# (bench/matvec_probe.py; BENCH.md).
 MATVEC_Q8_SLOTS = 2
 QUANTIZE_WG = 64
 GEMM_TM = 64
@@ -131,11 +137,6 @@ def matvec_sg_plan(
     return consts, fold_grid(-(-N // (consts["ROWS"] * blocks)))
 
 
-def q8_capable(tag: str) -> bool:
-    """Whether a weight format runs in matvec_q8 (4-bit codes: q4f16_1, q4_0, q4_1, mlx4)."""
-    return FORMATS[tag]["bits"] == 4
-
-
 def matvec_q8_plan(
     K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None, wg: int = MATVEC_SG_WG,
     *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
@@ -224,38 +225,14 @@ def gemm_q8_plan(
 
 
 def embedding_plan(
-    D: int, vocab: int, T: int = 1, wg: int = EMBED_WG,
-    *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
-) -> tuple[dict, dict, tuple[int, int]]:
-    """(consts, overrides, grid) for shaders/embedding.wgsl; build it with embedding_pipeline.
-
-    The format knobs there are WGSL `override`s with the q4f16_1 defaults: the runtime's plain
-    `gpu.pipeline("embedding", dict(WG, D, VOCAB))` keeps compiling, and Gpu.pipeline (which only
-    injects `const`s) cannot set them, so `overrides` go in at pipeline creation instead.
-    """
+    D: int, vocab: int, T: int = 1, wg: int = EMBED_WG, *, row0: int = 0, n_rows: int = 0,
+    bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
+) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for shaders/embedding.wgsl; a table bound in parts embeds rows [row0, row0 + n_rows)
+    (n_rows 0: the whole vocabulary)."""
     fmt = _format_consts(D, bits, zero, affine, group, what="D")
-    if vocab <= 0:
-        raise ValueError(f"vocab must be positive, got {vocab}")
+    if vocab <= 0 or row0 + n_rows > vocab:
+        raise ValueError(f"bad vocabulary rows: VOCAB={vocab}, rows {row0}+{n_rows}")
     words = D * bits // 32  # one thread per u32 word
-    return dict(WG=wg, D=D, VOCAB=vocab), fmt, (-(-words // wg), max(T, 1))
+    return dict(WG=wg, D=D, VOCAB=vocab, ROW0=row0, NROWS=n_rows, **fmt), (-(-words // wg), max(T, 1))
 
-
-_EMBED_DEFAULTS = _format_consts(32, **{k: v for k, v in FORMATS["q4f16_1"].items()})
-_override_pipelines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def embedding_pipeline(gpu, consts: dict, overrides: dict):
-    """The embedding pipeline for embedding_plan's (consts, overrides), built once per Gpu."""
-    if set(overrides) <= set(_EMBED_DEFAULTS) and {k: overrides.get(k, v) for k, v in _EMBED_DEFAULTS.items()} \
-            == _EMBED_DEFAULTS:
-        return gpu.pipeline("embedding", consts)  # the q4f16_1 build the runtime already shares
-    cache = _override_pipelines.setdefault(gpu, {})
-    key = (tuple(sorted(consts.items())), tuple(sorted(overrides.items())))
-    if key not in cache:
-        module = gpu.device.create_shader_module(label="embedding.wgsl", code=build_source("embedding", consts, gpu))
-        constants = {k: float(v) for k, v in overrides.items()}  # WebGPU passes override values as doubles
-        cache[key] = gpu.device.create_compute_pipeline(
-            label="embedding", layout="auto",
-            compute={"module": module, "entry_point": "main", "constants": constants},
-        )
-    return cache[key]

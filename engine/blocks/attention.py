@@ -1,0 +1,185 @@
+"""The attention mixer: paged f16 KV cache per layer, fused QKV projection, RoPE + cache append, attention over the
+cache (split-K in decode past `split_keys` keys, then a combine), and the output projection. The gated variant
+(Qwen3.5) projects a per-head output gate with q (checkpoint c_attn = per-head [Q | gate] ++ K ++ V, split at load
+into qkv and gate) and applies sigmoid(gate) before the output projection; its q/k norms may be zero-centred."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.blocks import Block, BufferNeed, array_bytes, upload_weight
+from engine.blocks.linear import Arithmetic, Linear, matrix_bindings, matrix_tensors
+from engine.kernels.attention import (
+    ATTENTION,
+    ATTN_GATE,
+    COMBINE,
+    ROPE_APPEND,
+    attention_consts,
+    attn_gate_plan,
+    combine_consts,
+    rope_append_consts,
+)
+from engine.kernels.matmul import packed_shapes
+
+PAGE = 16  # tokens per KV page
+MAX_SPLITS = 32  # split-K partitions of decode attention at most
+
+
+class AttentionMixer(Block):
+    name = "attention"
+
+    def __init__(self, spec, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic, chunk: int,
+                 max_context: int, split_keys: int, gated: bool = False, norm_offset: float = 0.0):
+        s = self.spec = spec
+        self.name = "gated_attention" if gated else "attention"
+        self.layers, self.gated, self.ar, self.chunk, self.split_keys = tuple(layers), gated, ar, chunk, split_keys
+        self.q_dim, self.kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
+        self.qkv_dim = self.q_dim + 2 * self.kv_dim
+        self.qk_norm = gated or s.qk_norm
+        self.n_pages = -(-max_context // PAGE)
+        self.page_bytes = s.n_kv_heads * PAGE * s.head_dim * 2
+        self.formats = {i: formats.get(f"layers.{i}.{'c_attn' if gated else 'qkv'}", "q4f16_1") for i in layers}
+        self.o_formats = {i: formats.get(f"layers.{i}.o", "q4f16_1") for i in layers}
+        # The split-K combine also writes the o-projection's int8 input when o reads the combine's output directly
+        # (not through the gate) and each head's 32-element chunks lie inside the head.
+        self.combine_int8 = ar.int8 and not gated and s.head_dim % 32 == 0
+        self.lin = {}
+        for i in self.layers:
+            tag, o_tag = self.formats[i], self.o_formats[i]
+            self.lin[i] = {"qkv": Linear(s.dim, self.qkv_dim, tag, ar), "o": Linear(self.q_dim, s.dim, o_tag, ar)}
+            if gated:
+                self.lin[i]["gate"] = Linear(s.dim, self.q_dim, tag, ar)
+        self.w: dict[str, object] = {}
+
+    # ---- plan --------------------------------------------------------------------------------------------
+    def tensors(self) -> dict:
+        s, out = self.spec, {}
+        for i in self.layers:
+            c = f"layers.{i}"
+            rows = self.qkv_dim + self.q_dim if self.gated else self.qkv_dim
+            out |= matrix_tensors(f"{c}.{'c_attn' if self.gated else 'qkv'}", rows, s.dim, self.formats[i])
+            out |= matrix_tensors(f"{c}.o", s.dim, self.q_dim, self.o_formats[i])
+            if self.qk_norm:
+                out[f"{c}.q_norm"] = out[f"{c}.k_norm"] = ((s.head_dim,), "float16")
+        return out
+
+    def needs(self) -> list[BufferNeed]:
+        s, C, f32 = self.spec, self.chunk, 4
+        out = []
+        for i in self.layers:
+            c = f"layers.{i}"
+            for key, (shape, dtype) in packed_shapes(self.formats[i], self.qkv_dim, s.dim).items():
+                out.append(BufferNeed.upload(f"{c}.qkv.{key}", array_bytes(shape, dtype)))
+                if self.gated:
+                    rows = packed_shapes(self.formats[i], self.q_dim, s.dim)[key]
+                    out.append(BufferNeed.upload(f"{c}.gate.{key}", array_bytes(*rows)))
+            for key, (shape, dtype) in packed_shapes(self.o_formats[i], s.dim, self.q_dim).items():
+                out.append(BufferNeed.upload(f"{c}.o.{key}", array_bytes(shape, dtype)))
+            if self.qk_norm:
+                out += [BufferNeed.upload(f"{c}.{n}", 2 * s.head_dim) for n in ("q_norm", "k_norm")]
+            out += [BufferNeed.buffer(f"{kv}-cache-{i}", self.n_pages * self.page_bytes, "kv") for kv in "kv"]
+        out += [BufferNeed.upload("page-table", 4 * self.n_pages, "scratch"),
+                BufferNeed.upload("rope-inv-freq", 4 * len(s.inv_freq), "scratch"),
+                BufferNeed.buffer("qkv", C * self.qkv_dim * f32), BufferNeed.buffer("q-roped", C * self.q_dim * f32),
+                BufferNeed.buffer("attn-out", C * self.q_dim * f32),
+                BufferNeed.buffer("attn-part-o", MAX_SPLITS * self.q_dim * f32),
+                BufferNeed.buffer("attn-part-ml", MAX_SPLITS * s.n_heads * 2 * f32)]
+        if self.gated:
+            out.append(BufferNeed.buffer("attn-gate", C * self.q_dim * f32))
+        return out
+
+    def shared_needs(self) -> dict[str, int]:
+        return {"mixer-out": self.chunk * self.q_dim * 4} if self.gated else {}
+
+    def int8_row_k(self) -> int:
+        return max(self.spec.dim, self.q_dim)
+
+    def splits(self, kv_len: int) -> int:
+        """Split-K partitions of decode attention over kv_len keys."""
+        return 1 if kv_len <= self.split_keys else min(MAX_SPLITS, -(-kv_len // self.split_keys))
+
+    # ---- load --------------------------------------------------------------------------------------------
+    def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
+        label = source or name
+        layer, _, rest = name.removeprefix("layers.").partition(".")
+        matrix, _, key = rest.partition(".")
+        if matrix == "c_attn":  # per-head [Q | gate] rows ++ K ++ V -> qkv (Q ++ K ++ V) and gate
+            qkv, gate = self._split_c_attn(arr)
+            self.w[f"layers.{layer}.qkv.{key}"] = upload_weight(gpu, f"{label}:qkv", qkv)
+            self.w[f"layers.{layer}.gate.{key}"] = upload_weight(gpu, f"{label}:gate", gate)
+        else:
+            self.w[name] = upload_weight(gpu, label, arr)
+
+    def _split_c_attn(self, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        s = self.spec
+        q_rows = 2 * s.n_heads * s.head_dim
+        rest = arr.shape[1:]  # [K/8] words, or [groups, 2] affine (scale, bias) pairs
+        pairs = arr[:q_rows].reshape(s.n_heads, 2, s.head_dim, *rest)
+        qkv = np.concatenate([pairs[:, 0].reshape(s.n_heads * s.head_dim, *rest), arr[q_rows:]])
+        return np.ascontiguousarray(qkv), np.ascontiguousarray(pairs[:, 1].reshape(s.n_heads * s.head_dim, *rest))
+
+    # ---- build -------------------------------------------------------------------------------------------
+    def build(self, gpu, ws) -> None:
+        s = self.spec
+        made = {n.label: n.allocate(gpu) for n in self.needs() if n.how != "upload"}
+        self.k_cache = {i: made[f"k-cache-{i}"] for i in self.layers}
+        self.v_cache = {i: made[f"v-cache-{i}"] for i in self.layers}
+        self.page_table = gpu.upload("page-table", np.arange(self.n_pages, dtype=np.uint32))
+        self.inv_freq = gpu.upload("rope-inv-freq", s.inv_freq.astype(np.float32))
+        self.qkv, self.q, self.attn = made["qkv"], made["q-roped"], made["attn-out"]
+        self.part_o, self.part_ml = made["attn-part-o"], made["attn-part-ml"]
+        attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
+        self.p_attn = gpu.pipeline(ATTENTION, attn)
+        self.p_split = gpu.pipeline(ATTENTION, dict(attn, SPLIT=True))
+        self.p_combine = gpu.pipeline(COMBINE, combine_consts(s.n_heads, s.head_dim, self.combine_int8))
+        self.p_rope = gpu.pipeline(ROPE_APPEND, rope_append_consts(
+            s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
+            getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0)))
+        self.bg_combine = gpu.bind(self.p_combine, dict(part_o=self.part_o, part_ml=self.part_ml, out=self.attn,
+                                                        step=ws.step, xq=ws.x_q8, xm=ws.x_q8_meta), "combine")
+        if self.gated:
+            self.gate, self.gated_out = made["attn-gate"], ws.shared["mixer-out"]
+            gate_consts, self.gate_groups = attn_gate_plan(self.q_dim)
+            self.p_gate = gpu.pipeline(ATTN_GATE, gate_consts)
+            self.bg_gate = gpu.bind(self.p_gate, dict(x=self.attn, gate=self.gate, y=self.gated_out, step=ws.step),
+                                    "attn_gate")
+        o_in = self.gated_out if self.gated else self.attn
+        self.bg = {}
+        for i in self.layers:
+            c, lin, dummy = f"layers.{i}", self.lin[i], ws.dummy_f16
+            kc, vc = self.k_cache[i], self.v_cache[i]
+            norms = (self.w[f"{c}.q_norm"], self.w[f"{c}.k_norm"]) if self.qk_norm else (dummy, dummy)
+            cache = dict(k_cache=kc, v_cache=vc, page_table=self.page_table)
+            self.bg[i] = {
+                "rope": gpu.bind(self.p_rope, dict(qkv=self.qkv, q_out=self.q, **cache, inv_freq=self.inv_freq,
+                                                   step=ws.step, q_norm=norms[0], k_norm=norms[1]), f"{c}.rope_append"),
+                "attn": gpu.bind(self.p_attn, dict(q=self.q, **cache, out=self.attn, part_ml=self.part_ml,
+                                                   step=ws.step), f"{c}.attn"),
+                "split": gpu.bind(self.p_split, dict(q=self.q, **cache, out=self.part_o, part_ml=self.part_ml,
+                                                     step=ws.step), f"{c}.attn_split")}
+            lin["qkv"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.qkv", self.formats[i], dummy), self.qkv,
+                            f"{c}.qkv", src_int8=self.ar.norm_int8)
+            if self.gated:
+                lin["gate"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.gate", self.formats[i], dummy), self.gate,
+                                 f"{c}.gate", src_int8=self.ar.norm_int8, rows_ready=lin["qkv"].quantizes_rows)
+            lin["o"].bind(gpu, ws, o_in, self._matrix(f"{c}.o", self.o_formats[i], dummy), ws.delta, f"{c}.o")
+
+    def _matrix(self, name: str, tag: str, dummy) -> dict:
+        return matrix_bindings({k.removeprefix(f"{name}."): v for k, v in self.w.items() if k.startswith(name + ".")},
+                               tag, dummy)
+
+    # ---- record ------------------------------------------------------------------------------------------
+    def record(self, rec, layer: int, T: int, splits: int) -> None:
+        s, lin, bg = self.spec, self.lin[layer], self.bg[layer]
+        lin["qkv"].record(rec, T)
+        if self.gated:
+            lin["gate"].record(rec, T)
+        rec.dispatch(self.p_rope, bg["rope"], T, s.n_heads + 2 * s.n_kv_heads)
+        if splits > 1:
+            rec.dispatch(self.p_split, bg["split"], s.n_heads, T, splits)
+            rec.dispatch(self.p_combine, self.bg_combine, s.n_heads, T)
+        else:
+            rec.dispatch(self.p_attn, bg["attn"], s.n_heads, T, 1)
+        if self.gated:
+            rec.dispatch(self.p_gate, self.bg_gate, self.gate_groups, T)
+        lin["o"].record(rec, T, int8_ready=splits > 1 and self.combine_int8)

@@ -1,0 +1,134 @@
+"""One weight matrix's products inside a block: the decode matvec and the prefill GEMM, in the kernel variant the
+weight format and the arithmetic pick (engine/kernels/matmul.py), with the quantize_q8 dispatch an int8 product
+needs where its int8 input is not already written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.kernels.matmul import (
+    FORMATS,
+    MATMUL_INT4,
+    MATMUL_Q8,
+    MATVEC_INT4,
+    MATVEC_Q8,
+    MATVEC_SG,
+    QUANTIZE_Q8,
+    format_knobs,
+    gemm_plan,
+    gemm_q8_plan,
+    matvec_plan,
+    matvec_q8_plan,
+    matvec_sg_plan,
+    packed_shapes,
+    prefers_subgroup_rows,
+    quantize_q8_plan,
+)
+
+
+@dataclass(frozen=True)
+class Arithmetic:
+    """How the matrix products compute, decided once per model (engine/transformer.py RuntimePlan)."""
+
+    int8: bool  # 4-bit decode matvecs take int8 activations (matvec_q8)
+    int8_prefill: bool  # 4-bit prefill GEMMs take int8 activations (quantize_q8 over the rows + matmul_q8)
+    norm_int8: bool  # the norms write the int8 copy of the normed row (its matvecs need no quantize of their own)
+    subgroup_rows: bool  # f32-activation matvecs of many-row matrices use the subgroup-rows kernel
+    subgroup_size: int
+
+    def is_int8(self, tag: str) -> bool:
+        return self.int8 and FORMATS[tag]["bits"] == 4
+
+    def is_int8_prefill(self, tag: str) -> bool:
+        return self.int8_prefill and FORMATS[tag]["bits"] == 4
+
+
+def decode_kernel(k: int, n: int, gate_up: bool, tag: str, ar: Arithmetic, last_row: bool = False):
+    """(Kernel, constants, grid) of the decode matvec for an [n (×2 with gate_up), k] matrix in format `tag`."""
+    knobs = format_knobs(tag)
+    if ar.is_int8(tag):
+        return (MATVEC_Q8, *matvec_q8_plan(k, n, ar.subgroup_size, gate_up=gate_up, **knobs))
+    if ar.subgroup_rows and prefers_subgroup_rows(k, n, gate_up):
+        return (MATVEC_SG, *matvec_sg_plan(k, n, ar.subgroup_size, gate_up=gate_up, last_row=last_row, **knobs))
+    return (MATVEC_INT4, *matvec_plan(k, n, gate_up=gate_up, last_row=last_row, **knobs))
+
+
+def matrix_bindings(weights: dict, tag: str, dummy) -> dict:
+    """Bindings w and s of a matrix's packed arrays (weights: "q_weight"/"q_scale" or "weight"); f16 weights have
+    no scales, so `dummy` (any f16 buffer) fills s, which the kernel never reads."""
+    if FORMATS[tag]["bits"] == 16:
+        return {"w": weights["weight"], "s": dummy}
+    return {"w": weights["q_weight"], "s": weights["q_scale"]}
+
+
+def matrix_tensors(name: str, n: int, k: int, tag: str, lead: tuple = ()) -> dict:
+    """Canonical tensor name -> (shape, dtype) of a matrix's packed arrays ([*lead, n, k] logically)."""
+    return {f"{name}.{key}": ((*lead, *shape), dtype) for key, (shape, dtype) in packed_shapes(tag, n, k).items()}
+
+
+class Linear:
+    """y = W x (gate_up: silu(gate)·up) for one weight matrix: K inputs, N outputs (gate_up: N of each half)."""
+
+    def __init__(self, k: int, n: int, tag: str, ar: Arithmetic, gate_up: bool = False):
+        self.k, self.n, self.tag, self.gate_up = k, n, tag, gate_up
+        self.int8, self.int8_prefill = ar.is_int8(tag), ar.is_int8_prefill(tag)
+        self.mv = decode_kernel(k, n, gate_up, tag, ar)
+        knobs = format_knobs(tag)
+        if self.int8_prefill:
+            self.mm = (MATMUL_Q8, gemm_q8_plan(k, n, 1, gate_up=gate_up, **knobs)[0])
+        else:
+            self.mm = (MATMUL_INT4, gemm_plan(k, n, 1, gate_up=gate_up, **knobs)[0])
+        self._grids: dict[int, tuple] = {}
+
+    def bind(self, gpu, ws, src, matrix: dict, dst, label: str, src_int8: bool = False,
+             rows_ready: bool = False) -> None:
+        """Bind the products from `src` to `dst`. `src_int8`: the int8 copy of src's last row is in the workspace's
+        int8 row already (a norm wrote it); `rows_ready`: the GEMM recorded just before quantized the same rows."""
+        kernel, consts, grid = self.mv
+        pipe = gpu.pipeline(kernel, consts)
+        self.decode_steps = []  # (pipeline, bind group, grid)
+        if self.int8:
+            if not src_int8:
+                qconsts, qgrid = quantize_q8_plan(self.k)
+                qpipe = gpu.pipeline(QUANTIZE_Q8, qconsts)
+                self.decode_steps.append((qpipe, gpu.bind(qpipe, dict(x=src, xq=ws.x_q8, xm=ws.x_q8_meta,
+                                                                      step=ws.step), f"{label}.q8"), qgrid))
+            bg = gpu.bind(pipe, dict(xq=ws.x_q8, **matrix, y=dst, xm=ws.x_q8_meta), f"{label}.mv")
+        else:
+            bg = gpu.bind(pipe, dict(x=src, **matrix, y=dst, step=ws.step), f"{label}.mv")
+        self.decode_steps.append((pipe, bg, grid))
+        kernel, consts = self.mm
+        pipe = gpu.pipeline(kernel, consts)
+        self.prefill_steps = []  # (pipeline, bind group, "quantize" | "gemm")
+        if self.int8_prefill:
+            if not rows_ready:
+                qpipe = gpu.pipeline(QUANTIZE_Q8, quantize_q8_plan(self.k)[0])
+                self.prefill_steps.append((qpipe, gpu.bind(qpipe, dict(x=src, xq=ws.rows_q8, xm=ws.rows_q8_meta,
+                                                                       step=ws.step), f"{label}.rows-q8"), "quantize"))
+            bg = gpu.bind(pipe, dict(xq=ws.rows_q8, **matrix, y=dst, xm=ws.rows_q8_meta, step=ws.step), label)
+        else:
+            bg = gpu.bind(pipe, dict(x=src, **matrix, y=dst, step=ws.step), label)
+        self.prefill_steps.append((pipe, bg, "gemm"))
+
+    @property
+    def quantizes_rows(self) -> bool:
+        """Whether the prefill GEMM quantizes its rows itself (a GEMM after it on the same rows can reuse them)."""
+        return self.int8_prefill
+
+    def record(self, rec, T: int, int8_ready: bool = False) -> None:
+        """The product for T rows (T == 1: the decode matvec). `int8_ready`: the kernel before it wrote the int8
+        row (the split-K combine does for o), so its quantize_q8 is skipped."""
+        if T == 1:
+            steps = self.decode_steps
+            for pipe, bg, grid in steps[1:] if int8_ready and len(steps) > 1 else steps:
+                rec.dispatch(pipe, bg, *grid)
+            return
+        gemm, quantize = self._prefill_grids(T)
+        for pipe, bg, what in self.prefill_steps:
+            rec.dispatch(pipe, bg, *(quantize if what == "quantize" else gemm))
+
+    def _prefill_grids(self, T: int) -> tuple:
+        if T not in self._grids:
+            plan = gemm_q8_plan if self.int8_prefill else gemm_plan
+            self._grids[T] = (plan(self.k, self.n, T, gate_up=self.gate_up)[1], quantize_q8_plan(self.k, rows=T)[1])
+        return self._grids[T]

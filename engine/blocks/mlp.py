@@ -1,0 +1,60 @@
+"""The dense feed-forward block: gate_up (gate rows then up rows, one matrix) with SiLU(gate)·up fused into its
+product, then down."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.blocks import Block, BufferNeed, array_bytes, upload_weight
+from engine.blocks.linear import Arithmetic, Linear, matrix_bindings, matrix_tensors
+from engine.kernels.matmul import packed_shapes
+
+
+class DenseMlp(Block):
+    name = "mlp"
+
+    def __init__(self, dim: int, ffn_dim: int, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic,
+                 chunk: int):
+        self.dim, self.ffn_dim, self.layers, self.ar, self.chunk = dim, ffn_dim, tuple(layers), ar, chunk
+        self.formats = {(i, m): formats.get(f"layers.{i}.{m}", "q4f16_1") for i in self.layers for m in ("gate_up",
+                                                                                                           "down")}
+        self.lin = {i: {"gate_up": Linear(dim, ffn_dim, self.formats[i, "gate_up"], ar, gate_up=True),
+                        "down": Linear(ffn_dim, dim, self.formats[i, "down"], ar)} for i in self.layers}
+        self.w: dict[str, object] = {}
+
+    def _shapes(self) -> dict:
+        return {"gate_up": (2 * self.ffn_dim, self.dim), "down": (self.dim, self.ffn_dim)}
+
+    def tensors(self) -> dict:
+        out = {}
+        for i in self.layers:
+            for m, (n, k) in self._shapes().items():
+                out |= matrix_tensors(f"layers.{i}.{m}", n, k, self.formats[i, m])
+        return out
+
+    def needs(self) -> list[BufferNeed]:
+        return [BufferNeed.upload(f"layers.{i}.{m}.{key}", array_bytes(shape, dtype))
+                for i in self.layers for m, (n, k) in self._shapes().items()
+                for key, (shape, dtype) in packed_shapes(self.formats[i, m], n, k).items()]
+
+    def shared_needs(self) -> dict[str, int]:
+        return {"ffn-act": self.chunk * self.ffn_dim * 4}
+
+    def int8_row_k(self) -> int:
+        return max(self.dim, self.ffn_dim)
+
+    def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
+        self.w[name] = upload_weight(gpu, source or name, arr)
+
+    def build(self, gpu, ws) -> None:
+        act = ws.shared["ffn-act"]
+        for i in self.layers:
+            c = f"layers.{i}"
+            for m, src, dst in (("gate_up", ws.hidden, act), ("down", act, ws.delta)):
+                arrays = {k.removeprefix(f"{c}.{m}."): v for k, v in self.w.items() if k.startswith(f"{c}.{m}.")}
+                self.lin[i][m].bind(gpu, ws, src, matrix_bindings(arrays, self.formats[i, m], ws.dummy_f16), dst,
+                                    f"{c}.{m}", src_int8=src is ws.hidden and self.ar.norm_int8)
+
+    def record(self, rec, layer: int, T: int, splits: int = 1) -> None:
+        self.lin[layer]["gate_up"].record(rec, T)
+        self.lin[layer]["down"].record(rec, T)

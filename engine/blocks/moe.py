@@ -1,0 +1,284 @@
+"""The mixture-of-experts feed-forward block (Qwen3.5/3.6-MoE): router, top-k, experts, combine, for every MoE
+layer (weights per layer, one set of scratch buffers for all: layers run one after another).
+
+out = Σ_{e in top-k} p_e · down_e(silu(gate_e x) · up_e x) + sigmoid(g·x) · shared(x), with p the softmax over all
+E router logits (f32), renormalised over the top-k when norm_topk_prob; the expert ids never leave the GPU.
+Dispatches per forward of T rows:
+  1. router logits over the router matrix, whose row E is the shared-expert gate -> logits [T, E + 1]: matvec_int4
+     for T = 1; for T > 1 moe_matvec with a stack of one expert, i.e. a matvec per token (matmul_int4's 64-row
+     tiles leave 257 rows 5 workgroups; BENCH.md)
+  2. moe_router: softmax, top-k, renormalise; writes ids [T, SLOTS] and weights [T, SLOTS], the shared expert as
+     slot k with id E and weight sigmoid(logit E)
+  3. moe_matvec gate_up (+ SiLU·mul): grid (F/ROWS, T, SLOTS) -> act [T, SLOTS, F]
+  4. moe_matvec down: grid (D/ROWS, T, SLOTS) -> y [T, SLOTS, D]
+  5. moe_combine: out = Σ_s weights[t, s]·y[t, s]
+Decode with int8 arithmetic runs the 4-bit expert passes as moe_matvec_q8: gate_up on the norm's int8 row, down
+after one quantize_q8 of the slots' activations. The shared expert is stacked as expert E of the routed stacks when
+its width and formats match theirs (Qwen3.6), so steps 3 and 4 run it in the same dispatch; otherwise it gets its
+own dispatch of each. Prefill re-reads each (token, slot)'s expert weights: a grouped kernel (tokens sorted by
+expert) is the way past that.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from engine.blocks import Block, BufferNeed, array_bytes
+from engine.blocks.linear import Arithmetic, matrix_tensors
+from engine.errors import GpuError, UnsupportedModelError
+from engine.kernels import fold_grid
+from engine.kernels.matmul import (
+    FORMATS,
+    MATVEC_INT4,
+    QUANTIZE_Q8,
+    format_knobs,
+    matvec_plan,
+    packed_shapes,
+    quantize_q8_plan,
+)
+from engine.kernels.moe import (
+    MOE_COMBINE,
+    MOE_MATVEC,
+    MOE_MATVEC_Q8,
+    MOE_ROUTER,
+    combine_plan,
+    expert_plan,
+    expert_q8_plan,
+    router_plan,
+)
+
+
+def shared_joins_stack(ffn: int, shared_ffn: int, routed_formats: tuple, shared_formats: tuple) -> bool:
+    """The shared expert runs as expert E of the routed stacks when its width and (gate_up, down) formats match
+    theirs; otherwise it takes its own two dispatches (e.g. 4-bit shared beside 3-bit routed experts)."""
+    return shared_ffn == ffn and tuple(shared_formats) == tuple(routed_formats)
+
+
+def moe_matrices(E: int, D: int, F: int, Fs: int) -> dict[str, tuple[int, ...]]:
+    """A MoE layer's matrices (canonical suffix after `layers.N.moe.`) -> logical shape ([E,] N, K). gate_up
+    stacks hold each expert's gate rows then its up rows; the shared gate is the router's extra row."""
+    out = {"router": (E, D), "gate_up": (E, 2 * F, D), "down": (E, D, F)}
+    if Fs:
+        out |= {"shared_gate_up": (2 * Fs, D), "shared_down": (D, Fs), "shared_gate": (1, D)}
+    return out
+
+
+def _weight_key(tag: str) -> str:
+    return "weight" if FORMATS[tag]["bits"] == 16 else "q_weight"
+
+
+class MoeFfn(Block):
+    name = "moe"
+
+    def __init__(self, dim: int, experts: int, top_k: int, ffn: int, shared_ffn: int, layers: tuple[int, ...],
+                 formats: dict[str, str], ar: Arithmetic, chunk: int, norm_topk_prob: bool = True):
+        self.D, self.E, self.F, self.Fs, self.top_k = dim, experts, ffn, shared_ffn, top_k
+        self.layers, self.ar, self.max_tokens = tuple(layers), ar, max(chunk, 1)
+        self.shared = shared_ffn > 0
+        self.slots = top_k + self.shared
+        self.act_stride = max(ffn, shared_ffn)
+        self.parts = moe_matrices(experts, dim, ffn, shared_ffn)
+        self.fmt = {(i, p): formats.get(f"layers.{i}.moe.{p}", "q4f16_1") for i in self.layers for p in self.parts}
+        self.stacked = {}
+        for i in self.layers:
+            f = {p: self.fmt[i, p] for p in self.parts}
+            if self.shared:
+                if f["router"] != f["shared_gate"]:
+                    raise UnsupportedModelError(f"layer {i}: the MoE router ({f['router']}) and the shared-expert gate "
+                                                f"({f['shared_gate']}) run as one matrix and must share a format")
+                self.stacked[i] = shared_joins_stack(ffn, shared_ffn, (f["gate_up"], f["down"]),
+                                                     (f["shared_gate_up"], f["shared_down"]))
+            else:
+                self.stacked[i] = False
+        T, n_logits = self.max_tokens, experts + self.shared
+        self._topk = router_plan(experts, top_k, self.shared, norm_topk_prob, T)
+        self._combine = combine_plan(dim, self.slots, T)
+        self.plans = {i: self._layer_plans(i) for i in self.layers}
+        self._router_mv = {i: matvec_plan(dim, n_logits, **format_knobs(self.fmt[i, "router"])) for i in self.layers}
+        self._router_tokens = {i: expert_plan(dim, n_logits, 1, T, 1, **format_knobs(self.fmt[i, "router"]))
+                               if T > 1 else None for i in self.layers}
+        self.w: dict[int, dict] = {}
+        self._held: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+
+    def _layer_plans(self, i: int) -> list[tuple]:
+        """Expert passes of layer i: (stack, expert_plan, input ("x" or "act"), output ("act" or "y")), every gate_up
+        before its down."""
+        E, F, Fs, D, T, stride = self.E, self.F, self.Fs, self.D, self.max_tokens, self.act_stride
+        routed = dict(slots=self.slots, n_slots=self.slots if self.stacked[i] else self.top_k)
+        experts = E + self.stacked[i]
+        out = [("gate_up", expert_plan(D, F, experts, T, gate_up=True, y_stride=stride, **routed,
+                                       **format_knobs(self.fmt[i, "gate_up"])), "x", "act"),
+               ("down", expert_plan(F, D, experts, T, x_slot=True, x_stride=stride, **routed,
+                                    **format_knobs(self.fmt[i, "down"])), "act", "y")]
+        if self.shared and not self.stacked[i]:  # its own stack of one (ids unread), over slot top_k only
+            one = dict(slots=self.slots, slot0=self.top_k, n_slots=1)
+            out += [("shared_gate_up", expert_plan(D, Fs, 1, T, gate_up=True, y_stride=stride, **one,
+                                                   **format_knobs(self.fmt[i, "shared_gate_up"])), "x", "act"),
+                    ("shared_down", expert_plan(Fs, D, 1, T, x_slot=True, x_stride=stride, **one,
+                                                **format_knobs(self.fmt[i, "shared_down"])), "act", "y")]
+        return out
+
+    # ---- plan --------------------------------------------------------------------------------------------
+    def tensors(self) -> dict:
+        out = {}
+        for i in self.layers:
+            for part, (*lead, n, k) in self.parts.items():
+                out |= matrix_tensors(f"layers.{i}.moe.{part}", n, k, self.fmt[i, part], tuple(lead))
+        return out
+
+    def _stacks(self, i: int) -> dict[str, tuple[str, int, int, int]]:
+        """Layer i's GPU stacks: name -> (format, experts in the stack, N, K)."""
+        E, F, Fs, D = self.E, self.F, self.Fs, self.D
+        out = {"router": (self.fmt[i, "router"], 1, E + self.shared, D),
+               "gate_up": (self.fmt[i, "gate_up"], E + self.stacked[i], 2 * F, D),
+               "down": (self.fmt[i, "down"], E + self.stacked[i], D, F)}
+        if self.shared and not self.stacked[i]:
+            out |= {"shared_gate_up": (self.fmt[i, "shared_gate_up"], 1, 2 * Fs, D),
+                    "shared_down": (self.fmt[i, "shared_down"], 1, D, Fs)}
+        return out
+
+    def needs(self) -> list[BufferNeed]:
+        out = []
+        for i in self.layers:
+            for name, (tag, n_exp, n, k) in self._stacks(i).items():
+                shapes = packed_shapes(tag, n, k)
+                w_shape, w_dtype = shapes[_weight_key(tag)]
+                out.append(BufferNeed.upload(f"layers.{i}.moe.{name}.w", n_exp * array_bytes(w_shape, w_dtype)))
+                s_bytes = n_exp * array_bytes(*shapes["q_scale"]) if "q_scale" in shapes else 8  # f16: a dummy
+                out.append(BufferNeed.upload(f"layers.{i}.moe.{name}.s", s_bytes))
+        T = self.max_tokens
+        sizes = dict(logits=T * (self.E + self.shared), ids=T * self.slots, weights=T * self.slots,
+                     act=T * self.slots * self.act_stride, y=T * self.slots * self.D)
+        out += [BufferNeed.buffer(f"moe.{name}", 4 * count) for name, count in sizes.items()]
+        if self.ar.int8:  # the slots' activations in int8 for the 4-bit down passes
+            act = self.slots * self.act_stride
+            out += [BufferNeed.buffer("moe-act-int8", act), BufferNeed.buffer("moe-act-int8-scales", act // 32 * 8)]
+        return out
+
+    def int8_row_k(self) -> int:
+        return self.D
+
+    # ---- load --------------------------------------------------------------------------------------------
+    def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
+        """Held until the layer's last MoE tensor arrives, then uploaded as stacks (so the host holds one layer's
+        stacks at a time)."""
+        layer, _, rest = name.removeprefix("layers.").partition(".moe.")
+        part, _, key = rest.partition(".")
+        i = int(layer)
+        held = self._held.setdefault(i, {})
+        held.setdefault(part, {})[key] = arr
+        want = sum(len(packed_shapes(self.fmt[i, p], 1, 32)) for p in self.parts)
+        if sum(len(v) for v in held.values()) == want:
+            self.w[i] = self._upload_layer(gpu, i, self._held.pop(i))
+
+    def _upload_layer(self, gpu, i: int, parts: dict[str, dict[str, np.ndarray]]) -> dict:
+        one = lambda p: {k: a[None] for k, a in parts[p].items()}  # noqa: E731  (a stack of one expert)
+        stacks = {"router": _join(parts["router"], parts.get("shared_gate"), axis=0),
+                  "gate_up": _join(parts["gate_up"], one("shared_gate_up") if self.stacked[i] else None, axis=0),
+                  "down": _join(parts["down"], one("shared_down") if self.stacked[i] else None, axis=0)}
+        if self.shared and not self.stacked[i]:
+            stacks |= {"shared_gate_up": one("shared_gate_up"), "shared_down": one("shared_down")}
+        return {name: self._upload(gpu, f"layers.{i}.moe.{name}", arrays) for name, arrays in stacks.items()}
+
+    def _upload(self, gpu, label: str, arrays: dict[str, np.ndarray]):
+        """(weight buffer, scale buffer) for a packed array set; f16 weights get a dummy scale buffer."""
+        w = arrays.get("q_weight", arrays.get("weight"))
+        for a in (w, arrays.get("q_scale")):
+            if a is not None and a.nbytes > gpu.max_binding:
+                raise GpuError(f"{label} needs a {a.nbytes}-byte binding; this GPU allows {gpu.max_binding}")
+        s = arrays["q_scale"] if "q_scale" in arrays else np.zeros(4, np.float16)
+        return gpu.upload(f"{label}.w", w.view(np.uint32)), gpu.upload(f"{label}.s", s)
+
+    # ---- build -------------------------------------------------------------------------------------------
+    def build(self, gpu, ws) -> None:
+        made = {n.label: n.allocate(gpu) for n in self.needs() if n.how != "upload"}
+        self.logits, self.ids, self.weights = made["moe.logits"], made["moe.ids"], made["moe.weights"]
+        self.act, self.y = made["moe.act"], made["moe.y"]
+        act_q8, act_q8_meta = made.get("moe-act-int8"), made.get("moe-act-int8-scales")
+        x, out, st = ws.hidden, ws.delta, ws.step
+
+        def bound(kernel, plan, buffers, label):
+            pipe = gpu.pipeline(kernel, plan[0])
+            return pipe, gpu.bind(pipe, buffers, label), plan
+
+        self.passes = {}
+        for i in self.layers:
+            c, w = f"layers.{i}.moe", self.w[i]
+            rw, rs = w["router"]
+            p = {"router_mv": bound(MATVEC_INT4, self._router_mv[i], dict(x=x, w=rw, s=rs, y=self.logits, step=st),
+                                    f"{c}.router")}
+            if self._router_tokens[i]:
+                p["router_tokens"] = bound(MOE_MATVEC, self._router_tokens[i], dict(
+                    x=x, ids=self.ids, w=rw, s=rs, y=self.logits, step=st), f"{c}.router-tokens")
+            p["topk"] = bound(MOE_ROUTER, self._topk, dict(logits=self.logits, ids=self.ids, weights=self.weights,
+                                                           step=st), f"{c}.topk")
+            buf = {"x": x, "act": self.act, "y": self.y}
+            p["experts"] = [bound(MOE_MATVEC, plan, dict(x=buf[src], ids=self.ids, w=w[stack][0], s=w[stack][1],
+                                                         y=buf[dst], step=st), f"{c}.{stack}")
+                            for stack, plan, src, dst in self.plans[i]]
+            if self.ar.int8:
+                p["experts_q8"] = self._int8_passes(i, bound, ws, act_q8, act_q8_meta)
+            p["combine"] = bound(MOE_COMBINE, self._combine, dict(y=self.y, weights=self.weights, out=out, step=st),
+                                 f"{c}.combine")
+            self.passes[i] = p
+
+    def _int8_passes(self, i: int, bound, ws, act_q8, act_q8_meta) -> list:
+        """Per expert pass: (quantize pass or None, moe_matvec_q8 pass), or None to keep the f32 pass (non-4-bit)."""
+        out, x_ready = [], self.ar.norm_int8  # x's int8 copy is made once: the down passes quantize other scratch
+        for stack, (c, grid), src, dst in self.plans[i]:
+            if c["BITS"] != 4:
+                out.append(None)
+                continue
+            qplan = expert_q8_plan(c["K"], c["N"], c["EXPERTS"], c["SLOTS"], self.ar.subgroup_size,
+                                   slot0=c["SLOT0"], n_slots=grid[2], gate_up=c["GATE_UP"], x_slot=c["X_SLOT"],
+                                   y_stride=c["Y_STRIDE"], zero=c["ZERO"], affine=c["AFFINE"], group=c["GROUP"])
+            label = f"layers.{i}.moe.{stack}"
+            if src == "x":  # gate_up on x: the norm's int8 row, or quantize it here
+                xq, xm = ws.x_q8, ws.x_q8_meta
+                quant = None if x_ready else bound(QUANTIZE_Q8, quantize_q8_plan(c["K"]), dict(
+                    x=ws.hidden, xq=xq, xm=xm, step=ws.step), f"{label}.q8")
+                x_ready = True
+            else:  # down on each slot's activations: quantize those rows of act (X_STRIDE apart)
+                xq, xm = act_q8, act_q8_meta
+                quant = bound(QUANTIZE_Q8, quantize_q8_plan(c["K"], rows=grid[2], row0=c["SLOT0"],
+                                                            x_stride=c["X_STRIDE"]),
+                              dict(x=self.act, xq=xq, xm=xm, step=ws.step), f"{label}.q8")
+            w, s = self.w[i][stack]
+            out.append((quant, bound(MOE_MATVEC_Q8, qplan, dict(xq=xq, ids=self.ids, w=w, s=s,
+                                                                y=self.y if dst == "y" else self.act, xm=xm), label)))
+        return out
+
+    # ---- record ------------------------------------------------------------------------------------------
+    def record(self, rec, layer: int, T: int, splits: int = 1) -> None:
+        if not 1 <= T <= self.max_tokens:
+            raise ValueError(f"n_tokens={T} outside 1..{self.max_tokens} (the MoE block's rows)")
+        passes = self.passes[layer]
+
+        def per_token(pass_):  # moe_matvec grids are (row groups, tokens, slots)
+            pipe, bg, plan = pass_
+            rec.dispatch(pipe, bg, plan[1][0], T, plan[1][2])
+
+        if T == 1:
+            pipe, bg, plan = passes["router_mv"]
+            rec.dispatch(pipe, bg, *plan[1])
+        else:
+            per_token(passes["router_tokens"])
+        pipe, bg, _ = passes["topk"]
+        rec.dispatch(pipe, bg, *fold_grid(T))
+        int8 = passes.get("experts_q8") if T == 1 else None
+        for j, pass_ in enumerate(passes["experts"]):
+            if int8 and int8[j]:
+                for p in int8[j]:
+                    if p:
+                        rec.dispatch(p[0], p[1], *p[2][1])
+            else:
+                per_token(pass_)
+        pipe, bg, plan = passes["combine"]
+        rec.dispatch(pipe, bg, *fold_grid(-(-T * self.D // 4 // plan[0]["WG"])))
+
+
+def _join(first: dict, second: dict | None, axis: int) -> dict[str, np.ndarray]:
+    """Arrays of same-format weights joined along `axis` (rows of a matrix, or experts of a stack)."""
+    if second is None:
+        return first
+    return {k: np.concatenate([first[k], second[k]], axis=axis) for k in first}

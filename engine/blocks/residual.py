@@ -1,0 +1,62 @@
+"""The residual stream's norms: the first RMSNorm (layer 0's input norm over the embedding), then after each mixer
+and each feed-forward block the residual add fused with the next RMSNorm (the layer's post-attention norm, the next
+layer's input norm, or the final norm). Residuals ping-pong between the workspace's two residual buffers; with int8
+arithmetic each norm also writes the int8 copy of its last row for the matvecs that read `hidden`."""
+
+from __future__ import annotations
+
+from engine.blocks import Block, BufferNeed, upload_weight
+from engine.kernels.norm import ADD_RMS_NORM, RMS_NORM, norm_plan
+
+
+class ResidualNorms(Block):
+    name = "residual"
+
+    def __init__(self, dim: int, n_layers: int, eps: float, norm_int8: bool, norm_offset: float = 0.0):
+        self.dim, self.n_layers, self.layers = dim, n_layers, tuple(range(n_layers))
+        self.consts = norm_plan(dim, eps, norm_int8, norm_offset)
+        self.w: dict = {}
+
+    def tensors(self) -> dict:
+        vec = ((self.dim,), "float16")
+        out = {"norm": vec}
+        for i in range(self.n_layers):
+            out[f"layers.{i}.attn_norm"] = out[f"layers.{i}.mlp_norm"] = vec
+        return out
+
+    def needs(self) -> list[BufferNeed]:
+        return [BufferNeed.upload(name, 2 * self.dim) for name in self.tensors()]
+
+    def take(self, gpu, name: str, arr, source: str = "") -> None:
+        self.w[name] = upload_weight(gpu, source or name, arr)
+
+    @property
+    def dummy_f16(self):
+        """An f16 buffer to fill bindings a kernel declares but never reads in its variant (f16 matrices' scales)."""
+        return self.w["norm"]
+
+    def build(self, gpu, ws) -> None:
+        self.p_first = gpu.pipeline(RMS_NORM, self.consts)
+        self.p_add = gpu.pipeline(ADD_RMS_NORM, self.consts)
+        int8 = dict(xq=ws.x_q8, xm=ws.x_q8_meta)
+        self.bg_first = gpu.bind(self.p_first, dict(x=ws.res[0], w=self.w["layers.0.attn_norm"], y=ws.hidden,
+                                                    step=ws.step, **int8), "norm0")
+        self.bg_layers = []
+        for i in range(self.n_layers):
+            c = f"layers.{i}"
+            after = self.w[f"layers.{i + 1}.attn_norm"] if i + 1 < self.n_layers else self.w["norm"]
+            mid = gpu.bind(self.p_add, dict(r_in=ws.res[0], delta=ws.delta, w=self.w[f"{c}.mlp_norm"],
+                                            r_out=ws.res[1], y=ws.hidden, step=ws.step, **int8), f"{c}.add_norm1")
+            end = gpu.bind(self.p_add, dict(r_in=ws.res[1], delta=ws.delta, w=after, r_out=ws.res[0], y=ws.hidden,
+                                            step=ws.step, **int8), f"{c}.add_norm2")
+            self.bg_layers.append((mid, end))
+
+    def record_first(self, rec, T: int) -> None:
+        rec.dispatch(self.p_first, self.bg_first, T)
+
+    def record(self, rec, layer: int, T: int, splits: int = 1, after: str = "mixer") -> None:
+        """The add + norm after the layer's mixer ("mixer") or after its feed-forward block ("ffn")."""
+        rec.dispatch(self.p_add, self.bg_layers[layer][after == "ffn"], T)
+
+    def dispatches_per_token(self, splits: int = 1) -> int:
+        return 1 + 2 * self.n_layers

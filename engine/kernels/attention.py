@@ -1,0 +1,45 @@
+"""The attention side's kernels: RoPE + KV-cache append, paged attention (whole or split-K), the split-K combine,
+and Qwen3.5's output gate."""
+
+from __future__ import annotations
+
+import math
+
+from engine.kernels import declare
+
+ROPE_APPEND = declare("rope_append", writes=("q_out", "k_cache", "v_cache"))
+ATTENTION = declare("attention", writes=("out", "part_ml"))
+COMBINE = declare("attention_combine", writes=("out", "xq", "xm"))
+ATTN_GATE = declare("attn_gate", writes=("y",))
+ROPE_WG = 64
+COMBINE_WG = 64
+
+
+def attention_consts(n_heads: int, n_kv_heads: int, head_dim: int, page: int, split: bool = False) -> dict:
+    """Constants for attention.wgsl (grid (H, T, splits)): WG covers head_dim/4 lanes, a power of two ≤ 256."""
+    if head_dim % 4 or head_dim > 1024:
+        raise ValueError(f"head_dim {head_dim} must be a multiple of 4 and at most 1024")
+    wg = max(64, 1 << math.ceil(math.log2(head_dim // 4)))
+    return dict(WG=min(wg, 256), H=n_heads, KVH=n_kv_heads, HD=head_dim, PAGE=page,
+                SCALE=1.0 / math.sqrt(head_dim), SPLIT=split)
+
+
+def combine_consts(n_heads: int, head_dim: int, q8: bool) -> dict:
+    """Constants for attention_combine.wgsl (grid (H, T)); with Q8 it also writes the int8 row (HD % 32 == 0)."""
+    if q8 and head_dim % 32:
+        raise ValueError(f"the combine writes int8 rows only for head_dim a multiple of 32, got {head_dim}")
+    return dict(WG=COMBINE_WG, H=n_heads, HD=head_dim, Q8=bool(q8))
+
+
+def rope_append_consts(n_heads: int, n_kv_heads: int, head_dim: int, rot_dim: int, page: int, qk_norm: bool,
+                       eps: float, norm_offset: float = 0.0, rope_scale: float = 1.0) -> dict:
+    """Constants for rope_append.wgsl (grid (T, H + 2·KVH): one head per workgroup)."""
+    if head_dim % 2 or rot_dim % 2 or rot_dim > head_dim:
+        raise ValueError(f"RoPE needs even head_dim and rotary dims ≤ head_dim; got {head_dim}, {rot_dim}")
+    return dict(WG=ROPE_WG, H=n_heads, KVH=n_kv_heads, HD=head_dim, ROT=rot_dim, PAGE=page, QK_NORM=bool(qk_norm),
+                EPS=float(eps), NORM_OFFSET=float(norm_offset), ROPE_SCALE=float(rope_scale))
+
+
+def attn_gate_plan(n: int, wg: int = 256) -> tuple[dict, int]:
+    """Constants and x-groups for attn_gate.wgsl (grid (groups, T))."""
+    return dict(WG=wg, N=n), -(-n // wg)

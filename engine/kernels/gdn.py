@@ -1,0 +1,45 @@
+"""Gated DeltaNet kernels' host side (Qwen3.5's linear-attention layers): the causal conv, the decay/beta gates,
+the delta-rule recurrence and the gated output norm."""
+
+from __future__ import annotations
+
+from engine.kernels import declare
+
+GDN_CONV = declare("gdn_conv", writes=("state", "y"))
+GDN_GATES = declare("gdn_gates", writes=("gates",))
+GDN_RECUR = declare("gdn_recur", writes=("state", "out"))
+GDN_NORM_OUT = declare("gdn_norm_out", writes=("y",))
+# Threads per state column in gdn_recur: one thread per whole column spilled its registers (BENCH.md, gdn_rsplit).
+RECUR_RSPLIT = 4
+
+
+def gdn_dims(conv_dim: int, v_heads: int, v_dim: int) -> dict:
+    """Row layout of the fused in_proj output: [q | k | v (conv channels) | z | a | b]."""
+    vd = v_heads * v_dim
+    return dict(CONV=conv_dim, VD=vd, ROW=conv_dim + vd + 2 * v_heads, Z_OFF=conv_dim, A_OFF=conv_dim + vd,
+                B_OFF=conv_dim + vd + v_heads)
+
+
+def gdn_conv_plan(conv: int, row: int, kc: int, wg: int = 64) -> tuple[dict, tuple[int]]:
+    if kc < 2:
+        raise ValueError(f"conv kernel width must be at least 2, got {kc}")
+    return dict(WG=wg, CONV=conv, ROW=row, KC=kc), (-(-conv // wg),)
+
+
+def gdn_gates_plan(vh: int, row: int, a_off: int, b_off: int, wg: int = 32) -> tuple[dict, int]:
+    return dict(WG=wg, VH=vh, ROW=row, A_OFF=a_off, B_OFF=b_off), -(-vh // wg)
+
+
+def gdn_recur_plan(kh: int, vh: int, dk: int, dv: int, conv: int, wg: int = 128,
+                   rsplit: int = RECUR_RSPLIT) -> tuple[dict, tuple[int, int]]:
+    """RSPLIT threads per state column (DK / RSPLIT rows each), WG / RSPLIT columns per workgroup: (VH, DV / 32)
+    workgroups of 128 threads for Qwen3.5-4B."""
+    if vh % kh or wg & (wg - 1) or dk > 1024 or rsplit < 1 or dk % rsplit or wg % rsplit:
+        raise ValueError(f"gdn_recur needs VH % KH == 0, WG a power of two, DK ≤ 1024 and RSPLIT dividing DK and WG; "
+                         f"got KH={kh} VH={vh} DK={dk} WG={wg} RSPLIT={rsplit}")
+    return dict(WG=wg, RSPLIT=rsplit, KH=kh, VH=vh, DK=dk, DV=dv, CONV=conv), (vh, -(-dv // (wg // rsplit)))
+
+
+def gdn_norm_plan(vh: int, dv: int, eps: float, row: int, z_off: int) -> dict:
+    """Constants for gdn_norm_out.wgsl (grid (VH, T))."""
+    return dict(WG=min(256, max(32, 1 << (dv - 1).bit_length())), VH=vh, DV=dv, EPS=float(eps), ROW=row, Z_OFF=z_off)

@@ -1,0 +1,74 @@
+"""Mixture-of-experts kernels' host side: router top-k, the expert matvecs (f32 or int8 activations, the expert id
+read on the GPU), and the weighted combine of the slots."""
+
+from __future__ import annotations
+
+from engine.kernels import MAX_GROUPS_PER_DIM, declare, fold_grid
+from engine.kernels.matmul import MATVEC_SG_WG, _format_consts, matvec_q8_plan
+
+MOE_ROUTER = declare("moe_router", writes=("ids", "weights"))
+MOE_MATVEC = declare("moe_matvec", writes=("y",))
+MOE_MATVEC_Q8 = declare("moe_matvec_q8", writes=("y",))
+MOE_COMBINE = declare("moe_combine", writes=("out",))
+ROUTER_WG = 64
+# Expert matvec shape, measured on the H200 at Qwen3.6 sizes (ROWS 1/2/4/8/16, WG ≤ 32/64): 4 rows and at most
+# 32 threads gave the lowest time per layer (BENCH.md).
+EXPERT_ROWS = 4
+EXPERT_WG = 32  # fewer threads when K has fewer 32-element chunks
+COMBINE_WG = 64
+
+
+def router_plan(E: int, top_k: int, shared: bool, norm_topk: bool, T: int, wg: int = ROUTER_WG):
+    """Constants and grid for shaders/moe_router.wgsl (one workgroup per token)."""
+    if not 1 <= top_k <= E or E >= 2**24:
+        raise ValueError(f"need 1 ≤ top_k ≤ E < 2^24, got top_k={top_k}, E={E}")
+    if wg & (wg - 1):
+        raise ValueError(f"WG must be a power of two (workgroup reduction), got {wg}")
+    return dict(E=E, TOPK=top_k, SHARED=shared, NORM_TOPK=norm_topk, WG=wg), fold_grid(max(T, 1))
+
+
+def expert_plan(K: int, N: int, experts: int, T: int, slots: int, *, slot0: int = 0, n_slots: int | None = None,
+                gate_up: bool = False, x_slot: bool = False, x_stride: int | None = None,
+                y_stride: int | None = None, rows: int | None = None, wg: int | None = None,
+                bits: int = 4, zero: int = 0, affine: bool = True, group: int = 64):
+    """Constants and grid for shaders/moe_matvec.wgsl over slots [slot0, slot0 + n_slots) of every token."""
+    fmt = _format_consts(K, bits, zero, affine, group, three_bit=True)  # moe_matvec reads 3-bit rows as stored
+    n_slots = slots - slot0 if n_slots is None else n_slots
+    rows = rows or EXPERT_ROWS
+    x_stride, y_stride = x_stride or K, y_stride or N
+    if wg is None:  # one chunk per thread where K is short (down_proj: K = 512 is 16 chunks)
+        wg = max(rows, min(EXPERT_WG, 1 << (K // 32 - 1).bit_length()))
+    if wg & (wg - 1) or wg < rows:
+        raise ValueError(f"WG must be a power of two ≥ ROWS; got WG={wg}, ROWS={rows}")
+    if x_stride % 4 or x_stride < K or y_stride < N or not 0 < slot0 + n_slots <= slots:
+        raise ValueError(f"bad strides or slots: X_STRIDE={x_stride}, Y_STRIDE={y_stride}, slots {slot0}+{n_slots}"
+                         f" of {slots}")
+    groups = -(-N // rows)
+    if max(groups, T, n_slots) > MAX_GROUPS_PER_DIM:
+        raise ValueError(f"grid ({groups}, {T}, {n_slots}) exceeds {MAX_GROUPS_PER_DIM} per dimension")
+    consts = dict(K=K, N=N, EXPERTS=experts, WG=wg, ROWS=rows, GATE_UP=gate_up, SLOTS=slots, SLOT0=slot0,
+                  X_SLOT=x_slot, X_STRIDE=x_stride, Y_STRIDE=y_stride, **fmt)
+    return consts, (groups, max(T, 1), n_slots)
+
+
+def expert_q8_plan(K: int, N: int, experts: int, slots: int, subgroup_size: int, *, slot0: int = 0,
+                   n_slots: int | None = None, gate_up: bool = False, x_slot: bool = False, y_stride: int | None = None,
+                   rows: int | None = None, wg: int = MATVEC_SG_WG, bits: int = 4, zero: int = 0, affine: bool = True,
+                   group: int = 64):
+    """Constants and grid for shaders/moe_matvec_q8.wgsl (decode, one token) over slots [slot0, slot0 + n_slots):
+    matvec_q8's constants plus the routing ones."""
+    consts, _ = matvec_q8_plan(K, N, subgroup_size, gate_up=gate_up, rows=rows, wg=wg, bits=bits, zero=zero,
+                               affine=affine, group=group)
+    n_slots = slots - slot0 if n_slots is None else n_slots
+    y_stride = y_stride or N
+    if y_stride < N or not 0 < slot0 + n_slots <= slots:
+        raise ValueError(f"bad stride or slots: Y_STRIDE={y_stride}, slots {slot0}+{n_slots} of {slots}")
+    consts |= dict(EXPERTS=experts, SLOTS=slots, SLOT0=slot0, X_SLOT=x_slot, Y_STRIDE=y_stride)
+    return consts, (-(-N // (consts["ROWS"] * consts["BLOCKS"])), 1, n_slots)
+
+
+def combine_plan(D: int, slots: int, T: int, accumulate: bool = False, wg: int = COMBINE_WG):
+    """Constants and grid for shaders/moe_combine.wgsl (one thread per 4 outputs)."""
+    if D % 4:
+        raise ValueError(f"D must be a multiple of 4, got {D}")
+    return dict(D=D, SLOTS=slots, ACCUMULATE=accumulate, WG=wg), fold_grid(-(-max(T, 1) * D // 4 // wg))

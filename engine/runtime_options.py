@@ -1,0 +1,76 @@
+"""RuntimeOptions: every choice a caller (the app, the CLI, a test, a bench) can make about how a model runs.
+
+Passed explicitly to load_model / Transformer; nothing is read from the environment. The defaults are the variants
+that measured fastest on the H200 (BENCH.md); the remaining options trade speed for memory or exactness.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+PREFILL_CHUNK = 512  # rows per prefill chunk: 128-row chunks left most of a big GPU idle (BENCH.md)
+SPLIT_KEYS = 64  # decode attention splits its keys into blocks of this size (more workgroups in flight)
+Q8_PREFILL_MIN_DIM = 2048  # int8 prefill by default from this model dim (Phi-3 3072, Qwen3.6 2048; SmolLM2 576)
+MAX_PREFILL_CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class RuntimeOptions:
+    """How a model runs on the GPU.
+
+    max_context: tokens the KV cache holds (None: the model's own window; larger values are capped at it).
+    prefill_chunk: prompt rows per forward pass (activation buffers hold this many rows).
+    q8_decode: 4-bit matrices take int8 activations, quantized per 32 elements like llama.cpp's q8_1 (faster);
+        False keeps f32 activations everywhere, prefill included: the exact-arithmetic setting.
+    q8_prefill: the prefill GEMMs take int8 activations too (None: for models of dim ≥ Q8_PREFILL_MIN_DIM, where
+        the GEMMs are large enough to gain; int8 rounding costs a small model real accuracy). Needs q8_decode.
+    split_keys: decode attention past this many keys splits them into blocks of this size.
+    state_snapshots: (prompt, decode) copies of a linear-attention model's recurrent state kept for rollback.
+    snapshot_every: decode positions between two decode snapshots.
+    """
+
+    max_context: int | None = None
+    prefill_chunk: int = PREFILL_CHUNK
+    q8_decode: bool = True
+    q8_prefill: bool | None = None
+    split_keys: int = SPLIT_KEYS
+    state_snapshots: tuple[int, int] = (2, 3)
+    snapshot_every: int = 16
+
+    def __post_init__(self) -> None:
+        def positive(name: str, value, hi: int | None = None) -> None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1 or (hi and value > hi):
+                bound = f" and at most {hi}" if hi else ""
+                raise ValueError(f"runtime option {name} must be a positive integer{bound}, got {value!r}")
+
+        if self.max_context is not None:
+            positive("max_context", self.max_context)
+        positive("prefill_chunk", self.prefill_chunk, MAX_PREFILL_CHUNK)
+        positive("split_keys", self.split_keys)
+        positive("snapshot_every", self.snapshot_every)
+        for name in ("q8_decode",):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"runtime option {name} must be true or false, got {getattr(self, name)!r}")
+        if self.q8_prefill not in (None, True, False):
+            raise ValueError(f"runtime option q8_prefill must be true, false or None, got {self.q8_prefill!r}")
+        snaps = tuple(self.state_snapshots) if isinstance(self.state_snapshots, (tuple, list)) else None
+        if snaps is None or len(snaps) != 2 or any(isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 64
+                                                   for n in snaps):
+            raise ValueError(f"runtime option state_snapshots must be two counts in 0..64 (prompt, decode), got "
+                             f"{self.state_snapshots!r}")
+        object.__setattr__(self, "state_snapshots", snaps)
+
+    @classmethod
+    def of(cls, options: RuntimeOptions | None = None, **changes) -> RuntimeOptions:
+        """`options` (default: the defaults) with `changes` applied; an unknown name is a ValueError naming it."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise ValueError(f"unknown runtime option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        base = options or cls()
+        return cls(**{**{f.name: getattr(base, f.name) for f in fields(cls)}, **changes})
+
+    def int8_prefill(self, dim: int) -> bool:
+        """Whether the prefill GEMMs take int8 activations for a model of this dim (before the GPU's say)."""
+        wanted = dim >= Q8_PREFILL_MIN_DIM if self.q8_prefill is None else self.q8_prefill
+        return bool(wanted and self.q8_decode)
