@@ -6,7 +6,7 @@ transformers' torch_recurrent / torch_chunk_gated_delta_rule."""
 import numpy as np
 import pytest
 
-from engine.kernels.attention import attn_gate_plan
+from engine.kernels.attention import attn_gate_plan, rope_append_consts
 from engine.kernels.gdn import gdn_conv_plan, gdn_gates_plan, gdn_norm_plan, gdn_recur_plan
 from tests.helpers import PAGE, inv_freq_for, poisoned, read, rope_ref, run, step_uniform
 
@@ -238,7 +238,7 @@ def test_rope_append_zero_centred_qk_norm_and_partial_rotary(any_gpu, rng):
     kc, vc = (g.upload(n, np.zeros((n_pages, KVH, PAGE, HD), np.float16)) for n in ("k", "v"))
     bufs = [g.upload("qkv", qkv), q_out, kc, vc, g.upload("pt", np.arange(n_pages, dtype=np.uint32)),
             g.upload("inv", inv), step_uniform(g, T, pos0), g.upload("qn", qn), g.upload("kn", kn)]
-    consts = dict(WG=64, H=H, KVH=KVH, HD=HD, ROT=ROT, PAGE=PAGE, QK_NORM=True, EPS=eps, NORM_OFFSET=1.0)
+    consts = rope_append_consts(H, KVH, HD, ROT, PAGE, True, eps, norm_offset=1.0)
     run(g, "rope_append", consts, bufs, (T, H + 2 * KVH))
     heads = qkv.astype(np.float64).reshape(T, H + 2 * KVH, HD)
     pos = np.arange(pos0, pos0 + T)
