@@ -1,5 +1,5 @@
 """The attention side's kernels: RoPE + KV-cache append, paged attention (whole or split-K), the split-K combine,
-and Qwen3.5's output gate."""
+Qwen3.5's output gate, and the one-dispatch decode attention that does all of them for one token."""
 
 from __future__ import annotations
 
@@ -11,8 +11,12 @@ ROPE_APPEND = declare("rope_append", writes=("q_out", "k_cache", "v_cache"))
 ATTENTION = declare("attention", writes=("out", "part_ml"))
 COMBINE = declare("attention_combine", writes=("out", "xq", "xm"))
 ATTN_GATE = declare("attn_gate", writes=("y",))
+ATTENTION_DECODE = declare("attention_decode", writes=("k_cache", "v_cache", "out", "xq", "xm"))
 ROPE_WG = 64
 COMBINE_WG = 64
+# One workgroup per query head walks every key in blocks of this many (more keys a block, fewer online-softmax
+# rescales and barriers; more key lanes in the P·V phase).
+DECODE_WG = 256
 
 
 def attention_consts(n_heads: int, n_kv_heads: int, head_dim: int, page: int, split: bool = False) -> dict:
@@ -43,3 +47,15 @@ def rope_append_consts(n_heads: int, n_kv_heads: int, head_dim: int, rot_dim: in
 def attn_gate_plan(n: int, wg: int = 256) -> tuple[dict, int]:
     """Constants and x-groups for attn_gate.wgsl (grid (groups, T))."""
     return dict(WG=wg, N=n), -(-n // wg)
+
+
+def attention_decode_consts(rope: dict, gate_offset: int | None, q8: bool, wg: int = DECODE_WG) -> dict:
+    """Constants for attention_decode.wgsl (grid (H, 1, 1)) from rope_append_consts' (`rope`): `gate_offset` the
+    f32 index of the gate row in the qkv binding (None: no gate); `q8` also writes the int8 row (HD % 32 == 0)."""
+    hd = rope["HD"]
+    if hd % 4 or hd // 4 > wg:
+        raise ValueError(f"head_dim {hd} must be a multiple of 4 and at most {4 * wg}")
+    if q8 and hd % 32:
+        raise ValueError(f"the decode attention writes int8 rows only for head_dim a multiple of 32, got {hd}")
+    return dict(rope, WG=wg, SCALE=1.0 / math.sqrt(hd), GATE=gate_offset is not None, GATE_OFF=gate_offset or 0,
+                Q8=bool(q8))

@@ -1,0 +1,181 @@
+// Decode attention in one dispatch (T = 1, position p = step.pos0): what rope_append, attention and (for the gated
+// variant) attn_gate do for one token, for contexts short enough that one workgroup per query head keeps up, so
+// there is no split-K and no combine. Workgroup h computes q head h from the fused QKV row (optional per-head
+// RMSNorm, then RoPE: rope_append.wgsl's arithmetic) and the new key and value of its kv head kvh = h / (H / KVH),
+// rounded to f16 as the cache holds them. The group's first query head writes them to the cache slot of p; every
+// head scores the new key from workgroup memory, so no workgroup reads a slot another writes in this dispatch.
+// Keys 0..p-1 come from the paged cache in blocks of WG, as attention.wgsl walks them (online softmax).
+// Epilogue: with GATE, out = attention · sigmoid(gate) (Qwen3.5; the gate projection wrote its row into the qkv
+// buffer at GATE_OFF); with Q8 the output row also goes to int8 as quantize_q8 would write it (q8_pack.wgsl), the
+// o-projection's input, each head's HD/32 chunks by the head's workgroup.
+// Constants: WG threads (≥ HD/4; a power of two without subgroups), H, KVH, HD (multiple of 4; of 32 with Q8),
+//   ROT rotary dims (even, ≤ HD), PAGE, SCALE f32 (1/√HD), QK_NORM, EPS, NORM_OFFSET, ROPE_SCALE (rope_append.wgsl's),
+//   GATE bool, GATE_OFF (f32 index of the gate row in qkv), Q8 bool.
+// Bindings: 0 qkv f32[(H+2·KVH)·HD] (+ the gate row H·HD at GATE_OFF) (read),
+//   1 k_cache f16[n_pages, KVH, PAGE, HD] (read_write), 2 v_cache (same), 3 page_table u32[max_pages] (read),
+//   4 inv_freq f32[ROT/2 + 2·HD]: the RoPE inverse frequencies, then the q and the k norm weights (read; the
+//   norms are read only with QK_NORM), 5 out f32[H·HD] (write), 6 step uniform (pos0),
+//   7 xq u32[H·HD/4] (write), 8 xm vec2<f32>[H·HD/32] (write); 7 and 8 are bound whether or not Q8.
+// Grid: (H, 1, 1).
+#import step
+#import rope
+#import reduce
+#import q8_pack
+
+@group(0) @binding(0) var<storage, read> qkv: array<f32>;
+@group(0) @binding(1) var<storage, read_write> k_cache: array<vec4<f16>>;
+@group(0) @binding(2) var<storage, read_write> v_cache: array<vec4<f16>>;
+@group(0) @binding(3) var<storage, read> page_table: array<u32>;
+@group(0) @binding(4) var<storage, read> inv_freq: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(6) var<uniform> step: Step;
+@group(0) @binding(7) var<storage, read_write> xq: array<u32>;
+@group(0) @binding(8) var<storage, read_write> xm: array<vec2<f32>>;
+
+const C: u32 = HD / 4u;       // vec4 chunks per head row
+const E: u32 = WG / C;        // key lanes in the P·V phase (threads lid ≥ E·C sit it out)
+const GROUP: u32 = H / KVH;   // query heads per kv head
+const HALF: u32 = ROT / 2u;
+const NEG_BIG: f32 = -3.0e38; // "minus infinity" that keeps exp(a − b) and a − b finite
+const NEW: u32 = 0xFFFFFFFFu; // row_sh's mark for the new key (held in k_sh / v_sh, not read from the cache)
+
+var<workgroup> q_sh: array<vec4<f32>, C>;    // q · SCALE
+var<workgroup> k_sh: array<vec4<f32>, C>;    // the new key and value, f16-rounded
+var<workgroup> v_sh: array<vec4<f32>, C>;
+var<workgroup> o_sh: array<vec4<f32>, C>;    // the output row, for the int8 copy
+var<workgroup> p_sh: array<f32, WG>;         // the block's softmax weights
+var<workgroup> row_sh: array<u32, WG>;       // the block's cache row offsets (in vec4 units)
+var<workgroup> acc_sh: array<vec4<f32>, WG>; // the final meeting of the E key lanes
+
+// Element i of the head at qkv[src ..] after the optional RMSNorm (inv = the head's 1/rms; norm at inv_freq[w0 ..]).
+fn normed(src: u32, i: u32, inv: f32, w0: u32) -> f32 {
+    let v = qkv[src + i];
+    if (!QK_NORM) { return v; }
+    return v * inv * (inv_freq[w0 + i] + NORM_OFFSET);
+}
+
+// Element i of a q or k head after the norm and RoPE (rotate-half pairs (i, i + HALF)), as rope_append computes it.
+fn roped(src: u32, i: u32, inv: f32, w0: u32, p: u32) -> f32 {
+    var val = normed(src, i, inv, w0);
+    if (i < ROT) {
+        let cs = rope_cos_sin(p, i % HALF) * ROPE_SCALE;
+        if (i < HALF) {
+            val = val * cs.x - normed(src, i + HALF, inv, w0) * cs.y;
+        } else {
+            val = val * cs.x + normed(src, i - HALF, inv, w0) * cs.y;
+        }
+    }
+    return val;
+}
+
+fn head_inv_rms(src: u32, lane: Lane) -> f32 {
+    var ss = 0.0;
+    for (var i = lane.lid; i < HD; i += WG) { let v = qkv[src + i]; ss += v * v; }
+    return inverseSqrt(wg_sum(ss, lane) / f32(HD) + EPS);
+}
+
+@compute @workgroup_size(WG)
+fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let lid = lane.lid;
+    let kvh = h / GROUP;
+    let p = step.pos0;
+    let n_keys = p + 1u;
+    let q_src = h * HD;
+    let k_src = (H + kvh) * HD;
+    let v_src = (H + KVH + kvh) * HD;
+    var q_inv = 1.0;
+    var k_inv = 1.0;
+    if (QK_NORM) {  // a constant, so the reductions stay in uniform control flow
+        q_inv = head_inv_rms(q_src, lane);
+        k_inv = head_inv_rms(k_src, lane);
+    }
+    let new_row = ((page_table[p / PAGE] * KVH + kvh) * PAGE + p % PAGE) * C;
+    for (var c = lid; c < C; c += WG) {
+        var qv = vec4<f32>(0.0);
+        var kv = vec4<f32>(0.0);
+        for (var j = 0u; j < 4u; j++) {
+            qv[j] = roped(q_src, 4u * c + j, q_inv, HALF, p);
+            kv[j] = roped(k_src, 4u * c + j, k_inv, HALF + HD, p);
+        }
+        let k16 = vec4<f16>(kv);
+        let v16 = vec4<f16>(vec4<f32>(qkv[v_src + 4u * c], qkv[v_src + 4u * c + 1u], qkv[v_src + 4u * c + 2u],
+                                      qkv[v_src + 4u * c + 3u]));
+        q_sh[c] = qv * SCALE;
+        k_sh[c] = vec4<f32>(k16);
+        v_sh[c] = vec4<f32>(v16);
+        if (h % GROUP == 0u) {
+            k_cache[new_row + c] = k16;
+            v_cache[new_row + c] = v16;
+        }
+    }
+    workgroupBarrier();
+
+    let chunk = lid % C;
+    let key_lane = lid / C;
+    var acc = vec4<f32>(0.0);
+    var m = NEG_BIG;   // running max, identical in every thread
+    var l = 0.0;       // this thread's share of the running sum (its own keys' weights)
+    for (var kb = 0u; kb < n_keys; kb += WG) {
+        let key = kb + lid;
+        let valid = key < n_keys;
+        var score = NEG_BIG;
+        var row = 0u;
+        if (valid) {
+            var d = 0.0;
+            if (key == p) {
+                row = NEW;
+                for (var c = 0u; c < C; c++) { d += dot(q_sh[c], k_sh[c]); }
+            } else {
+                row = ((page_table[key / PAGE] * KVH + kvh) * PAGE + key % PAGE) * C;
+                for (var c = 0u; c < C; c++) { d += dot(q_sh[c], vec4<f32>(k_cache[row + c])); }
+            }
+            score = d;
+        }
+        let m_new = max(m, wg_max(score, lane));
+        let alpha = exp(m - m_new);  // 0 on the first block: m was NEG_BIG
+        let pw = select(0.0, exp(score - m_new), valid);
+        l = l * alpha + pw;
+        acc *= alpha;
+        m = m_new;
+        p_sh[lid] = pw;
+        row_sh[lid] = row;
+        workgroupBarrier();
+        if (key_lane < E) {
+            let n_in_block = min(WG, n_keys - kb);
+            for (var j = key_lane; j < n_in_block; j += E) {
+                let r = row_sh[j];
+                if (r == NEW) {
+                    acc += p_sh[j] * v_sh[chunk];
+                } else {
+                    acc += p_sh[j] * vec4<f32>(v_cache[r + chunk]);
+                }
+            }
+        }
+        workgroupBarrier();  // p_sh / row_sh are rewritten by the next block
+    }
+    let l_total = wg_sum(l, lane);
+
+    // Sum the E key lanes' partial outputs; lane 0 of each chunk writes.
+    acc_sh[lid] = acc;
+    workgroupBarrier();
+    if (lid < C) {
+        var o = acc;
+        for (var e = 1u; e < E; e++) { o += acc_sh[e * C + lid]; }
+        o = o / l_total;
+        if (GATE) {
+            let g = GATE_OFF + h * HD + 4u * lid;
+            o = o / (1.0 + exp(-vec4<f32>(qkv[g], qkv[g + 1u], qkv[g + 2u], qkv[g + 3u])));
+        }
+        out[h * C + lid] = o;
+        o_sh[lid] = o;
+    }
+    if (Q8) {
+        workgroupBarrier();
+        for (var c = lid; c < HD / 32u; c += WG) {
+            var v: array<vec4<f32>, 8>;
+            for (var j = 0u; j < 8u; j++) { v[j] = o_sh[8u * c + j]; }
+            store_q8_chunk(h * (HD / 32u) + c, &v);
+        }
+    }
+}
