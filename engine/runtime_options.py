@@ -10,6 +10,9 @@ from dataclasses import dataclass, fields
 
 PREFILL_CHUNK = 512  # rows per prefill chunk: 128-row chunks left most of a big GPU idle (BENCH.md)
 SPLIT_KEYS = 64  # decode attention splits its keys into blocks of this size (more workgroups in flight)
+# Decode attention over at most this many keys is one dispatch per layer (RoPE + KV append + attention, no split-K):
+# untuned, to be measured on the H200 against the split path (BENCH.md).
+SINGLE_PASS_KEYS = 1024
 Q8_PREFILL_MIN_DIM = 2048  # int8 prefill by default from this model dim (Phi-3 3072, Qwen3.6 2048; SmolLM2 576)
 MAX_PREFILL_CHUNK = 4096
 
@@ -24,7 +27,9 @@ class RuntimeOptions:
         False keeps f32 activations everywhere, prefill included: the exact-arithmetic setting.
     q8_prefill: the prefill GEMMs take int8 activations too (None: for models of dim ≥ Q8_PREFILL_MIN_DIM, where
         the GEMMs are large enough to gain; int8 rounding costs a small model real accuracy). Needs q8_decode.
-    split_keys: decode attention past this many keys splits them into blocks of this size.
+    split_keys: decode attention past single_pass_keys keys splits them into blocks of this size.
+    single_pass_keys: decode attention over at most this many keys runs as one dispatch per layer (RoPE, KV append,
+        attention, the gate and o's int8 input together), one workgroup per query head.
     state_snapshots: (prompt, decode) copies of a linear-attention model's recurrent state kept for rollback.
     snapshot_every: decode positions between two decode snapshots.
     """
@@ -34,6 +39,7 @@ class RuntimeOptions:
     q8_decode: bool = True
     q8_prefill: bool | None = None
     split_keys: int = SPLIT_KEYS
+    single_pass_keys: int = SINGLE_PASS_KEYS
     state_snapshots: tuple[int, int] = (2, 3)
     snapshot_every: int = 16
 
@@ -47,6 +53,7 @@ class RuntimeOptions:
             positive("max_context", self.max_context)
         positive("prefill_chunk", self.prefill_chunk, MAX_PREFILL_CHUNK)
         positive("split_keys", self.split_keys)
+        positive("single_pass_keys", self.single_pass_keys)
         positive("snapshot_every", self.snapshot_every)
         for name in ("q8_decode",):
             if not isinstance(getattr(self, name), bool):

@@ -65,7 +65,8 @@ class RuntimePlan:
         for gated in (False, True):
             if layers := layers_of("gated_attention" if gated else "attention", 0):
                 mixers.append(AttentionMixer(s, layers, formats, ar, C, self.max_context, self.options.split_keys,
-                                             gated=gated))
+                                             gated=gated, single_pass_keys=self.options.single_pass_keys,
+                                             offset_alignment=traits.offset_alignment))
         if layers := layers_of("gated_deltanet", 0):
             mixers.append(GatedDeltaNetMixer(s, layers, formats, ar, C, traits.offset_alignment,
                                              self.options.state_snapshots, self.options.snapshot_every))

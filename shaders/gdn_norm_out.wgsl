@@ -1,20 +1,27 @@
 // Gated DeltaNet output norm, transformers' Qwen3_5RMSNormGated ("norm before gate"; a plain weight, NOT
 // zero-centred): per token t and value head h, over the head's DV values,
 //   y = w · x · rsqrt(mean(x²) + EPS) · silu(z),   z = columns Z_OFF + h·DV .. of the in_proj row.
-// One workgroup per (head, token).
+// One workgroup per (head, token). With Q8 (decode, n_tokens = 1; DV a multiple of 32) the head's output also goes
+// to int8 as quantize_q8 would write it (q8_pack.wgsl): the out projection's input, without a dispatch of its own.
 // Constants: WG threads (a power of two without subgroups), VH value heads, DV head dim, EPS, ROW in_proj row
-//   length, Z_OFF column of z.
+//   length, Z_OFF column of z, Q8.
 // Bindings: 0 x f32[T, VH·DV] (read; gdn_recur's output), 1 zsrc f32[T, ROW] (read), 2 w f16[DV] (read),
-//   3 y f32[T, VH·DV] (write), 4 step uniform (n_tokens).
+//   3 y f32[T, VH·DV] (write), 4 step uniform (n_tokens), 5 xq u32[VH·DV/4] (write), 6 xm vec2<f32>[VH·DV/32]
+//   (write); 5 and 6 are bound whether or not Q8.
 // Grid: (VH, T).
 #import step
 #import reduce
+#import q8_pack
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
 @group(0) @binding(1) var<storage, read> zsrc: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f16>;
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> step: Step;
+@group(0) @binding(5) var<storage, read_write> xq: array<u32>;
+@group(0) @binding(6) var<storage, read_write> xm: array<vec2<f32>>;
+
+var<workgroup> y_sh: array<f32, select(1u, DV, Q8)>;
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -27,6 +34,19 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let inv = inverseSqrt(wg_sum(ss, lane) / f32(DV) + EPS);
     for (var i = lane.lid; i < DV; i += WG) {
         let z = zsrc[t * ROW + Z_OFF + h * DV + i];
-        y[base + i] = f32(w[i]) * x[base + i] * inv * (z / (1.0 + exp(-z)));
+        let v = f32(w[i]) * x[base + i] * inv * (z / (1.0 + exp(-z)));
+        y[base + i] = v;
+        if (Q8) { y_sh[i] = v; }
+    }
+    if (Q8 && step.n_tokens == 1u) {
+        workgroupBarrier();
+        for (var c = lane.lid; c < DV / 32u; c += WG) {
+            var v: array<vec4<f32>, 8>;
+            for (var j = 0u; j < 8u; j++) {
+                let d = 32u * c + 4u * j;
+                v[j] = vec4<f32>(y_sh[d], y_sh[d + 1u], y_sh[d + 2u], y_sh[d + 3u]);
+            }
+            store_q8_chunk(h * (DV / 32u) + c, &v);
+        }
     }
 }

@@ -1,21 +1,9 @@
 // Store one 32-element chunk of an activation row as int8 for matvec_q8 (the including kernel declares
-// xq: array<u32> and xm: array<vec2<f32>>): scale = max|v| / 127, codes round(v / scale), their sum; bytes in
-// matvec_q8's order, for each 8-element word j u32 2j = elements 0, 2, 4, 6 and u32 2j + 1 = 1, 3, 5, 7.
+// xq: array<u32> and xm: array<vec2<f32>>); the codes and scale as q8_codes.wgsl computes them.
+#import q8_codes
 
 fn store_q8_chunk(c: u32, v: ptr<function, array<vec4<f32>, 8>>) {
-    var m = vec4<f32>(0.0);
-    for (var j = 0u; j < 8u; j++) { m = max(m, abs((*v)[j])); }
-    let amax = max(max(m.x, m.y), max(m.z, m.w));
-    let inv = select(0.0, 127.0 / amax, amax > 0.0);
-    var total = 0;
-    for (var j = 0u; j < 4u; j++) {
-        let a = vec4<i32>(clamp(round((*v)[2u * j] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
-        let b = vec4<i32>(clamp(round((*v)[2u * j + 1u] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
-        let even = vec4<i32>(a.x, a.z, b.x, b.z);
-        let odd = vec4<i32>(a.y, a.w, b.y, b.w);
-        xq[c * 8u + 2u * j] = pack4xI8(even);
-        xq[c * 8u + 2u * j + 1u] = pack4xI8(odd);
-        total += even.x + even.y + even.z + even.w + odd.x + odd.y + odd.z + odd.w;
-    }
-    xm[c] = vec2<f32>(amax / 127.0, f32(total));
+    let q = q8_chunk(v);
+    for (var j = 0u; j < 8u; j++) { xq[c * 8u + j] = q.words[j]; }
+    xm[c] = q.scale_sum;
 }

@@ -75,8 +75,9 @@ def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
     _, mlc = tiny
-    # split_keys=48 makes decode attention use split-K partitions past 48 tokens.
-    model = load_model(mlc, gpu=gpu, max_context=320, prefill_chunk=64, split_keys=48, q8_decode=q8)
+    # single_pass_keys=48: decode attention is one fused dispatch up to 48 keys, then split-K partitions of 48.
+    model = load_model(mlc, gpu=gpu, max_context=320, prefill_chunk=64,
+                       split_keys=48, single_pass_keys=48, q8_decode=q8)
     assert uses_q8(model.runtime) == q8
     rt = model.runtime
     ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 160)
@@ -116,16 +117,20 @@ def test_int8_prefill_rounds_as_int8_decode(gpu, tiny, q8_prefill):
         assert np.abs(full - ref).max() / scale < DECODE_TOL[False]
 
 
-def test_int8_decode_quantizes_only_the_rows_no_norm_wrote(gpu, tiny):
-    """The norms write their row's int8 copy (tests/test_kernels_basic.py checks it equals quantize_q8's), so an
-    int8 decode token adds a quantize_q8 only before o and down: two dispatches a layer over the f32 token."""
+def test_int8_decode_quantizes_only_the_rows_no_kernel_wrote(gpu, tiny):
+    """The norms write their row's int8 copy (tests/test_kernels_basic.py checks it equals quantize_q8's), gate_up's
+    kernel writes down's (matvec_q8_chain) and the one-dispatch decode attention writes o's where head_dim is a
+    multiple of 32 (these tiny models' 16 is not): an int8 decode token adds a quantize_q8 only before such an o."""
     _, mlc = tiny
     int8 = load_model(mlc, gpu=gpu, max_context=64).runtime
     f32 = load_model(mlc, gpu=gpu, max_context=64, q8_decode=False).runtime
-    n_layers = int8.spec.n_layers
+    n_layers, s = int8.spec.n_layers, int8.spec
+    o_quantized = n_layers * (s.head_dim % 32 != 0)
     kernels = int8.dispatched_kernels()
-    assert kernels.count("quantize_q8") == 2 * n_layers and kernels.count("matvec_q8") == 4 * n_layers + 1
-    assert int8.dispatches_per_token == f32.dispatches_per_token + 2 * n_layers == len(kernels)
+    assert s.ffn_dim % 32 == 0 and kernels.count("matvec_q8_chain") == n_layers
+    assert kernels.count("quantize_q8") == o_quantized and kernels.count("matvec_q8") == 3 * n_layers + 1
+    assert kernels.count("attention_decode") == n_layers and "rope_append" not in kernels
+    assert int8.dispatches_per_token == f32.dispatches_per_token + o_quantized == len(kernels)
     assert "quantize_q8" not in f32.dispatched_kernels() and "matvec_q8" not in f32.dispatched_kernels()
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from engine.kernels.attention import attn_gate_plan, rope_append_consts
-from engine.kernels.gdn import gdn_conv_plan, gdn_gates_plan, gdn_norm_plan, gdn_recur_plan
-from tests.helpers import PAGE, inv_freq_for, poisoned, read, rope_ref, run, step_uniform
+from engine.kernels.gdn import gdn_conv_plan, gdn_norm_plan, gdn_recur_plan
+from tests.helpers import PAGE, assert_q8_row, inv_freq_for, poisoned, read, rope_ref, run, step_uniform
 
 # ---- float64 references -------------------------------------------------------------------------------
 
@@ -97,9 +97,10 @@ def test_gdn_conv(gpu, rng, CONV, PAD, KC, T, pos0):
     if pos0 == 0:
         state[:] = np.nan  # a fresh sequence must not read the state at all
     y_ref, state_ref = conv_ref(x[:, :CONV], w, state, pos0)
-    consts, grid = gdn_conv_plan(CONV, ROW, KC)
+    consts, grid = gdn_conv_plan(CONV, ROW, KC, 1, 0, 1)
     y, st = poisoned(gpu, "y", (T, CONV)), gpu.upload("state", state)
-    run(gpu, "gdn_conv", consts, [gpu.upload("x", x), gpu.upload("w", w), st, y, step_uniform(gpu, T, pos0)], grid)
+    run(gpu, "gdn_conv", consts, [gpu.upload("x", x), gpu.upload("w", w), st, y, step_uniform(gpu, T, pos0),
+                                  *one_head_gates(gpu, T)], grid)
     np.testing.assert_allclose(read(gpu, y, (T, CONV)), y_ref, rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(read(gpu, st, (KC - 1, CONV)), state_ref.astype(np.float32))
 
@@ -108,14 +109,15 @@ def test_gdn_conv_chunks_equal_one_pass(gpu, rng):
     CONV, KC, T = 128, 4, 9
     x = rng.standard_normal((T, CONV)).astype(np.float32)
     w = rng.standard_normal((CONV, KC)).astype(np.float16)
-    consts, grid = gdn_conv_plan(CONV, CONV, KC)
+    consts, grid = gdn_conv_plan(CONV, CONV, KC, 1, 0, 1)
     wb = gpu.upload("w", w)
 
     def conv(parts):
         st, outs, pos = gpu.upload("state", np.zeros((KC - 1, CONV), np.float32)), [], 0
         for n in parts:
             y = poisoned(gpu, "y", (n, CONV))
-            run(gpu, "gdn_conv", consts, [gpu.upload("x", x[pos:pos + n]), wb, st, y, step_uniform(gpu, n, pos)], grid)
+            run(gpu, "gdn_conv", consts, [gpu.upload("x", x[pos:pos + n]), wb, st, y, step_uniform(gpu, n, pos),
+                                          *one_head_gates(gpu, n)], grid)
             outs.append(read(gpu, y, (n, CONV)))
             pos += n
         return np.concatenate(outs), read(gpu, st, (KC - 1, CONV))
@@ -127,16 +129,26 @@ def test_gdn_conv_chunks_equal_one_pass(gpu, rng):
         np.testing.assert_array_equal(st, whole_state)
 
 
-def test_gdn_gates(gpu, rng):
-    VH, T, ROW, A_OFF, B_OFF = 40, 3, 130, 50, 90  # VH > WG: two workgroups per token
+def one_head_gates(gpu, T):
+    """gdn_conv's gate bindings for tests of the conv alone (one head: a, b read from channels 0 and 1)."""
+    return [gpu.upload("a_log", np.zeros(1, np.float32)), gpu.upload("dt", np.zeros(1, np.float32)),
+            gpu.buffer("gates", max(8 * T, 16))]
+
+
+def test_gdn_conv_gates(gpu, rng):
+    """The gates gdn_conv computes beside the conv (threads h < VH)."""
+    VH, T, ROW, A_OFF, B_OFF, CONV, KC = 70, 3, 200, 50, 125, 96, 4  # VH > WG: two workgroups of gate threads
     x = rng.standard_normal((T, ROW)).astype(np.float32) * 8
     x[0, A_OFF:A_OFF + 4] = [30.0, -40.0, 19.5, -12.0]  # both softplus branches, and a tiny softplus
     a_log = np.log(rng.uniform(0.01, 16, VH)).astype(np.float32)
     dt_bias = rng.standard_normal(VH).astype(np.float32)
-    consts, groups = gdn_gates_plan(VH, ROW, A_OFF, B_OFF)
+    consts, grid = gdn_conv_plan(CONV, ROW, KC, VH, A_OFF, B_OFF)
     gates = poisoned(gpu, "gates", (T, 2 * VH))
-    bufs = [gpu.upload("x", x), gpu.upload("a_log", a_log), gpu.upload("dt", dt_bias), gates, step_uniform(gpu, T)]
-    run(gpu, "gdn_gates", consts, bufs, (groups, T))
+    w = rng.standard_normal((CONV, KC)).astype(np.float16)
+    bufs = [gpu.upload("x", x), gpu.upload("w", w), gpu.upload("state", np.zeros((KC - 1, CONV), np.float32)),
+            gpu.buffer("y", T * CONV * 4), step_uniform(gpu, T), gpu.upload("a_log", a_log), gpu.upload("dt", dt_bias),
+            gates]
+    run(gpu, "gdn_conv", consts, bufs, grid)
     a = x[:, A_OFF:A_OFF + VH].astype(np.float64) + dt_bias
     g_ref = -np.exp(a_log.astype(np.float64)) * softplus(a)
     beta_ref = 1 / (1 + np.exp(-x[:, B_OFF:B_OFF + VH].astype(np.float64)))
@@ -178,18 +190,23 @@ def test_gdn_recur_wrong_gva_pairing_would_show(rng):
     assert not np.allclose(recur_ref(swapped, gates, None, KH, VH, DK, DV, fresh=True)[0], ref)
 
 
-@pytest.mark.parametrize("VH,DV,T", [(4, 32, 3), (3, 128, 2), (2, 48, 1)])
-def test_gdn_norm_out(any_gpu, rng, VH, DV, T):
+@pytest.mark.parametrize("VH,DV,T,q8", [(4, 32, 3, True), (3, 128, 2, False), (2, 48, 1, False), (3, 128, 1, True),
+                                        (5, 64, 1, False)])
+def test_gdn_norm_out(any_gpu, rng, VH, DV, T, q8):
+    """With Q8 a decode token (T = 1) also gets its int8 row, as quantize_q8 writes it; a prefill chunk does not."""
     g, eps, Z_OFF, ROW = any_gpu, 1e-6, 20, 20 + VH * DV + 9
     x = rng.standard_normal((T, VH * DV)).astype(np.float32) * 3
     zsrc = rng.standard_normal((T, ROW)).astype(np.float32) * 2
     w = rng.uniform(0.5, 1.5, DV).astype(np.float16)
     y = poisoned(g, "y", (T, VH * DV))
-    bufs = [g.upload("x", x), g.upload("z", zsrc), g.upload("w", w), y, step_uniform(g, T)]
-    run(g, "gdn_norm_out", gdn_norm_plan(VH, DV, eps, ROW, Z_OFF), bufs, (VH, T))
+    xq, xm = poisoned(g, "xq", (VH * DV // 4,), np.uint32), poisoned(g, "xm", (max(VH * DV // 32, 1), 2))
+    bufs = [g.upload("x", x), g.upload("z", zsrc), g.upload("w", w), y, step_uniform(g, T), xq, xm]
+    run(g, "gdn_norm_out", gdn_norm_plan(VH, DV, eps, ROW, Z_OFF, q8), bufs, (VH, T))
     z = zsrc[:, Z_OFF:Z_OFF + VH * DV].astype(np.float64).reshape(T, VH, DV)
     ref = w.astype(np.float64) * rms(x.astype(np.float64).reshape(T, VH, DV), eps) * z / (1 + np.exp(-z))
-    np.testing.assert_allclose(read(g, y, (T, VH * DV)), ref.reshape(T, -1), rtol=1e-5, atol=1e-6)
+    got = read(g, y, (T, VH * DV))
+    np.testing.assert_allclose(got, ref.reshape(T, -1), rtol=1e-5, atol=1e-6)
+    assert_q8_row(g, xq, xm, got[0] if q8 and T == 1 else None)
 
 
 @pytest.mark.parametrize("N,T", [(4096, 1), (300, 4)])

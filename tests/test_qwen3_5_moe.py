@@ -43,7 +43,8 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def mlc_model(gpu, tiny):  # f32 activations: decode compared with prefill to f32 rounding (int8: test_int8_decode)
-    return load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, q8_decode=False)
+    return load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32,
+                      split_keys=48, single_pass_keys=48, q8_decode=False)
 
 
 def q4_values(a: np.ndarray) -> np.ndarray:
@@ -136,7 +137,9 @@ def test_converter_names_a_missing_expert(tiny, tmp_path):
 def test_dispatch_count(mlc_model):
     rt = mlc_model.runtime
     assert rt.block("moe").dispatches_per_token() == 7 * 4  # shared expert apart: 7 a layer
-    assert rt.dispatches_per_token == 4 + (8 + 7) * rt.spec.n_layers
+    attn = len(rt.spec.attn_layers)  # mixers: GDN in_proj, conv (+ gates), recurrence, norm, out; gated attention
+    gdn = rt.spec.n_layers - attn  # qkv, gate, attention_decode, o; and two norms a layer
+    assert rt.dispatches_per_token == 4 + (2 + 7) * rt.spec.n_layers + 5 * gdn + 4 * attn
     assert_recorded_count(rt)
 
 
@@ -196,7 +199,8 @@ def mlx_variant(request):
 @pytest.fixture(scope="module")
 def mlx_model(gpu):
     """The 4-bit MoE checkpoint, loaded once for the decode / chunking / multi-turn tests."""
-    return load_model(cached_mlx("q4"), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, q8_decode=False)
+    return load_model(cached_mlx("q4"), gpu=gpu, max_context=320, prefill_chunk=32,
+                      split_keys=48, single_pass_keys=48, q8_decode=False)
 
 
 def test_mlx_logits_match_mlx_lm_at_every_position(gpu, mlx_variant):
@@ -204,7 +208,8 @@ def test_mlx_logits_match_mlx_lm_at_every_position(gpu, mlx_variant):
     # f32 prefill: the logits are compared with mlx-lm's f32 arithmetic (with int8 activations these tiny random
     # models move by up to 65%, in decode and prefill alike: near-tied routers flip); the decode stays int8, so the
     # dispatch counts below are the default ones.
-    model = load_model(path, gpu=gpu, max_context=160, prefill_chunk=32, split_keys=48, q8_prefill=False)
+    model = load_model(path, gpu=gpu, max_context=160, prefill_chunk=32,
+                       split_keys=48, single_pass_keys=48, q8_prefill=False)
     rt = model.runtime
     if variant == "dense":
         assert rt.block("moe") is None and rt.formats["embed"] == "mlx4" and rt.spec.tied_embeddings
@@ -214,8 +219,10 @@ def test_mlx_logits_match_mlx_lm_at_every_position(gpu, mlx_variant):
         assert moe.layers == (0, 1, 2, 3) and all(stacked != q3 for stacked in moe.stacked.values())
         assert rt.formats["layers.0.moe.router"] == rt.formats["layers.0.moe.shared_gate"] == "mlx8"
         assert rt.formats["layers.1.moe.gate_up"] == ("mlx3" if q3 else "mlx4")
-        # + quantize_q8 before o / GDN out and before the (4-bit) experts' down (the norms quantize the rest)
-        assert rt.dispatches_per_token == 4 + (15 if q3 else 13) * 4 + 4 + 4
+        # two norms and the MoE block a layer, the 2 GDN and 2 gated attention mixers (5 and 4 dispatches), and a
+        # quantize_q8 before the (4-bit) experts' down (the norms, the decode attention and the GDN norm write the
+        # other int8 rows)
+        assert rt.dispatches_per_token == 4 + (2 + (7 if q3 else 5)) * 4 + 5 * 2 + 4 * 2 + 4
     ids = np.random.default_rng(5).integers(0, rt.spec.vocab, 150)
     compare(model.logits(ids), mlx_reference(path)(ids))
 
@@ -234,7 +241,7 @@ def test_mlx_folder_brings_tokenizer_and_sampling_defaults(mlx_model):
 def test_int8_decode(gpu):
     """The default decode of the MLX MoE model (int8 activations into the 4-bit attention/GDN matvecs and the LM
     head; the experts read f32): each step close to the full forward, and the dispatch count as recorded."""
-    model = load_model(cached_mlx("q4"), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48)
+    model = load_model(cached_mlx("q4"), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, single_pass_keys=48)
     assert_int8_decode_steps_match_the_full_forward(model, outliers=1)
     assert_recorded_count(model.runtime)
 
@@ -411,8 +418,9 @@ def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
     moe, q3 = "moe" in shape, shape.endswith("3bit")  # 3-bit routed experts: the 4-bit shared one runs apart
     # Speeds are only checked to be real rates: on a fast GPU this tiny model's share of the ceiling rounds to 0.0%.
     assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["ceiling_tok_s"] > 0 and r["pct_of_ceiling"] >= 0
-    q8 = 2 * 4  # quantize_q8 before o / GDN out, and before the MLP's or the 4-bit experts' down
-    assert r["dispatches_per_token"] == 4 + (15 if q3 else 13 if moe else 10) * 4 + q8
+    q8 = 4 if moe else 0  # quantize_q8 before the 4-bit experts' down (gate_up's kernel writes the MLP down's)
+    # two norms and the feed-forward block a layer, 2 GDN mixers (5 dispatches) and 2 gated attention ones (4)
+    assert r["dispatches_per_token"] == 4 + (2 + (7 if q3 else 5 if moe else 2)) * 4 + 5 * 2 + 4 * 2 + q8
     assert r["moe_layers"] == (4 if moe else 0)
     assert r["active_gb_per_token"] > 0 and "pct_of_ceiling" in r["table"]
 
@@ -465,7 +473,7 @@ def test_real_qwen3_6_layer_widths_run(gpu):
     spec, formats = make_spec("qwen3_5_moe", config, "mlx")
     rt = Transformer(gpu, spec, random_weights(spec, formats), formats=formats,
                      options=RuntimeOptions(max_context=64, prefill_chunk=8))
-    assert all(rt.block("moe").stacked.values()) and rt.dispatches_per_token == 4 + 2 * 13 + 2 * 2
+    assert all(rt.block("moe").stacked.values()) and rt.dispatches_per_token == 4 + 5 + 4 + 2 * (2 + 5) + 2
     ids = np.random.default_rng(0).integers(0, 1024, 6)
     chunked = rt.logits(ids)
     rt.reset()

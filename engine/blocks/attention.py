@@ -1,7 +1,11 @@
 """The attention mixer: paged f16 KV cache per layer, fused QKV projection, RoPE + cache append, attention over the
-cache (split-K in decode past `split_keys` keys, then a combine), and the output projection. The gated variant
-(Qwen3.5) projects a per-head output gate with q (checkpoint c_attn = per-head [Q | gate] ++ K ++ V, split at load
-into qkv and gate) and applies sigmoid(gate) before the output projection; its q/k norms may be zero-centred."""
+cache, and the output projection. A decode token over at most `single_pass_keys` keys takes one dispatch for RoPE,
+append and attention (attention_decode.wgsl, which also applies the gate and writes o's int8 input); past that, RoPE +
+append, then split-K attention in blocks of `split_keys` keys and a combine. The gated variant (Qwen3.5) projects a
+per-head output gate with q (checkpoint c_attn = per-head [Q | gate] ++ K ++ V, split at load into qkv and gate)
+and applies sigmoid(gate) before the output projection; its q/k norms may be zero-centred. The gate rows live in the
+qkv buffer behind the QKV rows (at an aligned offset), so the one-dispatch decode kernel reads both through one
+binding."""
 
 from __future__ import annotations
 
@@ -11,10 +15,12 @@ from engine.blocks import Block, BufferNeed, array_bytes, upload_weight
 from engine.blocks.linear import Arithmetic, Linear, matrix_bindings, matrix_tensors
 from engine.kernels.attention import (
     ATTENTION,
+    ATTENTION_DECODE,
     ATTN_GATE,
     COMBINE,
     ROPE_APPEND,
     attention_consts,
+    attention_decode_consts,
     attn_gate_plan,
     combine_consts,
     rope_append_consts,
@@ -29,12 +35,19 @@ class AttentionMixer(Block):
     name = "attention"
 
     def __init__(self, spec, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic, chunk: int,
-                 max_context: int, split_keys: int, gated: bool = False, norm_offset: float = 0.0):
+                 max_context: int, split_keys: int, gated: bool = False, single_pass_keys: int = 1,
+                 offset_alignment: int = 256):
         s = self.spec = spec
         self.name = "gated_attention" if gated else "attention"
         self.layers, self.gated, self.ar, self.chunk, self.split_keys = tuple(layers), gated, ar, chunk, split_keys
+        self.single_pass_keys = single_pass_keys
         self.q_dim, self.kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         self.qkv_dim = self.q_dim + 2 * self.kv_dim
+        # The gate's rows (chunk × q_dim) follow the QKV rows in the qkv buffer, at a bindable offset.
+        self.gate_offset = -(-chunk * self.qkv_dim * 4 // offset_alignment) * offset_alignment
+        self.qkv_bytes = self.gate_offset + chunk * self.q_dim * 4 if gated else chunk * self.qkv_dim * 4
+        # The one-dispatch decode attention writes o's int8 input when each head's 32-element chunks lie inside it.
+        self.decode_int8 = ar.int8 and s.head_dim % 32 == 0
         self.qk_norm = gated or s.qk_norm
         self.n_pages = -(-max_context // PAGE)
         self.page_bytes = s.n_kv_heads * PAGE * s.head_dim * 2
@@ -77,16 +90,24 @@ class AttentionMixer(Block):
                 out.append(BufferNeed.upload(f"{c}.o.{key}", array_bytes(shape, dtype)))
             if self.qk_norm:
                 out += [BufferNeed.upload(f"{c}.{n}", 2 * s.head_dim) for n in ("q_norm", "k_norm")]
+            out.append(BufferNeed.upload(f"{c}.decode-rope", self._decode_rope(i).nbytes, "scratch"))
             out += [BufferNeed.buffer(f"{kv}-cache-{i}", self.n_pages * self.page_bytes, "kv") for kv in "kv"]
         out += [BufferNeed.upload("page-table", 4 * self.n_pages, "scratch"),
                 BufferNeed.upload("rope-inv-freq", 4 * len(s.inv_freq), "scratch"),
-                BufferNeed.buffer("qkv", C * self.qkv_dim * f32), BufferNeed.buffer("q-roped", C * self.q_dim * f32),
+                BufferNeed.buffer("qkv", self.qkv_bytes), BufferNeed.buffer("q-roped", C * self.q_dim * f32),
                 BufferNeed.buffer("attn-out", C * self.q_dim * f32),
                 BufferNeed.buffer("attn-part-o", MAX_SPLITS * self.q_dim * f32),
                 BufferNeed.buffer("attn-part-ml", MAX_SPLITS * s.n_heads * 2 * f32)]
-        if self.gated:
-            out.append(BufferNeed.buffer("attn-gate", C * self.q_dim * f32))
         return out
+
+    def _decode_rope(self, layer: int) -> np.ndarray:
+        """attention_decode's `inv_freq` binding for a layer: the inverse frequencies, then the q and k norm weights
+        as f32 (zeros, never read, without q/k norms)."""
+        s, norms = self.spec, getattr(self, "norm_host", {})
+        parts = [s.inv_freq.astype(np.float32)]
+        for n in ("q_norm", "k_norm"):
+            parts.append(np.asarray(norms.get(f"layers.{layer}.{n}", np.zeros(s.head_dim)), np.float32))
+        return np.concatenate(parts)
 
     def shared_needs(self) -> dict[str, int]:
         return {"mixer-out": self.chunk * self.q_dim * 4} if self.gated else {}
@@ -95,8 +116,10 @@ class AttentionMixer(Block):
         return max(self.spec.dim, self.q_dim)
 
     def splits(self, kv_len: int) -> int:
-        """Split-K partitions of decode attention over kv_len keys."""
-        return 1 if kv_len <= self.split_keys else min(MAX_SPLITS, -(-kv_len // self.split_keys))
+        """Split-K partitions of decode attention over kv_len keys (1: the one-dispatch kernel)."""
+        if kv_len <= max(self.single_pass_keys, self.split_keys):
+            return 1
+        return min(MAX_SPLITS, -(-kv_len // self.split_keys))
 
     # ---- load --------------------------------------------------------------------------------------------
     def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
@@ -109,6 +132,9 @@ class AttentionMixer(Block):
             self.w[f"layers.{layer}.gate.{key}"] = upload_weight(gpu, f"{label}:gate", gate)
         else:
             self.w[name] = upload_weight(gpu, label, arr)
+            if matrix in ("q_norm", "k_norm"):  # also a part of the decode kernel's rope binding (built later)
+                self.norm_host = getattr(self, "norm_host", {})
+                self.norm_host[name] = np.array(arr, np.float32)
 
     def _split_c_attn(self, arr: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         s = self.spec
@@ -137,14 +163,20 @@ class AttentionMixer(Block):
             getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0)))
         self.bg_combine = gpu.bind(self.p_combine, dict(part_o=self.part_o, part_ml=self.part_ml, out=self.attn,
                                                         step=ws.step, xq=ws.x_q8, xm=ws.x_q8_meta), "combine")
+        rope = rope_append_consts(s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
+                                  getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0))
+        self.p_decode = gpu.pipeline(ATTENTION_DECODE, attention_decode_consts(
+            rope, self.gate_offset // 4 if self.gated else None, self.decode_int8))
         if self.gated:
-            self.gate, self.gated_out = made["attn-gate"], ws.shared["mixer-out"]
+            self.gate = (self.qkv, self.gate_offset, self.chunk * self.q_dim * 4)
+            self.gated_out = ws.shared["mixer-out"]
             gate_consts, self.gate_groups = attn_gate_plan(self.q_dim)
             self.p_gate = gpu.pipeline(ATTN_GATE, gate_consts)
             self.bg_gate = gpu.bind(self.p_gate, dict(x=self.attn, gate=self.gate, y=self.gated_out, step=ws.step),
                                     "attn_gate")
         o_in = self.gated_out if self.gated else self.attn
         self.bg = {}
+        self.decode_rope = {i: gpu.upload(f"layers.{i}.decode-rope", self._decode_rope(i)) for i in self.layers}
         for i in self.layers:
             c, lin, dummy = f"layers.{i}", self.lin[i], ws.dummy_f16
             kc, vc = self.k_cache[i], self.v_cache[i]
@@ -156,7 +188,9 @@ class AttentionMixer(Block):
                 "attn": gpu.bind(self.p_attn, dict(q=self.q, **cache, out=self.attn, part_ml=self.part_ml,
                                                    step=ws.step), f"{c}.attn"),
                 "split": gpu.bind(self.p_split, dict(q=self.q, **cache, out=self.part_o, part_ml=self.part_ml,
-                                                     step=ws.step), f"{c}.attn_split")}
+                                                     step=ws.step), f"{c}.attn_split"),
+                "decode": gpu.bind(self.p_decode, dict(qkv=self.qkv, **cache, inv_freq=self.decode_rope[i], out=o_in,
+                                                       step=ws.step, xq=ws.x_q8, xm=ws.x_q8_meta), f"{c}.attn_decode")}
             lin["qkv"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.qkv", self.formats[i], dummy), self.qkv,
                             f"{c}.qkv", src_int8=self.ar.norm_int8)
             if self.gated:
@@ -174,6 +208,10 @@ class AttentionMixer(Block):
         lin["qkv"].record(rec, T)
         if self.gated:
             lin["gate"].record(rec, T)
+        if T == 1 and splits == 1:  # one token over few keys: RoPE, append, attention (and gate) in one dispatch
+            rec.dispatch(self.p_decode, bg["decode"], s.n_heads, 1, 1)
+            lin["o"].record(rec, T, int8_ready=self.decode_int8)
+            return
         rec.dispatch(self.p_rope, bg["rope"], T, s.n_heads + 2 * s.n_kv_heads)
         if splits > 1:
             rec.dispatch(self.p_split, bg["split"], s.n_heads, T, splits)

@@ -1,9 +1,10 @@
 """The gated DeltaNet mixer (Qwen3.5's linear-attention layers) and its state.
 
 Per layer: the four input projections fused into one matvec (in_proj_qkv ‖ z ‖ a ‖ b rows, joined at load), the
-causal conv (state: the last K−1 raw inputs), the decay/beta gates, the delta-rule recurrence on an f32 state
-[v_heads, d_k, d_v], the gated RMSNorm and the output projection. All layers' states live in one `state` buffer, so
-a checkpoint of the whole sequence state is one buffer copy.
+causal conv (state: the last K−1 raw inputs) with the decay/beta gates in the same dispatch, the delta-rule
+recurrence on an f32 state [v_heads, d_k, d_v], the gated RMSNorm (in decode it also writes the output projection's
+int8 input) and the output projection. All layers' states live in one `state` buffer, so a checkpoint of the whole
+sequence state is one buffer copy.
 
 Rollback contract: the recurrent state cannot be truncated like a KV cache, so it is snapshotted by position: one
 snapshot before the last token of each prompt (a regenerate resumes there exactly) and a rolling few every
@@ -20,12 +21,10 @@ from engine.blocks.linear import Arithmetic, Linear, matrix_bindings, matrix_ten
 from engine.errors import UnsupportedModelError
 from engine.kernels.gdn import (
     GDN_CONV,
-    GDN_GATES,
     GDN_NORM_OUT,
     GDN_RECUR,
     gdn_conv_plan,
     gdn_dims,
-    gdn_gates_plan,
     gdn_norm_plan,
     gdn_recur_plan,
 )
@@ -137,29 +136,29 @@ class GatedDeltaNetMixer(Block):
         self.recur, self.state, self.mixer_out = made["gdn-recur-out"], made["gdn-state"], ws.shared["mixer-out"]
         self._free = [made[f"gdn-snapshot-{j}"] for j in range(sum(self._caps.values()))]
         self.gpu = gpu
-        conv_consts, self.conv_grid = gdn_conv_plan(d["CONV"], d["ROW"], s.conv_kernel)
-        gates_consts, self.gates_groups = gdn_gates_plan(s.gdn_v_heads, d["ROW"], d["A_OFF"], d["B_OFF"])
+        conv_consts, self.conv_grid = gdn_conv_plan(d["CONV"], d["ROW"], s.conv_kernel, s.gdn_v_heads, d["A_OFF"],
+                                                    d["B_OFF"])
         recur_consts, self.recur_grid = gdn_recur_plan(s.gdn_k_heads, s.gdn_v_heads, s.gdn_k_dim, s.gdn_v_dim,
                                                        d["CONV"])
         self.p_conv = gpu.pipeline(GDN_CONV, conv_consts)
-        self.p_gates = gpu.pipeline(GDN_GATES, gates_consts)
         self.p_recur = gpu.pipeline(GDN_RECUR, recur_consts)
+        # The norm writes out's int8 input in decode when out takes int8 (no quantize_q8 before it).
+        self.norm_int8 = s.gdn_v_dim % 32 == 0 and all(self.lin[i]["out"].int8 for i in self.layers)
         self.p_norm = gpu.pipeline(GDN_NORM_OUT, gdn_norm_plan(s.gdn_v_heads, s.gdn_v_dim, s.eps, d["ROW"],
-                                                               d["Z_OFF"]))
+                                                               d["Z_OFF"], self.norm_int8))
         self.bg = {}
         for i in self.layers:
             c, w, st = f"layers.{i}", self.w, ws.step
             (r_off, r_size), (c_off, c_size) = self.slices[i]
             self.bg[i] = {
                 "conv": gpu.bind(self.p_conv, dict(x=self.proj, w=w[f"{c}.conv1d"], state=(self.state, c_off, c_size),
-                                                   y=self.conv_out, step=st), f"{c}.gdn_conv"),
-                "gates": gpu.bind(self.p_gates, dict(x=self.proj, a_log=w[f"{c}.A_log"], dt_bias=w[f"{c}.dt_bias"],
-                                                     gates=self.gates, step=st), f"{c}.gdn_gates"),
+                                                   y=self.conv_out, step=st, a_log=w[f"{c}.A_log"],
+                                                   dt_bias=w[f"{c}.dt_bias"], gates=self.gates), f"{c}.gdn_conv"),
                 "recur": gpu.bind(self.p_recur, dict(qkv=self.conv_out, gates=self.gates,
                                                      state=(self.state, r_off, r_size), out=self.recur, step=st),
                                   f"{c}.gdn_recur"),
                 "norm": gpu.bind(self.p_norm, dict(x=self.recur, zsrc=self.proj, w=w[f"{c}.gdn_norm"], y=self.mixer_out,
-                                                   step=st), f"{c}.gdn_norm")}
+                                                   step=st, xq=ws.x_q8, xm=ws.x_q8_meta), f"{c}.gdn_norm")}
             lin = self.lin[i]
             lin["in_proj"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.in_proj", self.in_formats[i], ws.dummy_f16),
                                 self.proj, f"{c}.in_proj", src_int8=self.ar.norm_int8)
@@ -175,10 +174,9 @@ class GatedDeltaNetMixer(Block):
         lin, bg = self.lin[layer], self.bg[layer]
         lin["in_proj"].record(rec, T)
         rec.dispatch(self.p_conv, bg["conv"], *self.conv_grid)
-        rec.dispatch(self.p_gates, bg["gates"], self.gates_groups, T)
         rec.dispatch(self.p_recur, bg["recur"], *self.recur_grid)
         rec.dispatch(self.p_norm, bg["norm"], self.spec.gdn_v_heads, T)
-        lin["out"].record(rec, T)
+        lin["out"].record(rec, T, int8_ready=self.norm_int8)
 
     # ---- state snapshots ---------------------------------------------------------------------------------
     def snapshots(self) -> list[tuple[int, object]]:

@@ -12,12 +12,14 @@ from engine.kernels.matmul import (
     MATMUL_Q8,
     MATVEC_INT4,
     MATVEC_Q8,
+    MATVEC_Q8_CHAIN,
     MATVEC_SG,
     QUANTIZE_Q8,
     format_knobs,
     gemm_plan,
     gemm_q8_plan,
     matvec_plan,
+    matvec_q8_chain_plan,
     matvec_q8_plan,
     matvec_sg_plan,
     packed_shapes,
@@ -72,6 +74,7 @@ class Linear:
     def __init__(self, k: int, n: int, tag: str, ar: Arithmetic, gate_up: bool = False):
         self.k, self.n, self.tag, self.gate_up = k, n, tag, gate_up
         self.int8, self.int8_prefill = ar.is_int8(tag), ar.is_int8_prefill(tag)
+        self.subgroup_size = ar.subgroup_size
         self.mv = decode_kernel(k, n, gate_up, tag, ar)
         knobs = format_knobs(tag)
         if self.int8_prefill:
@@ -81,19 +84,30 @@ class Linear:
         self._grids: dict[int, tuple] = {}
 
     def bind(self, gpu, ws, src, matrix: dict, dst, label: str, src_int8: bool = False,
-             rows_ready: bool = False) -> None:
+             rows_ready: bool = False, int8_src: tuple | None = None, int8_out: tuple | None = None) -> None:
         """Bind the products from `src` to `dst`. `src_int8`: the int8 copy of src's last row is in the workspace's
-        int8 row already (a norm wrote it); `rows_ready`: the GEMM recorded just before quantized the same rows."""
+        int8 row already (a norm wrote it); `rows_ready`: the GEMM recorded just before quantized the same rows.
+        `int8_src` (codes, scales): the decode matvec before wrote src's int8 copy there (no quantize here).
+        `int8_out` (codes, scales): the decode matvec also writes its output's int8 copy there when its kernel can
+        (matvec_q8_chain); `writes_int8` says whether it does."""
         kernel, consts, grid = self.mv
+        self.writes_int8 = False
+        if self.int8 and int8_out is not None:
+            chain = matvec_q8_chain_plan(self.k, self.n, self.subgroup_size, self.gate_up, **format_knobs(self.tag))
+            if chain and chain[0]["WG"] <= gpu.limits.get("max-compute-invocations-per-workgroup", 256):
+                kernel, (consts, grid) = MATVEC_Q8_CHAIN, chain
+                self.writes_int8 = True
         pipe = gpu.pipeline(kernel, consts)
         self.decode_steps = []  # (pipeline, bind group, grid)
         if self.int8:
-            if not src_int8:
+            xq, xm = int8_src or (ws.x_q8, ws.x_q8_meta)
+            if not src_int8 and int8_src is None:
                 qconsts, qgrid = quantize_q8_plan(self.k)
                 qpipe = gpu.pipeline(QUANTIZE_Q8, qconsts)
                 self.decode_steps.append((qpipe, gpu.bind(qpipe, dict(x=src, xq=ws.x_q8, xm=ws.x_q8_meta,
                                                                       step=ws.step), f"{label}.q8"), qgrid))
-            bg = gpu.bind(pipe, dict(xq=ws.x_q8, **matrix, y=dst, xm=ws.x_q8_meta), f"{label}.mv")
+            out = dict(yq=int8_out[0], ym=int8_out[1]) if self.writes_int8 else {}
+            bg = gpu.bind(pipe, dict(xq=xq, **matrix, y=dst, xm=xm, **out), f"{label}.mv")
         else:
             bg = gpu.bind(pipe, dict(x=src, **matrix, y=dst, step=ws.step), f"{label}.mv")
         self.decode_steps.append((pipe, bg, grid))

@@ -1,5 +1,5 @@
 """The dense feed-forward block: gate_up (gate rows then up rows, one matrix) with SiLU(gate)·up fused into its
-product, then down."""
+product, then down. In int8 decode gate_up's kernel also writes its output's int8 copy, down's input."""
 
 from __future__ import annotations
 
@@ -47,13 +47,17 @@ class DenseMlp(Block):
         self.w[name] = upload_weight(gpu, source or name, arr)
 
     def build(self, gpu, ws) -> None:
-        act = ws.shared["ffn-act"]
+        act, act_q8 = ws.shared["ffn-act"], (ws.y_q8, ws.y_q8_meta)
         for i in self.layers:
-            c = f"layers.{i}"
-            for m, src, dst in (("gate_up", ws.hidden, act), ("down", act, ws.delta)):
-                arrays = {k.removeprefix(f"{c}.{m}."): v for k, v in self.w.items() if k.startswith(f"{c}.{m}.")}
-                self.lin[i][m].bind(gpu, ws, src, matrix_bindings(arrays, self.formats[i, m], ws.dummy_f16), dst,
-                                    f"{c}.{m}", src_int8=src is ws.hidden and self.ar.norm_int8)
+            c, lin = f"layers.{i}", self.lin[i]
+            matrix = {m: matrix_bindings({k.removeprefix(f"{c}.{m}."): v for k, v in self.w.items()
+                                          if k.startswith(f"{c}.{m}.")}, self.formats[i, m], ws.dummy_f16)
+                      for m in ("gate_up", "down")}
+            # With both int8, gate_up's kernel also writes its output in int8 for down (no quantize between them).
+            lin["gate_up"].bind(gpu, ws, ws.hidden, matrix["gate_up"], act, f"{c}.gate_up", src_int8=self.ar.norm_int8,
+                                int8_out=act_q8 if lin["down"].int8 else None)
+            lin["down"].bind(gpu, ws, act, matrix["down"], ws.delta, f"{c}.down",
+                             int8_src=act_q8 if lin["gate_up"].writes_int8 else None)
 
     def record(self, rec, layer: int, T: int, splits: int = 1) -> None:
         self.lin[layer]["gate_up"].record(rec, T)

@@ -1,14 +1,13 @@
-"""Gated DeltaNet kernels' host side (Qwen3.5's linear-attention layers): the causal conv, the decay/beta gates,
-the delta-rule recurrence and the gated output norm."""
+"""Gated DeltaNet kernels' host side (Qwen3.5's linear-attention layers): the causal conv (which also computes the
+decay/beta gates), the delta-rule recurrence and the gated output norm."""
 
 from __future__ import annotations
 
 from engine.kernels import declare
 
-GDN_CONV = declare("gdn_conv", writes=("state", "y"))
-GDN_GATES = declare("gdn_gates", writes=("gates",))
+GDN_CONV = declare("gdn_conv", writes=("state", "y", "gates"))
 GDN_RECUR = declare("gdn_recur", writes=("state", "out"))
-GDN_NORM_OUT = declare("gdn_norm_out", writes=("y",))
+GDN_NORM_OUT = declare("gdn_norm_out", writes=("y", "xq", "xm"))
 # Threads per state column in gdn_recur: one thread per whole column spilled its registers (BENCH.md, gdn_rsplit).
 RECUR_RSPLIT = 4
 
@@ -20,14 +19,15 @@ def gdn_dims(conv_dim: int, v_heads: int, v_dim: int) -> dict:
                 B_OFF=conv_dim + vd + v_heads)
 
 
-def gdn_conv_plan(conv: int, row: int, kc: int, wg: int = 64) -> tuple[dict, tuple[int]]:
+def gdn_conv_plan(conv: int, row: int, kc: int, vh: int, a_off: int, b_off: int,
+                  wg: int = 64) -> tuple[dict, tuple[int]]:
+    """Constants and grid of gdn_conv.wgsl: the conv over `conv` channels and the gates of `vh` value heads (a and b
+    at columns a_off + h, b_off + h of the rows)."""
     if kc < 2:
         raise ValueError(f"conv kernel width must be at least 2, got {kc}")
-    return dict(WG=wg, CONV=conv, ROW=row, KC=kc), (-(-conv // wg),)
-
-
-def gdn_gates_plan(vh: int, row: int, a_off: int, b_off: int, wg: int = 32) -> tuple[dict, int]:
-    return dict(WG=wg, VH=vh, ROW=row, A_OFF=a_off, B_OFF=b_off), -(-vh // wg)
+    if not 0 < vh <= conv:
+        raise ValueError(f"gdn_conv computes the gates of at most its {conv} channels' worth of heads, got VH={vh}")
+    return dict(WG=wg, CONV=conv, ROW=row, KC=kc, VH=vh, A_OFF=a_off, B_OFF=b_off), (-(-conv // wg),)
 
 
 def gdn_recur_plan(kh: int, vh: int, dk: int, dv: int, conv: int, wg: int = 128,
@@ -40,6 +40,9 @@ def gdn_recur_plan(kh: int, vh: int, dk: int, dv: int, conv: int, wg: int = 128,
     return dict(WG=wg, RSPLIT=rsplit, KH=kh, VH=vh, DK=dk, DV=dv, CONV=conv), (vh, -(-dv // (wg // rsplit)))
 
 
-def gdn_norm_plan(vh: int, dv: int, eps: float, row: int, z_off: int) -> dict:
-    """Constants for gdn_norm_out.wgsl (grid (VH, T))."""
-    return dict(WG=min(256, max(32, 1 << (dv - 1).bit_length())), VH=vh, DV=dv, EPS=float(eps), ROW=row, Z_OFF=z_off)
+def gdn_norm_plan(vh: int, dv: int, eps: float, row: int, z_off: int, q8: bool = False) -> dict:
+    """Constants for gdn_norm_out.wgsl (grid (VH, T)); with Q8 a decode token's output also goes to int8."""
+    if q8 and dv % 32:
+        raise ValueError(f"gdn_norm_out writes int8 rows only for a value head dim a multiple of 32, got {dv}")
+    return dict(WG=min(256, max(32, 1 << (dv - 1).bit_length())), VH=vh, DV=dv, EPS=float(eps), ROW=row, Z_OFF=z_off,
+                Q8=bool(q8))

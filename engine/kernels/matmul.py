@@ -27,6 +27,7 @@ from engine.kernels import declare, fold_grid
 MATVEC_INT4 = declare("matvec_int4", writes=("y",))
 MATVEC_SG = declare("matvec_sg", writes=("y",))
 MATVEC_Q8 = declare("matvec_q8", writes=("y",))
+MATVEC_Q8_CHAIN = declare("matvec_q8_chain", writes=("y", "yq", "ym"))
 MATMUL_INT4 = declare("matmul_int4", writes=("y",))
 MATMUL_Q8 = declare("matmul_q8", writes=("y",))
 QUANTIZE_Q8 = declare("quantize_q8", writes=("xq", "xm"))
@@ -45,6 +46,9 @@ MATVEC_SG_WG = 128
 # The int8-activation matvec (shaders/matvec_q8.wgsl): 2 weight rows per subgroup measured best on the H200
 # (bench/matvec_probe.py; BENCH.md).
 MATVEC_Q8_SLOTS = 2
+# matvec_q8_chain's workgroups: one subgroup per output block up to this many threads (1,024 on the H200's 32-lane
+# subgroups: as many threads in flight as matvec_q8's 128-thread workgroups over 8× as many workgroups).
+MATVEC_Q8_CHAIN_MAX_WG = 1024
 QUANTIZE_WG = 64
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
@@ -153,6 +157,22 @@ def matvec_q8_plan(
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, ZERO=fmt["ZERO"],
                   AFFINE=fmt["AFFINE"], GROUP=fmt["GROUP"])
     return consts, fold_grid(-(-N // (rows * blocks)))
+
+
+def matvec_q8_chain_plan(
+    K: int, N: int, subgroup_size: int, gate_up: bool = False, *, bits: int = 4, zero: int = 7, affine: bool = False,
+    group: int = 32,
+) -> tuple[dict, tuple[int, int]] | None:
+    """Constants and grid for shaders/matvec_q8_chain.wgsl (matvec_q8 that also writes its output in int8): each
+    workgroup owns one 32-output chunk, one subgroup per block of ROWS while the workgroup size allows. None where
+    the shape cannot take it (N not a multiple of 32)."""
+    consts, _ = matvec_q8_plan(K, N, subgroup_size, gate_up, bits=bits, zero=zero, affine=affine, group=group)
+    rows = consts["ROWS"]
+    if N % CHUNK or CHUNK % rows:
+        return None
+    blocks = CHUNK // rows
+    wg = min(blocks * subgroup_size, MATVEC_Q8_CHAIN_MAX_WG // subgroup_size * subgroup_size)
+    return dict(consts, WG=wg, BLOCKS=blocks), fold_grid(N // CHUNK)
 
 
 def quantize_q8_plan(K: int, last_row: bool = False, rows: int = 1, row0: int = 0,
