@@ -144,7 +144,8 @@ def test_load_peak_is_the_model_plus_one_staging_window(models):
         est = estimate(e)
         assert est.gpu_bytes < est.load_gpu_bytes <= est.gpu_bytes + max(UPLOAD_WINDOW, e.largest_tensor_bytes * 2)
     tiny = estimate(tiny_dense_spec()[0], 64)
-    assert tiny.staging_bytes == tiny.weights_bytes + 4 * 4 + 4 * 16 + 4 * 1024  # + page table, RoPE table, window
+    # + page table, RoPE table, window, and per layer the decode attention's RoPE + q/k norm table (f32)
+    assert tiny.staging_bytes == tiny.weights_bytes + 4 * 4 + 4 * 16 + 4 * 1024 + 2 * 4 * (16 + 2 * 32)
 
 
 # ---- verdicts -------------------------------------------------------------------------------------------
