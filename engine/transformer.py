@@ -56,7 +56,7 @@ class RuntimePlan:
         self.arithmetic = ar = Arithmetic(
             int8=int8, int8_prefill=self.options.int8_prefill(s.dim) and int8,
             norm_int8=int8 and norm_can_write_int8(s.dim), subgroup_rows=traits.subgroups,
-            subgroup_size=traits.subgroup_size)
+            subgroup_size=traits.subgroup_size, max_threads=traits.max_threads)
         kinds = layer_blocks(s)
         layers_of = lambda kind, at: tuple(i for i, k in enumerate(kinds) if k[at] == kind)  # noqa: E731
         self.vocab = VocabEnds(s.dim, s.vocab, s.tied_embeddings, formats, ar, C, traits.max_binding)
@@ -75,6 +75,13 @@ class RuntimePlan:
         if layers := layers_of("moe", 1):
             ffns.append(MoeFfn(s.dim, s.n_experts, s.top_k, s.moe_ffn_dim, s.shared_ffn_dim, layers, formats, ar, C,
                                s.norm_topk_prob))
+        # A decode token's add + norm dispatches fold into the int8 matvecs around them where every mixer and
+        # feed-forward block can carry them (engine/blocks/residual.py).
+        fused = ar.int8 and ar.norm_int8 and all(b.can_carry_norms() for b in [*mixers, *ffns])
+        if fused:
+            self.residual.in_matvecs = True
+            for b in [*mixers, *ffns]:
+                b.norms = self.residual
         self.sampler = Sampler(s.vocab)
         self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
         self.mixer_of = {i: b for b in mixers for i in b.layers}
@@ -85,7 +92,7 @@ class RuntimePlan:
             for name, size in b.shared_needs().items():
                 shared[name] = max(shared.get(name, 0), size)
         int8_k = max([s.dim] + [b.int8_row_k() for b in self.blocks])
-        self.workspace = Workspace(s.dim, C, int8_k, ar.int8_prefill, shared)
+        self.workspace = Workspace(s.dim, C, int8_k, ar.int8_prefill, shared, traits.offset_alignment, fused)
 
     def tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """Canonical checkpoint tensor -> (shape, dtype), every tensor the blocks take."""

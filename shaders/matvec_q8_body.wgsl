@@ -25,6 +25,12 @@ fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 // Outputs first .. first + ROWS of the matrix whose weight rows start at row0 (gate rows, then up rows with
 // GATE_UP), from int8 activation row xrow, written to y[y_base + first + i]. Call from subgroup-uniform flow.
 fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane) {
+    q8_block_scaled(first, row0, xrow, y_base, 1.0, lane);
+}
+
+// q8_block with every dot product times `scale` (before the gate's SiLU): an activation row stored in int8 without
+// a factor common to all its chunks (an RMSNorm's 1/rms: matvec_q8_chain.wgsl with RMS).
+fn q8_block_scaled(first: u32, row0: u32, xrow: u32, y_base: u32, scale: f32, lane: Lane) {
     var row: array<u32, WROWS>;  // rows past N are clamped to N - 1: read, summed, never written
     for (var i = 0u; i < WROWS; i++) { row[i] = row0 + (i / ROWS) * N + min(first + i % ROWS, N - 1u); }
     var acc = array<f32, WROWS>();
@@ -53,7 +59,7 @@ fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane) {
         }
     }
     var total: array<f32, WROWS>;
-    for (var i = 0u; i < WROWS; i++) { total[i] = subgroupAdd(acc[i]); }
+    for (var i = 0u; i < WROWS; i++) { total[i] = subgroupAdd(acc[i]) * scale; }
     if (lane.sg_lane == 0u) {
         for (var i = 0u; i < ROWS; i++) {
             let r = first + i;

@@ -1,21 +1,34 @@
-"""matvec_q8_chain: matvec_q8 whose output also goes to int8 (gate_up's, for down) vs float64 numpy on the quantized
-x, its int8 copy vs what quantize_q8 writes for the same row, and the same f32 outputs as matvec_q8."""
+"""The decode matvecs with one 32-output chunk per workgroup: matvec_q8_chain (its output also in int8, gate_up's for
+down; or its input an RMSNorm's row without 1/rms) and matvec_q8_norm (+ residual add + that row), vs float64 numpy
+on the quantized x, their int8 rows vs what quantize_q8 writes, and the fused pair vs add_rms_norm + matvec_q8."""
 
 import numpy as np
 import pytest
 
 from engine.kernels import MAX_GROUPS_PER_DIM
-from engine.kernels.matmul import matvec_q8_chain_plan
-from tests.helpers import assert_q8_matches, poisoned, random_packed, read, run
+from engine.kernels.matmul import matvec_q8_chain_plan, matvec_q8_norm_plan, matvec_q8_plan, norm_pack_layout
+from tests.helpers import (
+    assert_q8_matches,
+    poisoned,
+    random_packed,
+    read,
+    reference_dequantize_fmt,
+    run,
+    step_uniform,
+)
 from tests.test_kernels_q8 import Q4, quantize_on_gpu, reference, run_q8
 
 
-def run_chain(gpu, x_row, w, s, N, gate_up, fmt, subgroup_size=None):
+def run_chain(gpu, x_row, w, s, N, gate_up, fmt, subgroup_size=None, out8=True, ss=None, eps=0.0):
+    """ss: Σ x² per chunk for the RMS role (None: plain input)."""
     K = x_row.shape[0]
     xq_buf, xm_buf, xq, xm = quantize_on_gpu(gpu, x_row[None], False)
-    consts, grid = matvec_q8_chain_plan(K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, **fmt)
+    consts, grid = matvec_q8_chain_plan(K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, out8=out8,
+                                        rms=ss is not None, eps=eps, **fmt)
     y, yq, ym = poisoned(gpu, "y", (N,)), poisoned(gpu, "yq", (N // 4,), np.uint32), poisoned(gpu, "ym", (N // 32, 2))
-    run(gpu, "matvec_q8_chain", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf, yq, ym], grid)
+    ss_buf = gpu.upload("ss", np.full(K // 32, np.nan, np.float32) if ss is None else ss)
+    run(gpu, "matvec_q8_chain", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf, yq, ym, ss_buf],
+        grid)
     return read(gpu, y, (N,)), read(gpu, yq, (N // 4,), np.uint32), read(gpu, ym, (N // 32, 2)), consts, grid
 
 
@@ -60,7 +73,98 @@ def test_matvec_q8_chain_folded_grid(gpu, rng):
     assert_q8_matches(yq, ym, out)
 
 
+@pytest.mark.parametrize("gate_up,out8,N", [(False, False, 72), (True, True, 64)])
+def test_matvec_q8_chain_rms(gpu, rng, gate_up, out8, N):
+    """RMS: the input row is stored without its norm's 1/rms; the kernel takes it from the chunks' Σ x² (ss). Without
+    the int8 output N need not be whole chunks (the last workgroup's spare rows are never written)."""
+    fmt, K, eps = Q4["q4f16_1"], 256, 1e-5
+    w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
+    v = rng.standard_normal(K).astype(np.float32) * 4
+    ss = (rng.random(K // 32) * 40).astype(np.float32)
+    out, yq, ym, _, _ = run_chain(gpu, v, w, s, N, gate_up, fmt, out8=out8, ss=ss, eps=eps)
+    _, v_hat, _ = run_q8(gpu, v, w, s, N, False, fmt)  # the quantized input row, in float64
+    inv = 1.0 / np.sqrt(ss.astype(np.float64).sum() / K + eps)
+    ref = reference(v_hat * inv, w, s, N, gate_up, fmt)
+    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    if out8:
+        assert_q8_matches(yq, ym, out)
+    else:
+        assert (yq == np.iinfo(np.uint32).max).all() and np.isnan(ym).all()
+
+
 def test_matvec_q8_chain_plan_refuses_partial_chunks():
     assert matvec_q8_chain_plan(64, 48, 32) is None
+    assert matvec_q8_chain_plan(64, 48, 32, out8=False)[1] == (2, 1)
     consts, grid = matvec_q8_chain_plan(64, 64, 32, gate_up=True)
     assert (consts["ROWS"], consts["BLOCKS"], consts["WG"], grid) == (1, 32, 1024, (2, 1))
+
+
+@pytest.mark.parametrize("tag,K,N,offset", [("q4f16_1", 128, 96, 0.0), ("q4_1", 256, 64, 1.0), ("mlx4", 192, 32, 0.0)])
+def test_matvec_q8_norm(gpu, rng, tag, K, N, offset):
+    """matvec_q8 + residual add + the next norm's row without 1/rms: the new residual, the int8 codes and scales of
+    residual · (w + offset), Σ residual² per chunk, each where the packed layout says."""
+    fmt = Q4[tag]
+    w, s = random_packed(rng, N, K, **fmt)
+    x = rng.standard_normal(K).astype(np.float32)
+    r_in = (rng.standard_normal(N) * 3).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, N).astype(np.float16)
+    pack = norm_pack_layout(N)
+    xq_buf, xm_buf, _, _ = quantize_on_gpu(gpu, x[None], False)
+    consts, grid = matvec_q8_norm_plan(K, N, gpu.subgroup_size, offset, pack, **fmt)
+    y, nq = poisoned(gpu, "y", (N,)), poisoned(gpu, "nq", (pack["bytes"] // 4,), np.uint32)
+    run(gpu, "matvec_q8_norm", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
+                                         gpu.upload("r_in", r_in), gpu.upload("nw", nw), nq], grid)
+    _, x_hat, _ = run_q8(gpu, x, w, s, N, False, fmt)
+    ref = r_in.astype(np.float64) + reference(x_hat, w, s, N, False, fmt)
+    got = read(gpu, y, (N,))
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    words = read(gpu, nq, (pack["bytes"] // 4,), np.uint32)
+    meta = words[pack["META"]:pack["META"] + N // 16].view(np.float32).reshape(-1, 2)
+    v = (got.astype(np.float64) * (nw.astype(np.float64) + offset)).astype(np.float32)
+    assert_q8_matches(words[:N // 4], meta, v)
+    ss = words[pack["SS"]:pack["SS"] + N // 32].view(np.float32)
+    np.testing.assert_allclose(ss, (got.astype(np.float64).reshape(-1, 32) ** 2).sum(1), rtol=1e-6)
+
+
+def test_norm_then_rms_matvec_is_add_rms_norm_then_matvec(gpu, rng):
+    """The fused pair (matvec_q8_norm, then matvec_q8_chain with RMS) against the dispatches it replaces
+    (add_rms_norm with its int8 row, then matvec_q8), to int8 rounding: each rounds the same normed row to int8,
+    the fused one without the 1/rms factor (the codes match but for values at a rounding boundary)."""
+    from engine.kernels.norm import norm_plan
+
+    fmt, K, D, N, eps = Q4["q4_0"], 96, 128, 64, 1e-5
+    w1, s1 = random_packed(rng, D, K, **fmt)
+    w2, s2 = random_packed(rng, N, D, **fmt)
+    x = rng.standard_normal(K).astype(np.float32)
+    r_in = (rng.standard_normal(D) * 3).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, D).astype(np.float16)
+    xq_buf, xm_buf, _, _ = quantize_on_gpu(gpu, x[None], False)
+    pack = norm_pack_layout(D)
+    # fused
+    nq, r_out = gpu.buffer("nq", pack["bytes"]), poisoned(gpu, "r_out", (D,))
+    consts, grid = matvec_q8_norm_plan(K, D, gpu.subgroup_size, 0.0, pack, **fmt)
+    run(gpu, "matvec_q8_norm", consts, [xq_buf, gpu.upload("w1", w1), gpu.upload("s1", s1), r_out, xm_buf,
+                                         gpu.upload("r_in", r_in), gpu.upload("nw", nw), nq], grid)
+    consts, grid = matvec_q8_chain_plan(D, N, gpu.subgroup_size, out8=False, rms=True, eps=eps, **fmt)
+    fused, dummy = poisoned(gpu, "fused", (N,)), gpu.buffer("unused", 64)
+    run(gpu, "matvec_q8_chain", consts, [(nq, 0, D), gpu.upload("w2", w2), gpu.upload("s2", s2), fused,
+                                          (nq, pack["meta"], D // 4), dummy, dummy, (nq, pack["ss"], D // 8)], grid)
+    # separate: add_rms_norm (delta = the first matvec's output) writes the int8 row, then matvec_q8
+    delta = read(gpu, r_out, (D,)) - r_in
+    hidden, r2 = poisoned(gpu, "hidden", (D,)), poisoned(gpu, "r2", (D,))
+    nq2, nm2 = poisoned(gpu, "xq2", (D // 4,), np.uint32), poisoned(gpu, "xm2", (D // 32, 2))
+    run(gpu, "add_rms_norm", norm_plan(D, eps, True), [gpu.upload("r_in", r_in), gpu.upload("delta", delta),
+                                                       gpu.upload("nw", nw), r2, hidden, step_uniform(gpu), nq2, nm2],
+        (1,))
+    consts, grid = matvec_q8_plan(D, N, gpu.subgroup_size, **fmt)
+    plain = poisoned(gpu, "plain", (N,))
+    run(gpu, "matvec_q8", consts, [nq2, gpu.upload("w2", w2), gpu.upload("s2", s2), plain, nm2], grid)
+    fused, plain = read(gpu, fused, (N,)), read(gpu, plain, (N,))
+    np.testing.assert_allclose(read(gpu, r2, (D,)), read(gpu, r_out, (D,)), rtol=1e-6, atol=1e-6)
+    # two int8 roundings of the same row differ by at most one code step per element: the output by at most the
+    # matrix row's Σ|w| times one step (scale) of its chunk
+    h = read(gpu, hidden, (D,)).astype(np.float64)
+    step = np.repeat(np.abs(h).reshape(-1, 32).max(1) / 127, 32)
+    bound = np.abs(reference_dequantize_fmt(w2, s2, **fmt)) @ step
+    assert (np.abs(fused - plain) <= bound + 2e-5 * np.abs(plain).max()).all()
+    assert np.abs(fused - plain).max() <= 0.05 * np.abs(plain).max()

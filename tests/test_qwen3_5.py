@@ -114,15 +114,16 @@ def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(model):
 
 def test_int8_decode(gpu, tiny):
     """The default decode (int8 activations into the 4-bit matvecs): each step close to the full forward, and no
-    quantize_q8 at all (head and value dims are multiples of 32): the norms, the decode attention, the GDN output norm
-    and gate_up's kernel write every int8 input, as recorded."""
+    quantize_q8 (head and value dims are multiples of 32): the norms, the decode attention, the GDN output norm and
+    gate_up's kernel write every int8 input; the mixers' and MLP's last matvecs carry the add + norm after them
+    (matvec_q8_norm), so only the final norm remains, as recorded."""
     model = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, single_pass_keys=48)
     assert_int8_decode_steps_match_the_full_forward(model)
     rt = model.runtime
     attn = len(rt.spec.attn_layers)
-    # embedding, first norm, LM head, argmax; per layer two norms and the MLP's two; a GDN mixer in_proj, conv (+
+    # embedding, first and final norm, LM head, argmax; per layer the MLP's two; a GDN mixer in_proj, conv (+
     # gates), recurrence, norm, out; a gated attention mixer qkv, gate, attention_decode, o
-    assert rt.dispatches_per_token == 4 + 9 * (rt.spec.n_layers - attn) + 8 * attn
+    assert rt.dispatches_per_token == 5 + 7 * (rt.spec.n_layers - attn) + 6 * attn
     assert "quantize_q8" not in rt.dispatched_kernels()
     assert_recorded_count(rt)
 
@@ -144,11 +145,14 @@ def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
 
 
 def test_int8_decode_quantizes_no_row(gpu, tiny):
-    """The norms write the int8 row GDN in_proj, attention qkv and gate, MLP gate_up and the LM head read; the decode
-    attention o's, the GDN output norm out's and gate_up's kernel down's: a decode token quantizes nothing alone."""
+    """The first norm writes the int8 row layer 0's GDN in_proj or attention qkv and gate read, the final norm the LM
+    head's, the matvecs ending each mixer and MLP (matvec_q8_norm) the next norm's row (without 1/rms) for the rest;
+    the decode attention o's, the GDN output norm out's and gate_up's kernel down's: a decode token quantizes
+    nothing alone and runs one add + norm."""
     rt = load_model(tiny[1], gpu=gpu, max_context=64).runtime
     kernels = rt.dispatched_kernels()
-    assert "quantize_q8" not in kernels and kernels.count("matvec_q8_chain") == rt.spec.n_layers
+    assert "quantize_q8" not in kernels and kernels.count("add_rms_norm") == 1
+    assert kernels.count("matvec_q8_norm") == 2 * rt.spec.n_layers - 1
     assert_recorded_count(rt)
 
 
@@ -392,8 +396,8 @@ def test_real_qwen3_5_4b_layer_shapes_run(gpu):
                 yield name, rng.normal(1.0 if "norm" in name else 0.0, 0.3, shape).astype(np.float16)
 
     rt = Transformer(gpu, spec, weights(), options=RuntimeOptions(max_context=64, prefill_chunk=16))
-    # no quantize_q8: the GDN norm, the decode attention and gate_up's kernel write the int8 rows (test_int8_decode)
-    assert rt.dispatches_per_token == 4 + 9 + 8
+    # no quantize_q8 and one add + norm: as test_int8_decode counts them
+    assert rt.dispatches_per_token == 5 + 7 + 6
     ids = rng.integers(0, 1024, 6)  # the GEMM path is slow on a software GPU: one 6-row chunk
     chunked = rt.logits(ids)
     rt.reset()

@@ -66,15 +66,16 @@ class DeviceTraits:
     offset_alignment: int  # min-storage-buffer-offset-alignment
     subgroups: bool  # the device runs subgroup ops (int8 matvecs, subgroup-rows matvecs)
     subgroup_size: int
+    max_threads: int = 256  # max-compute-invocations-per-workgroup (WebGPU's default where unknown)
 
     @classmethod
     def of(cls, gpu) -> DeviceTraits:
         return cls(gpu.max_binding, gpu.limits.get("min-storage-buffer-offset-alignment", 256), gpu.use_subgroups,
-                   gpu.subgroup_size)
+                   gpu.subgroup_size, gpu.limits.get("max-compute-invocations-per-workgroup", 256))
 
     @classmethod
     def typical(cls, max_binding: int | None = None) -> DeviceTraits:
-        return cls(max_binding, 256, True, 32)
+        return cls(max_binding, 256, True, 32, 1024)
 
 
 def upload_weight(gpu, label: str, arr: np.ndarray, parts_ok: bool = False):
@@ -108,6 +109,12 @@ class Block:
         """Scratch buffers shared with other blocks (name -> bytes this block needs of it); the workspace
         allocates each once, at the largest size asked."""
         return {}
+
+    def can_carry_norms(self) -> bool:
+        """Whether the block's decode matvecs can carry the residual add + norm around it (engine/blocks/residual.py):
+        those reading the normed row take matvec_q8_chain with RMS, the one ending the block matvec_q8_norm. Set
+        then: `norms`, the residual block."""
+        return False
 
     def int8_row_k(self) -> int:
         """The widest input row (elements) this block's int8 decode matvecs read from the workspace's int8 row."""

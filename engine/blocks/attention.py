@@ -41,6 +41,7 @@ class AttentionMixer(Block):
         self.name = "gated_attention" if gated else "attention"
         self.layers, self.gated, self.ar, self.chunk, self.split_keys = tuple(layers), gated, ar, chunk, split_keys
         self.single_pass_keys = single_pass_keys
+        self.norms = None  # the residual block when o carries the add + norm after it and qkv (gate) read that row
         self.q_dim, self.kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         self.qkv_dim = self.q_dim + 2 * self.kv_dim
         # The gate's rows (chunk × q_dim) follow the QKV rows in the qkv buffer, at a bindable offset.
@@ -111,6 +112,9 @@ class AttentionMixer(Block):
 
     def shared_needs(self) -> dict[str, int]:
         return {"mixer-out": self.chunk * self.q_dim * 4} if self.gated else {}
+
+    def can_carry_norms(self) -> bool:  # qkv and gate read the normed row; o adds to the residual and writes it
+        return all(lin.chunk_kernels_fit(m == "o") for i in self.layers for m, lin in self.lin[i].items())
 
     def int8_row_k(self) -> int:
         return max(self.spec.dim, self.q_dim)
@@ -191,12 +195,16 @@ class AttentionMixer(Block):
                                                      step=ws.step), f"{c}.attn_split"),
                 "decode": gpu.bind(self.p_decode, dict(qkv=self.qkv, **cache, inv_freq=self.decode_rope[i], out=o_in,
                                                        step=ws.step, xq=ws.x_q8, xm=ws.x_q8_meta), f"{c}.attn_decode")}
+            fused = self.norms is not None
             lin["qkv"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.qkv", self.formats[i], dummy), self.qkv,
-                            f"{c}.qkv", src_int8=self.ar.norm_int8)
+                            f"{c}.qkv", src_int8=self.ar.norm_int8,
+                            rms=self.norms.rms_input() if fused and i > 0 else None)
             if self.gated:
                 lin["gate"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.gate", self.formats[i], dummy), self.gate,
-                                 f"{c}.gate", src_int8=self.ar.norm_int8, rows_ready=lin["qkv"].quantizes_rows)
-            lin["o"].bind(gpu, ws, o_in, self._matrix(f"{c}.o", self.o_formats[i], dummy), ws.delta, f"{c}.o")
+                                 f"{c}.gate", src_int8=self.ar.norm_int8, rows_ready=lin["qkv"].quantizes_rows,
+                                 rms=self.norms.rms_input() if fused and i > 0 else None)
+            lin["o"].bind(gpu, ws, o_in, self._matrix(f"{c}.o", self.o_formats[i], dummy), ws.delta, f"{c}.o",
+                          norm_out=self.norms.epilogue(i, "mixer") if fused else None)
 
     def _matrix(self, name: str, tag: str, dummy) -> dict:
         return matrix_bindings({k.removeprefix(f"{name}."): v for k, v in self.w.items() if k.startswith(name + ".")},

@@ -55,6 +55,7 @@ class GatedDeltaNetMixer(Block):
         self.out_formats = {i: formats.get(f"layers.{i}.out", "q4f16_1") for i in self.layers}
         self.lin = {i: {"in_proj": Linear(s.dim, self.d["ROW"], self.in_formats[i], ar),
                         "out": Linear(self.d["VD"], s.dim, self.out_formats[i], ar)} for i in self.layers}
+        self.norms = None  # the residual block when out carries the add + norm after it and in_proj reads that row
         # Per layer: recurrent state then conv state, each at a bindable (aligned) offset.
         f32, align = 4, offset_alignment
         recur_bytes = s.gdn_v_heads * s.gdn_k_dim * s.gdn_v_dim * f32
@@ -110,6 +111,9 @@ class GatedDeltaNetMixer(Block):
     def shared_needs(self) -> dict[str, int]:
         return {"mixer-out": self.chunk * self.d["VD"] * 4}
 
+    def can_carry_norms(self) -> bool:  # in_proj reads the normed row; out adds to the residual and writes it
+        return all(lin.chunk_kernels_fit(m == "out") for i in self.layers for m, lin in self.lin[i].items())
+
     def int8_row_k(self) -> int:
         return max(self.spec.dim, self.d["VD"])
 
@@ -159,11 +163,12 @@ class GatedDeltaNetMixer(Block):
                                   f"{c}.gdn_recur"),
                 "norm": gpu.bind(self.p_norm, dict(x=self.recur, zsrc=self.proj, w=w[f"{c}.gdn_norm"], y=self.mixer_out,
                                                    step=st, xq=ws.x_q8, xm=ws.x_q8_meta), f"{c}.gdn_norm")}
-            lin = self.lin[i]
+            lin, fused = self.lin[i], self.norms is not None
             lin["in_proj"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.in_proj", self.in_formats[i], ws.dummy_f16),
-                                self.proj, f"{c}.in_proj", src_int8=self.ar.norm_int8)
+                                self.proj, f"{c}.in_proj", src_int8=self.ar.norm_int8,
+                                rms=self.norms.rms_input() if fused and i > 0 else None)
             lin["out"].bind(gpu, ws, self.mixer_out, self._matrix(f"{c}.out", self.out_formats[i], ws.dummy_f16),
-                            ws.delta, f"{c}.out")
+                            ws.delta, f"{c}.out", norm_out=self.norms.epilogue(i, "mixer") if fused else None)
 
     def _matrix(self, name: str, tag: str, dummy) -> dict:
         return matrix_bindings({k.removeprefix(f"{name}."): v for k, v in self.w.items() if k.startswith(name + ".")},

@@ -13,6 +13,7 @@ from engine.kernels.matmul import (
     MATVEC_INT4,
     MATVEC_Q8,
     MATVEC_Q8_CHAIN,
+    MATVEC_Q8_NORM,
     MATVEC_SG,
     QUANTIZE_Q8,
     format_knobs,
@@ -20,6 +21,7 @@ from engine.kernels.matmul import (
     gemm_q8_plan,
     matvec_plan,
     matvec_q8_chain_plan,
+    matvec_q8_norm_plan,
     matvec_q8_plan,
     matvec_sg_plan,
     packed_shapes,
@@ -37,6 +39,7 @@ class Arithmetic:
     norm_int8: bool  # the norms write the int8 copy of the normed row (its matvecs need no quantize of their own)
     subgroup_rows: bool  # f32-activation matvecs of many-row matrices use the subgroup-rows kernel
     subgroup_size: int
+    max_threads: int = 256  # threads a workgroup may have (the chunk-per-workgroup matvecs need up to 1,024)
 
     def is_int8(self, tag: str) -> bool:
         return self.int8 and FORMATS[tag]["bits"] == 4
@@ -74,7 +77,7 @@ class Linear:
     def __init__(self, k: int, n: int, tag: str, ar: Arithmetic, gate_up: bool = False):
         self.k, self.n, self.tag, self.gate_up = k, n, tag, gate_up
         self.int8, self.int8_prefill = ar.is_int8(tag), ar.is_int8_prefill(tag)
-        self.subgroup_size = ar.subgroup_size
+        self.subgroup_size, self.max_threads = ar.subgroup_size, ar.max_threads
         self.mv = decode_kernel(k, n, gate_up, tag, ar)
         knobs = format_knobs(tag)
         if self.int8_prefill:
@@ -84,30 +87,51 @@ class Linear:
         self._grids: dict[int, tuple] = {}
 
     def bind(self, gpu, ws, src, matrix: dict, dst, label: str, src_int8: bool = False,
-             rows_ready: bool = False, int8_src: tuple | None = None, int8_out: tuple | None = None) -> None:
+             rows_ready: bool = False, int8_src: tuple | None = None, int8_out: tuple | None = None,
+             rms: dict | None = None, norm_out: dict | None = None) -> None:
         """Bind the products from `src` to `dst`. `src_int8`: the int8 copy of src's last row is in the workspace's
         int8 row already (a norm wrote it); `rows_ready`: the GEMM recorded just before quantized the same rows.
-        `int8_src` (codes, scales): the decode matvec before wrote src's int8 copy there (no quantize here).
+        Decode-only variants of an int8 matvec (the prefill GEMM is unchanged):
+        `int8_src` (codes, scales): the decode matvec before wrote src's int8 copy there (no quantize here);
         `int8_out` (codes, scales): the decode matvec also writes its output's int8 copy there when its kernel can
-        (matvec_q8_chain); `writes_int8` says whether it does."""
+        (matvec_q8_chain); `writes_int8` says whether it does;
+        `rms` {xq, xm, ss: bindings, eps}: the input is matvec_q8_norm's int8 row without its 1/rms (matvec_q8_chain
+        with RMS);
+        `norm_out` {r_in, r_out, nw, nq: bindings, pack: norm_pack_layout, offset}: the output is added to the
+        residual r_in into r_out and the next norm's row without 1/rms goes to nq (matvec_q8_norm)."""
         kernel, consts, grid = self.mv
+        knobs = format_knobs(self.tag)
         self.writes_int8 = False
-        if self.int8 and int8_out is not None:
-            chain = matvec_q8_chain_plan(self.k, self.n, self.subgroup_size, self.gate_up, **format_knobs(self.tag))
-            if chain and chain[0]["WG"] <= gpu.limits.get("max-compute-invocations-per-workgroup", 256):
+        extra = {}
+        y = dst
+        if self.int8 and (int8_out is not None or rms is not None):
+            chain = matvec_q8_chain_plan(self.k, self.n, self.subgroup_size, self.gate_up, out8=int8_out is not None,
+                                         rms=rms is not None, eps=rms["eps"] if rms else 0.0, **knobs)
+            if chain and chain[0]["WG"] <= self.max_threads:
                 kernel, (consts, grid) = MATVEC_Q8_CHAIN, chain
-                self.writes_int8 = True
+                self.writes_int8 = int8_out is not None
+                yq, ym = int8_out or (ws.y_q8, ws.y_q8_meta)
+                # ss is read only with RMS; otherwise any read-only f32 binding of the dispatch fills it
+                extra = dict(yq=yq, ym=ym, ss=rms["ss"] if rms else (int8_src or (ws.x_q8, ws.x_q8_meta))[1])
+            elif rms is not None:
+                raise ValueError(f"{label}: no matvec_q8_chain for K={self.k}, N={self.n} on this GPU")
+        if self.int8 and norm_out is not None:
+            plan = matvec_q8_norm_plan(self.k, self.n, self.subgroup_size, norm_out["offset"], norm_out["pack"],
+                                       **knobs)
+            if plan is None or plan[0]["WG"] > self.max_threads or self.gate_up:
+                raise ValueError(f"{label}: no matvec_q8_norm for K={self.k}, N={self.n} on this GPU")
+            kernel, (consts, grid) = MATVEC_Q8_NORM, plan
+            y, extra = norm_out["r_out"], dict(r_in=norm_out["r_in"], nw=norm_out["nw"], nq=norm_out["nq"])
         pipe = gpu.pipeline(kernel, consts)
         self.decode_steps = []  # (pipeline, bind group, grid)
         if self.int8:
-            xq, xm = int8_src or (ws.x_q8, ws.x_q8_meta)
-            if not src_int8 and int8_src is None:
+            xq, xm = (rms["xq"], rms["xm"]) if rms else int8_src or (ws.x_q8, ws.x_q8_meta)
+            if not src_int8 and int8_src is None and rms is None:
                 qconsts, qgrid = quantize_q8_plan(self.k)
                 qpipe = gpu.pipeline(QUANTIZE_Q8, qconsts)
                 self.decode_steps.append((qpipe, gpu.bind(qpipe, dict(x=src, xq=ws.x_q8, xm=ws.x_q8_meta,
                                                                       step=ws.step), f"{label}.q8"), qgrid))
-            out = dict(yq=int8_out[0], ym=int8_out[1]) if self.writes_int8 else {}
-            bg = gpu.bind(pipe, dict(xq=xq, **matrix, y=dst, xm=xm, **out), f"{label}.mv")
+            bg = gpu.bind(pipe, dict(xq=xq, **matrix, y=y, xm=xm, **extra), f"{label}.mv")
         else:
             bg = gpu.bind(pipe, dict(x=src, **matrix, y=dst, step=ws.step), f"{label}.mv")
         self.decode_steps.append((pipe, bg, grid))
@@ -123,6 +147,16 @@ class Linear:
         else:
             bg = gpu.bind(pipe, dict(x=src, **matrix, y=dst, step=ws.step), label)
         self.prefill_steps.append((pipe, bg, "gemm"))
+
+    def chunk_kernels_fit(self, whole_chunks: bool = True) -> bool:
+        """Whether the decode matvec can run one 32-output chunk per workgroup (matvec_q8_chain, matvec_q8_norm):
+        int8 arithmetic, a workgroup size the GPU allows and, where it writes its output in int8 (`whole_chunks`),
+        N a multiple of 32."""
+        if not self.int8:
+            return False
+        plan = matvec_q8_chain_plan(self.k, self.n, self.subgroup_size, self.gate_up, out8=whole_chunks,
+                                    **format_knobs(self.tag))
+        return plan is not None and plan[0]["WG"] <= self.max_threads
 
     @property
     def quantizes_rows(self) -> bool:

@@ -16,6 +16,7 @@ class DenseMlp(Block):
     def __init__(self, dim: int, ffn_dim: int, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic,
                  chunk: int):
         self.dim, self.ffn_dim, self.layers, self.ar, self.chunk = dim, ffn_dim, tuple(layers), ar, chunk
+        self.norms = None  # the residual block when down carries the add + norm after it and gate_up reads that row
         self.formats = {(i, m): formats.get(f"layers.{i}.{m}", "q4f16_1") for i in self.layers for m in ("gate_up",
                                                                                                            "down")}
         self.lin = {i: {"gate_up": Linear(dim, ffn_dim, self.formats[i, "gate_up"], ar, gate_up=True),
@@ -40,6 +41,9 @@ class DenseMlp(Block):
     def shared_needs(self) -> dict[str, int]:
         return {"ffn-act": self.chunk * self.ffn_dim * 4}
 
+    def can_carry_norms(self) -> bool:
+        return all(lin.chunk_kernels_fit() for i in self.layers for lin in self.lin[i].values())
+
     def int8_row_k(self) -> int:
         return max(self.dim, self.ffn_dim)
 
@@ -54,10 +58,14 @@ class DenseMlp(Block):
                                           if k.startswith(f"{c}.{m}.")}, self.formats[i, m], ws.dummy_f16)
                       for m in ("gate_up", "down")}
             # With both int8, gate_up's kernel also writes its output in int8 for down (no quantize between them).
+            fused = self.norms is not None
+            last = fused and i == self.norms.n_layers - 1  # the last add + norm (the final norm) stays a dispatch
             lin["gate_up"].bind(gpu, ws, ws.hidden, matrix["gate_up"], act, f"{c}.gate_up", src_int8=self.ar.norm_int8,
-                                int8_out=act_q8 if lin["down"].int8 else None)
+                                int8_out=act_q8 if lin["down"].int8 else None,
+                                rms=self.norms.rms_input() if fused else None)
             lin["down"].bind(gpu, ws, act, matrix["down"], ws.delta, f"{c}.down",
-                             int8_src=act_q8 if lin["gate_up"].writes_int8 else None)
+                             int8_src=act_q8 if lin["gate_up"].writes_int8 else None,
+                             norm_out=self.norms.epilogue(i, "ffn") if fused and not last else None)
 
     def record(self, rec, layer: int, T: int, splits: int = 1) -> None:
         self.lin[layer]["gate_up"].record(rec, T)

@@ -1,7 +1,12 @@
 """The residual stream's norms: the first RMSNorm (layer 0's input norm over the embedding), then after each mixer
 and each feed-forward block the residual add fused with the next RMSNorm (the layer's post-attention norm, the next
 layer's input norm, or the final norm). Residuals ping-pong between the workspace's two residual buffers; with int8
-arithmetic each norm also writes the int8 copy of its last row for the matvecs that read `hidden`."""
+arithmetic each norm also writes the int8 copy of its last row for the matvecs that read `hidden`.
+
+With `in_matvecs` (int8 dense models whose matvecs all fit matvec_q8_chain / matvec_q8_norm) a decode token runs
+no add + norm dispatch but the final one: the o and down matvecs add their outputs to the residual and write the
+next norm's int8 row without its 1/rms (`epilogue`), and the qkv and gate_up matvecs after them take 1/rms from
+the chunks' sums of squares (`rms_input`)."""
 
 from __future__ import annotations
 
@@ -12,8 +17,10 @@ from engine.kernels.norm import ADD_RMS_NORM, RMS_NORM, norm_plan
 class ResidualNorms(Block):
     name = "residual"
 
-    def __init__(self, dim: int, n_layers: int, eps: float, norm_int8: bool, norm_offset: float = 0.0):
+    def __init__(self, dim: int, n_layers: int, eps: float, norm_int8: bool, norm_offset: float = 0.0,
+                 in_matvecs: bool = False):
         self.dim, self.n_layers, self.layers = dim, n_layers, tuple(range(n_layers))
+        self.eps, self.norm_offset, self.in_matvecs = eps, norm_offset, in_matvecs
         self.consts = norm_plan(dim, eps, norm_int8, norm_offset)
         self.w: dict = {}
 
@@ -50,13 +57,35 @@ class ResidualNorms(Block):
             end = gpu.bind(self.p_add, dict(r_in=ws.res[1], delta=ws.delta, w=after, r_out=ws.res[0], y=ws.hidden,
                                             step=ws.step, **int8), f"{c}.add_norm2")
             self.bg_layers.append((mid, end))
+        self.ws = ws
+
+    def epilogue(self, layer: int, after: str) -> dict:
+        """Linear.bind's `norm_out` for the matvec that ends the layer's mixer ("mixer": o) or feed-forward block
+        ("ffn": down, not the last layer's, whose add + final norm stays a dispatch) in decode."""
+        ws, c = self.ws, f"layers.{layer}"
+        if after == "mixer":
+            r_in, r_out, nw = ws.res[0], ws.res[1], self.w[f"{c}.mlp_norm"]
+        else:
+            r_in, r_out, nw = ws.res[1], ws.res[0], self.w[f"layers.{layer + 1}.attn_norm"]
+        return dict(r_in=r_in, r_out=r_out, nw=nw, nq=ws.norm_q8, pack=ws.norm_pack, offset=self.norm_offset)
+
+    def rms_input(self) -> dict:
+        """Linear.bind's `rms` for a matvec reading the row an `epilogue` matvec wrote (qkv after layer 0, gate_up)."""
+        ws, pack, d = self.ws, self.ws.norm_pack, self.dim
+        return dict(xq=(ws.norm_q8, 0, d), xm=(ws.norm_q8, pack["meta"], d // 32 * 8),
+                    ss=(ws.norm_q8, pack["ss"], d // 32 * 4), eps=self.eps)
+
+    def _skipped(self, layer: int, T: int, after: str) -> bool:
+        """A decode token's add + norm that the matvec before it carries."""
+        return T == 1 and self.in_matvecs and not (after == "ffn" and layer == self.n_layers - 1)
 
     def record_first(self, rec, T: int) -> None:
         rec.dispatch(self.p_first, self.bg_first, T)
 
     def record(self, rec, layer: int, T: int, splits: int = 1, after: str = "mixer") -> None:
         """The add + norm after the layer's mixer ("mixer") or after its feed-forward block ("ffn")."""
-        rec.dispatch(self.p_add, self.bg_layers[layer][after == "ffn"], T)
+        if not self._skipped(layer, T, after):
+            rec.dispatch(self.p_add, self.bg_layers[layer][after == "ffn"], T)
 
     def dispatches_per_token(self, splits: int = 1) -> int:
-        return 1 + 2 * self.n_layers
+        return 1 + sum(not self._skipped(i, 1, after) for i in self.layers for after in ("mixer", "ffn"))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from engine.blocks import BufferNeed, destroy_buffers
 from engine.kernels import step_struct
+from engine.kernels.matmul import norm_pack_layout
 
 RING = 4096  # slots in the GPU ring of sampled token ids
 
@@ -18,8 +19,11 @@ RING = 4096  # slots in the GPU ring of sampled token ids
 class Workspace:
     """Shared activation buffers; `shared` holds the scratch buffers several blocks use (each at its largest size)."""
 
-    def __init__(self, dim: int, chunk: int, int8_k: int, int8_prefill: bool, shared: dict[str, int]):
+    def __init__(self, dim: int, chunk: int, int8_k: int, int8_prefill: bool, shared: dict[str, int],
+                 offset_alignment: int = 256, norm_pack: bool = False):
         self.dim, self.chunk, self.int8_k, self.int8_prefill = dim, chunk, int8_k, int8_prefill
+        # the norms' int8 row without 1/rms when the decode matvecs carry the norms (matvec_q8_norm)
+        self.norm_pack = norm_pack_layout(dim, offset_alignment) if norm_pack else None
         self.shared_sizes = dict(shared)
         self.step_layout = step_struct()
 
@@ -32,6 +36,8 @@ class Workspace:
                BufferNeed.buffer("block-out", C * self.dim * f32),
                BufferNeed.buffer("x-int8", k), BufferNeed.buffer("x-int8-scales", k // 32 * 8),
                BufferNeed.buffer("y-int8", k), BufferNeed.buffer("y-int8-scales", k // 32 * 8)]
+        if self.norm_pack:
+            out.append(BufferNeed.buffer("norm-int8", self.norm_pack["bytes"]))
         if self.int8_prefill:
             out += [BufferNeed.buffer("x-int8-rows", C * k), BufferNeed.buffer("x-int8-rows-scales", C * k // 32 * 8)]
         out += [BufferNeed.buffer(name, size) for name, size in self.shared_sizes.items()]
@@ -47,6 +53,7 @@ class Workspace:
         self.x_q8, self.x_q8_meta = made["x-int8"], made["x-int8-scales"]
         # A decode matvec's output in int8 for the next matvec (matvec_q8_chain), while x_q8 is still its input.
         self.y_q8, self.y_q8_meta = made["y-int8"], made["y-int8-scales"]
+        self.norm_q8 = made.get("norm-int8")
         self.rows_q8, self.rows_q8_meta = made.get("x-int8-rows"), made.get("x-int8-rows-scales")
         self.shared = {name: made[name] for name in self.shared_sizes}
         self.readback = [made["readback-0"], made["readback-1"]]

@@ -28,6 +28,7 @@ MATVEC_INT4 = declare("matvec_int4", writes=("y",))
 MATVEC_SG = declare("matvec_sg", writes=("y",))
 MATVEC_Q8 = declare("matvec_q8", writes=("y",))
 MATVEC_Q8_CHAIN = declare("matvec_q8_chain", writes=("y", "yq", "ym"))
+MATVEC_Q8_NORM = declare("matvec_q8_norm", writes=("y", "nq"))
 MATMUL_INT4 = declare("matmul_int4", writes=("y",))
 MATMUL_Q8 = declare("matmul_q8", writes=("y",))
 QUANTIZE_Q8 = declare("quantize_q8", writes=("xq", "xm"))
@@ -160,19 +161,46 @@ def matvec_q8_plan(
 
 
 def matvec_q8_chain_plan(
-    K: int, N: int, subgroup_size: int, gate_up: bool = False, *, bits: int = 4, zero: int = 7, affine: bool = False,
-    group: int = 32,
+    K: int, N: int, subgroup_size: int, gate_up: bool = False, out8: bool = True, rms: bool = False,
+    eps: float = 0.0, *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
 ) -> tuple[dict, tuple[int, int]] | None:
-    """Constants and grid for shaders/matvec_q8_chain.wgsl (matvec_q8 that also writes its output in int8): each
-    workgroup owns one 32-output chunk, one subgroup per block of ROWS while the workgroup size allows. None where
-    the shape cannot take it (N not a multiple of 32)."""
+    """Constants and grid for shaders/matvec_q8_chain.wgsl (matvec_q8 with one 32-output chunk per workgroup;
+    `out8`: it also writes its output in int8; `rms`: its input is matvec_q8_norm's row without 1/rms, EPS the
+    norm's): one subgroup per block of ROWS while the workgroup size allows. None where the shape cannot take it
+    (with out8, N not a multiple of 32: the int8 row is written in whole chunks)."""
     consts, _ = matvec_q8_plan(K, N, subgroup_size, gate_up, bits=bits, zero=zero, affine=affine, group=group)
     rows = consts["ROWS"]
-    if N % CHUNK or CHUNK % rows:
+    if (out8 and N % CHUNK) or CHUNK % rows:
         return None
     blocks = CHUNK // rows
     wg = min(blocks * subgroup_size, MATVEC_Q8_CHAIN_MAX_WG // subgroup_size * subgroup_size)
-    return dict(consts, WG=wg, BLOCKS=blocks), fold_grid(N // CHUNK)
+    return (dict(consts, WG=wg, BLOCKS=blocks, OUT8=bool(out8), RMS=bool(rms), EPS=float(eps)),
+            fold_grid(-(-N // CHUNK)))
+
+
+def norm_pack_layout(n: int, alignment: int = 256) -> dict:
+    """Where matvec_q8_norm.wgsl puts a row of n values in its one output buffer (the readers bind each part as a
+    range, so parts start on `alignment` bytes): codes at byte 0, (scale, Σ codes) pairs at `meta`, Σ x² per chunk at
+    `ss` (bytes); META and SS are the same offsets in u32 for the kernel; `bytes` the buffer size."""
+    up = lambda b: -(-b // alignment) * alignment  # noqa: E731
+    meta = up(n)
+    ss = meta + up(n // CHUNK * 8)
+    return dict(meta=meta, ss=ss, bytes=ss + n // CHUNK * 4, META=meta // 4, SS=ss // 4)
+
+
+def matvec_q8_norm_plan(
+    K: int, N: int, subgroup_size: int, norm_offset: float, pack: dict, *, bits: int = 4, zero: int = 7,
+    affine: bool = False, group: int = 32,
+) -> tuple[dict, tuple[int, int]] | None:
+    """Constants and grid for shaders/matvec_q8_norm.wgsl (matvec_q8 + residual add + the next norm's int8 row
+    without 1/rms, `pack` = norm_pack_layout(N)); None where the shape cannot take it."""
+    chain = matvec_q8_chain_plan(K, N, subgroup_size, out8=True, bits=bits, zero=zero, affine=affine, group=group)
+    if chain is None:
+        return None
+    consts, grid = chain
+    for key in ("OUT8", "RMS", "EPS"):
+        del consts[key]
+    return dict(consts, NORM_OFFSET=float(norm_offset), META=pack["META"], SS=pack["SS"]), grid
 
 
 def quantize_q8_plan(K: int, last_row: bool = False, rows: int = 1, row0: int = 0,

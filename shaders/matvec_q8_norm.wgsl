@@ -1,0 +1,55 @@
+// matvec_q8 (int8 activations, 4-bit weights) fused, for decode, with the residual add and the per-chunk half of
+// the next RMSNorm: each workgroup owns one 32-output chunk c; once its outputs are in y (storageBarrier: visible
+// within the workgroup), one thread makes them the new residual, y = r_in + W·x, and writes for the chunk the
+// int8 codes and scale (q8_codes.wgsl) of v = y · (nw + NORM_OFFSET), the norm's output without its 1/rms, and
+// Σ y². The matvecs that read the normed row (matvec_q8_chain.wgsl with RMS) sum those into 1/rms themselves, so
+// the norm needs no dispatch (and no grid-wide sync) of its own. No workgroup reads another's outputs.
+// Constants: matvec_q8's (K, N a multiple of 32, WG, ROWS, BLOCKS with BLOCKS · ROWS = 32, GATE_UP false, ZERO,
+//   AFFINE, GROUP), NORM_OFFSET (added to nw: zero-centred norms), META and SS (u32 offsets in nq).
+// Bindings: 0 xq u32[K / 4] as vec4, 1 w u32[N, K / 8], 2 s f16[N, K / GROUP (, 2 with AFFINE)],
+//   3 y f32[N] (read_write: the residual out), 4 xm vec2<f32>[K / 32], 5 r_in f32[N] (read: the residual in),
+//   6 nw f16[N] (read: the norm weight), 7 nq u32 (write): the codes u32[N / 4] at 0, the (scale, Σ codes) f32
+//   pairs at META, Σ y² per chunk (f32) at SS.
+// Grid: fold_grid(N / 32).
+#import reduce
+#import matvec_q8_body
+#import q8_codes
+
+@group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> s: array<f16>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> xm: array<vec2<f32>>;
+@group(0) @binding(5) var<storage, read> r_in: array<f32>;
+@group(0) @binding(6) var<storage, read> nw: array<f16>;
+@group(0) @binding(7) var<storage, read_write> nq: array<u32>;
+
+@compute @workgroup_size(WG)
+fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let chunk = wid.y * nwg.x + wid.x;  // uniform: a folded grid's spare workgroups skip the epilogue together
+    for (var blk = lane.sg_id; blk < BLOCKS; blk += lane.n_sg) {
+        q8_block((chunk * BLOCKS + blk) * ROWS, 0u, 0u, 0u, lane);
+    }
+    storageBarrier();
+    if (lane.lid == 0u && chunk < N / 32u) {
+        var v: array<vec4<f32>, 8>;
+        var sq = 0.0;
+        for (var j = 0u; j < 8u; j++) {
+            var x: vec4<f32>;
+            var n: vec4<f32>;
+            for (var e = 0u; e < 4u; e++) {
+                let i = chunk * 32u + 4u * j + e;
+                x[e] = r_in[i] + y[i];
+                y[i] = x[e];
+                n[e] = f32(nw[i]) + NORM_OFFSET;
+            }
+            sq += dot(x, x);
+            v[j] = x * n;
+        }
+        let q = q8_chunk(&v);
+        for (var j = 0u; j < 8u; j++) { nq[chunk * 8u + j] = q.words[j]; }
+        nq[META + 2u * chunk] = bitcast<u32>(q.scale_sum.x);
+        nq[META + 2u * chunk + 1u] = bitcast<u32>(q.scale_sum.y);
+        nq[SS + chunk] = bitcast<u32>(sq);
+    }
+}
