@@ -79,6 +79,8 @@ class Linear:
         self.int8, self.int8_prefill = ar.is_int8(tag), ar.is_int8_prefill(tag)
         self.subgroup_size, self.max_threads = ar.subgroup_size, ar.max_threads
         self.mv = decode_kernel(k, n, gate_up, tag, ar)
+        # matvec_q8_chain / matvec_q8_norm are matvec_q8 laid out a chunk per workgroup: only for its formats
+        self.chunk_variants = self.mv[0] is MATVEC_Q8
         knobs = format_knobs(tag)
         if self.int8_prefill:
             self.mm = (MATMUL_Q8, gemm_q8_plan(k, n, 1, gate_up=gate_up, **knobs)[0])
@@ -104,9 +106,10 @@ class Linear:
         self.writes_int8 = False
         extra = {}
         y = dst
-        if self.int8 and (int8_out is not None or rms is not None):
-            chain = matvec_q8_chain_plan(self.k, self.n, self.subgroup_size, self.gate_up, out8=int8_out is not None,
-                                         rms=rms is not None, eps=rms["eps"] if rms else 0.0, **knobs)
+        if (self.chunk_variants and int8_out is not None) or rms is not None:
+            chain = self.chunk_variants and matvec_q8_chain_plan(
+                self.k, self.n, self.subgroup_size, self.gate_up, out8=int8_out is not None, rms=rms is not None,
+                eps=rms["eps"] if rms else 0.0, **knobs)
             if chain and chain[0]["WG"] <= self.max_threads:
                 kernel, (consts, grid) = MATVEC_Q8_CHAIN, chain
                 self.writes_int8 = int8_out is not None
@@ -115,10 +118,10 @@ class Linear:
                 extra = dict(yq=yq, ym=ym, ss=rms["ss"] if rms else (int8_src or (ws.x_q8, ws.x_q8_meta))[1])
             elif rms is not None:
                 raise ValueError(f"{label}: no matvec_q8_chain for K={self.k}, N={self.n} on this GPU")
-        if self.int8 and norm_out is not None:
-            plan = matvec_q8_norm_plan(self.k, self.n, self.subgroup_size, norm_out["offset"], norm_out["pack"],
-                                       **knobs)
-            if plan is None or plan[0]["WG"] > self.max_threads or self.gate_up:
+        if norm_out is not None:
+            plan = self.chunk_variants and matvec_q8_norm_plan(self.k, self.n, self.subgroup_size, norm_out["offset"],
+                                                               norm_out["pack"], **knobs)
+            if not plan or plan[0]["WG"] > self.max_threads:
                 raise ValueError(f"{label}: no matvec_q8_norm for K={self.k}, N={self.n} on this GPU")
             kernel, (consts, grid) = MATVEC_Q8_NORM, plan
             y, extra = norm_out["r_out"], dict(r_in=norm_out["r_in"], nw=norm_out["nw"], nq=norm_out["nq"])
@@ -152,7 +155,7 @@ class Linear:
         """Whether the decode matvec can run one 32-output chunk per workgroup (matvec_q8_chain, matvec_q8_norm):
         int8 arithmetic, a workgroup size the GPU allows and, where it writes its output in int8 (`whole_chunks`),
         N a multiple of 32."""
-        if not self.int8:
+        if not self.chunk_variants:
             return False
         plan = matvec_q8_chain_plan(self.k, self.n, self.subgroup_size, self.gate_up, out8=whole_chunks,
                                     **format_knobs(self.tag))
