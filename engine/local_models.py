@@ -69,7 +69,7 @@ def _gguf(path: Path) -> CatalogEntry:
     ckpt = GgufCheckpoint(path)
     cfg = ckpt.config  # raises, naming the file, for an architecture we cannot run
     spec = _spec(cfg["model_type"], cfg, f"{path} (general.architecture)")
-    formats = {name: "f16" if tag == "f32" else tag for name, tag in ckpt.formats().items()}
+    formats = ckpt.runtime_formats()
     sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize
              for shape, dtype in expected_tensors(spec, formats).values()]
     meta = ckpt.metadata

@@ -98,8 +98,7 @@ def _load_gguf(path: Path, gpu, on_progress, options: RuntimeOptions) -> Model:
     ckpt = GgufCheckpoint(path)
     cfg = ckpt.config
     spec, ckpt.table = _architecture(cfg["model_type"], cfg, f"{path} (GGUF metadata)")
-    # Matrices stored as F32/BF16 run through the f16 kernels (the only unquantized variant).
-    formats = {name: "f16" if tag == "f32" else tag for name, tag in ckpt.formats().items()}
+    formats = ckpt.runtime_formats()
     spec.names = {c: c for c in expected_tensors(spec, formats)}
     # Before the upload, so a broken tokenizer fails fast; a file without one runs on token ids only.
     tokenizer = load_tokenizer(path) if "tokenizer.ggml.model" in ckpt.metadata else None
@@ -136,8 +135,10 @@ def _flatten(weights, formats: dict[str, str]) -> Iterator[tuple[str, np.ndarray
         if list(packed) == ["weight"] and len(packed.shape) == 1:
             yield name, packed["weight"]
             continue
+        tags = formats[name].split(",")
         for key, arr in packed.items():
-            if key == "weight" and formats[name] == "f16" and arr.dtype != np.float16:
+            part, _, array = key.rpartition(".")  # "weight", or "<part>.weight" in a matrix of mixed formats
+            if array == "weight" and tags[int(part or 0)] == "f16" and arr.dtype != np.float16:
                 arr = arr.astype(np.float16)
             yield f"{name}.{key}", arr
 
