@@ -53,7 +53,7 @@ def cmd_logits(args) -> None:
     from engine.model import load_model
 
     ids = [int(t) for t in args.ids.split(",") if t.strip()]
-    model = load_model(args.model, max_context=args.context, on_progress=_progress)
+    model = load_model(args.model, max_context=args.context, on_progress=_progress, q8_decode=not args.exact_decode)
     logits = model.logits(ids)
     if args.out:
         np.save(args.out, logits)
@@ -390,8 +390,8 @@ def _add_chat_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-tokens", type=int, help="longest reply in tokens (default 1024)")
     s.add_argument("--context", type=int, help="context window in tokens (default: the model's)")
     s.add_argument("--exact-decode", action="store_true",
-                   help="f32 activations in decode and prefill (slower); by default the 4-bit matrix products take "
-                        "int8 ones, as llama.cpp's")
+                   help="f32 activations in decode and prefill (slower); by default the 4-bit and K-quant matrix "
+                        "products take int8 ones, as llama.cpp's")
     s.add_argument("--temperature", type=float, help="0 = greedy")
     s.add_argument("--top-k", type=int)
     s.add_argument("--top-p", type=float)
@@ -428,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", type=int, help="context window in tokens (default: the model's; the KV cache is "
                                                "allocated for all of it)")
     s.add_argument("--out", help="save to this .npy file instead of printing")
+    s.add_argument("--exact-decode", action="store_true",
+                   help="f32 activations in every matrix product (to check a model against a float64 reference); "
+                        "by default the 4-bit and K-quant products take int8 ones, as llama.cpp's")
     s.set_defaults(func=cmd_logits)
 
     s = sub.add_parser("generate", help="answer one prompt (as a chat turn when the model has a chat template)")

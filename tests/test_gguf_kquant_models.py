@@ -8,11 +8,17 @@ occurs) with d / dmin scaled so the weights have the tiny models' spread; Q4_0 �
 quantizers. The reference runs the dequantized weights, so the comparison tests our reading and arithmetic of the
 blocks, not the quantization.
 
-Tolerances are the model tests' (tests/helpers.py): f32 activations (--exact-decode) within `compare`'s 1e-2 of
-max |logit| (f16 KV cache and f16 norm weights, the rest f32 rounding), int8 activations within `compare_int8`'s
-2e-2 (the int8 rounding of each activation row, s/2 per element), and per-token decode against the prefill GEMMs
-within DECODE_TOL.
+The reference keeps its KV cache in f16 as the runtime does, so with f32 activations (--exact-decode) only f32
+against float64 rounding is left: F32_TOL of max |logit| at every position, prefill and per-token decode. With int8
+activations the reference rounds the input of every product the runtime runs on int8 (per 32 elements, step
+max|x|/127, to nearest) and the same F32_TOL holds, except at the odd position where f32 and float64 put an
+activation on either side of a half step and one code differs by one: those stay within the model tests' int8
+tolerance (DECODE_TOL[True]).
 """
+
+import contextlib
+import importlib
+import zlib
 
 import numpy as np
 import pytest
@@ -20,16 +26,21 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from gguf.quants import quantize as gguf_quantize
 
+from engine.cli import main as cli_main
 from engine.formats import kquant
 from engine.formats.gguf import unpermute_index
 from engine.model import load_model
-from tests.helpers import DECODE_TOL, cached_tiny_hf, compare, gguf_tensors, write_gguf
+from tests.helpers import DECODE_TOL, cached_tiny_hf, gguf_tensors, write_gguf
 
 pytestmark = pytest.mark.model
 torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
 
 Q = GGMLQuantizationType
 STD = 0.02  # weight spread of the random blocks, as the tiny HF models initialise theirs
+# f32 against float64 over a forward: each product rounds by at most K·2^-24 of Σ|w·x| (K ≤ 512 here: 3e-5), a
+# few such steps in sequence (2 layers, the head), softmax and norms adding their own ulps. Measured ≤ 2.4e-5.
+F32_TOL = 2e-4
+FLIPPED_POSITIONS = 3  # of 64: positions where one int8 code may round the other way (measured at most 1)
 
 
 def kquant_blocks(rng, qtype, rows: int, cols: int, std: float = STD) -> np.ndarray:
@@ -131,7 +142,7 @@ def build_case(name: str, folder):
     sd = {k: v.float().numpy() for k, v in hf.state_dict().items()}
     dims = dict(dim=cfg.hidden_size, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
                 head_dim=cfg.head_dim, ffn=cfg.intermediate_size, vocab=cfg.vocab_size, layers=cfg.num_hidden_layers)
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     tensors = {}
     for gname, arr in gguf_tensors(model_type, hf_to_flat(sd, cfg, model_type), **dims).items():
         if arr.ndim == 1:
@@ -185,6 +196,26 @@ def int8_inputs(hf, model_type: str, types: dict):
     return handles
 
 
+@contextlib.contextmanager
+def f16_kv_cache(hf, model_type: str):
+    """The reference keeps keys (after RoPE and any q/k norm) and values in f16, as the runtime's KV cache does, so
+    that what is left between the two is f32 against float64 rounding."""
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    eager = module.eager_attention_forward
+    impl = hf.config._attn_implementation
+
+    def rounded(mod, query, key, value, *args, **kwargs):
+        return eager(mod, query, key.half().to(key.dtype), value.half().to(value.dtype), *args, **kwargs)
+
+    module.eager_attention_forward = rounded
+    hf.config._attn_implementation = "eager"
+    try:
+        yield
+    finally:
+        module.eager_attention_forward = eager
+        hf.config._attn_implementation = impl
+
+
 @pytest.fixture(scope="module", params=list(CASES))
 def case(request, tmp_path_factory):
     return request.param, *build_case(request.param, tmp_path_factory.mktemp(request.param))
@@ -194,34 +225,49 @@ def kq_kernels(rt) -> set[str]:
     return {k for k in rt.dispatched_kernels() + rt.dispatched_kernels(8) if "_kq" in k}
 
 
+def position_errors(ours, ref) -> np.ndarray:
+    """Per position: max |ours − ref| over the vocabulary, relative to max |ref| over all positions."""
+    return np.abs(ours - ref).max(1) / np.abs(ref).max()
+
+
 @pytest.mark.slow
 def test_kquant_gguf_logits_match_float64_reference(gpu, case):
     name, path, hf, types = case
     model_type = CASES[name][0]
     ids = np.random.default_rng(0).integers(3, hf.config.vocab_size, 64)
-    with torch.no_grad():
+    with torch.no_grad(), f16_kv_cache(hf, model_type):
         ref = hf(torch.tensor(ids[None])).logits[0].numpy()
         handles = int8_inputs(hf, model_type, types)
         ref_int8 = hf(torch.tensor(ids[None])).logits[0].numpy()
         for h in handles:
             h.remove()
-    # f32 activations everywhere (--exact-decode): the reference's numbers up to f32 rounding and the f16 KV cache
+    # f32 activations everywhere (--exact-decode), prefill GEMMs and per-token decode matvecs: the reference's
+    # numbers up to f32 rounding at every position
     exact = load_model(path, gpu=gpu, max_context=128, prefill_chunk=32, q8_decode=False)
     full = exact.logits(ids)
-    compare(full, ref)
+    assert position_errors(full, ref).max() <= F32_TOL
     assert "matvec_kq" in kq_kernels(exact.runtime) and "matvec_kq_q8" not in kq_kernels(exact.runtime)
     exact.runtime.reset()
     per_token = exact.runtime.logits(ids[:24], chunk=1)
-    assert np.abs(per_token - full[:24]).max() / np.abs(full).max() < DECODE_TOL[False]
+    assert position_errors(per_token, ref[:24]).max() <= F32_TOL
     del exact
-    # int8 activations in decode and prefill: the reference with the same int8 rounding of every product's input,
-    # to the same f32 tolerance (a code may round the other way where f32 and float64 put x on either side of a
-    # half step: one step s of one element)
+    if name == "llama-q4_k_m":  # `zerotvm logits --exact-decode` runs that arithmetic (once: each run makes a device)
+        out = path.with_suffix(".npy")
+        ids_arg = ",".join(map(str, ids))
+        assert cli_main(["logits", str(path), "--ids", ids_arg, "--context", "128", "--exact-decode", "--out",
+                         str(out)]) == 0
+        assert position_errors(np.load(out), ref).max() <= F32_TOL
+    # int8 activations (the default), decode and prefill: the reference with the same int8 rounding of every int8
+    # product's input, to the same f32 tolerance but for the few positions where a code rounds the other way
+    # (f32 and float64 put the activation on either side of a half step: one element moves by a whole step);
+    # those stay within the int8 tolerance
     model = load_model(path, gpu=gpu, max_context=128, prefill_chunk=32, q8_prefill=True)
     rt = model.runtime
     ours = model.logits(ids)
-    compare(ours, ref_int8)
     assert {"matvec_kq_q8", "matmul_kq_q8"} <= kq_kernels(rt)
+    errors = position_errors(ours, ref_int8)
+    assert (errors > F32_TOL).sum() <= FLIPPED_POSITIONS and errors.max() <= DECODE_TOL[True], np.round(errors, 5)
     rt.reset()
     per_token = rt.logits(ids[:24], chunk=1)
-    assert np.abs(per_token - ours[:24]).max() / np.abs(ours).max() < DECODE_TOL[True]
+    errors = position_errors(per_token, ref_int8[:24])
+    assert (errors > F32_TOL).sum() <= FLIPPED_POSITIONS and errors.max() <= DECODE_TOL[True], np.round(errors, 5)
