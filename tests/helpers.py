@@ -694,6 +694,28 @@ def write_gguf(path, arch, tensors, qtype=Q.Q4_0, types=None, dims=DIMS, meta=Tr
     return stored
 
 
+def kquant_raw(rng, qtype, rows: int, cols: int, std: float = 0.05) -> np.ndarray:
+    """ggml bytes of a random [rows, cols] tensor in a K-quant type (or Q5_0 / Q5_1): random codes and scales, the
+    f16 d (and dmin / m) of both signs scaled so the dequantized weights have standard deviation about `std`
+    (the gguf package quantizes no K type)."""
+    from engine.formats import kquant
+
+    tag = kquant.TAGS[qtype]
+    t = kquant.TYPES[tag]
+    raw = rng.integers(0, 256, (rows, cols // t.elements * t.nbytes), dtype=np.uint8)
+    blocks = raw.reshape(rows, -1, t.nbytes)
+    d = {off: rng.uniform(0.5, 1.0, blocks.shape[:2]) * rng.choice([-1, 1], blocks.shape[:2])
+         for off in kquant._HALF_FIELDS[tag]}
+
+    def put(scale):
+        for off, v in d.items():
+            blocks[:, :, off:off + 2] = (v * scale).astype("<f2").view(np.uint8).reshape(rows, -1, 2)
+
+    put(1.0)
+    put(std / gguf_dequantize(raw, qtype).std())  # dequantizing is linear in d and dmin
+    return raw
+
+
 def make_model(tmp_path, rng, arch, qtype=Q.Q4_0, **kw):
     w = hf_weights(rng, arch, **DIMS)
     path = tmp_path / f"{arch}.gguf"

@@ -30,7 +30,7 @@ from engine.cli import main as cli_main
 from engine.formats import kquant
 from engine.formats.gguf import unpermute_index
 from engine.model import load_model
-from tests.helpers import DECODE_TOL, cached_tiny_hf, gguf_tensors, write_gguf
+from tests.helpers import DECODE_TOL, cached_tiny_hf, gguf_tensors, kquant_raw, write_gguf
 
 pytestmark = pytest.mark.model
 torch = pytest.importorskip("torch", reason="the model tests compare with transformers on torch (the test extra)")
@@ -43,28 +43,10 @@ F32_TOL = 2e-4
 FLIPPED_POSITIONS = 3  # of 64: positions where one int8 code may round the other way (measured at most 1)
 
 
-def kquant_blocks(rng, qtype, rows: int, cols: int, std: float = STD) -> np.ndarray:
-    """ggml bytes of a random [rows, cols] tensor in K-quant `qtype`: random codes and scales, d (and dmin) of both
-    signs scaled so the dequantized weights have standard deviation about `std`."""
-    t = kquant.TYPES[kquant.TAGS[qtype]]
-    raw = rng.integers(0, 256, (rows, cols // t.elements * t.nbytes), dtype=np.uint8)
-    blocks = raw.reshape(rows, -1, t.nbytes)
-    halves = kquant._HALF_FIELDS[kquant.TAGS[qtype]]
-    d = {off: rng.uniform(0.5, 1.0, blocks.shape[:2]) * rng.choice([-1, 1], blocks.shape[:2]) for off in halves}
-
-    def put(scale):
-        for off, v in d.items():
-            blocks[:, :, off:off + 2] = (v * scale).astype("<f2").view(np.uint8).reshape(rows, -1, 2)
-
-    put(1.0)
-    put(std / gguf_dequantize(raw, qtype).std())  # dequantizing is linear in d and dmin
-    return raw
-
-
 def stored_blocks(rng, arr: np.ndarray, qtype) -> np.ndarray:
     """A 2-D float tensor stored in `qtype`: K types as random blocks, the rest quantized by gguf."""
     if qtype in kquant.TAGS and kquant.TYPES[kquant.TAGS[qtype]].elements == 256:
-        return kquant_blocks(rng, qtype, *arr.shape)
+        return kquant_raw(rng, qtype, *arr.shape, std=STD)
     return gguf_quantize(arr.astype(np.float32), qtype)
 
 
