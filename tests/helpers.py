@@ -716,6 +716,12 @@ def kquant_raw(rng, qtype, rows: int, cols: int, std: float = 0.05) -> np.ndarra
     return raw
 
 
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits (llama-quant.cpp): layer i of n gets the bigger type in the K_M mixes (attn_v,
+    ffn_down): the first and last eighth of the layers and every third one between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
 def make_model(tmp_path, rng, arch, qtype=Q.Q4_0, **kw):
     w = hf_weights(rng, arch, **DIMS)
     path = tmp_path / f"{arch}.gguf"

@@ -19,17 +19,12 @@ from engine.formats.gguf import GgufCheckpoint
 from engine.model import load_model
 from engine.sampling import SamplingParams
 from engine.tokenizer import load_tokenizer
-from tests.helpers import CHAT_TEMPLATE, kquant_raw, write_tiny_tokenizer
+from tests.helpers import CHAT_TEMPLATE, kquant_raw, use_more_bits, write_tiny_tokenizer
 from tests.test_gguf_tokenizer import byte_level_fields
 
 DIMS = dict(dim=256, heads=4, kv_heads=2, head_dim=64, ffn=384, vocab=288, layers=12)
 FILE_TYPE_Q4_K_M = 15  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_K_M
 FALLBACK = {Q.Q4_K: Q.Q5_0, Q.Q6_K: Q.Q8_0}  # llama-quantize's choice where a row is not whole 256-blocks
-
-
-def use_more_bits(i: int, n: int) -> bool:
-    """llama.cpp's use_more_bits: the first and last eighth of the layers and every third one between."""
-    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
 def q4_k_m_type(name: str, cols: int, layers: int) -> Q:
