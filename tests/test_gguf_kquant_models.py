@@ -112,11 +112,11 @@ def gguf_to_hf(name: str, model_type: str, cfg) -> tuple[str, int | None]:
     return p + theirs + ".weight", heads
 
 
-def build_case(name: str, folder):
+def build_case(name: str, folder, case: tuple | None = None):
     """(GGUF path, float64 transformers model on the stored blocks' dequantized weights, {GGUF matrix: type})."""
     from transformers import AutoModelForCausalLM
 
-    model_type, overrides, default, types = CASES[name]
+    model_type, overrides, default, types = case or CASES[name]
     hf = AutoModelForCausalLM.from_pretrained(cached_tiny_hf(model_type, **overrides), torch_dtype=torch.float32)
     hf = hf.double().eval()
     cfg = hf.config
@@ -252,3 +252,30 @@ def test_kquant_gguf_logits_match_float64_reference(gpu, case):
     per_token = rt.logits(ids[:24], chunk=1)
     errors = position_errors(per_token, ref_int8[:24])
     assert errors.max() <= DECODE_TOL[True], np.round(errors, 5)
+
+
+@pytest.mark.slow
+def test_kquant_vocab_tables_bound_in_parts(gpu, tmp_path, monkeypatch):
+    """A K-quant embedding / LM head bigger than one storage binding (Qwen3-4B's Q6_K table is 316 MB) is bound in
+    row parts, each on a 256-byte offset of both arrays (q_blocks and the split-off d): same logits, decode and
+    per-token logits as the single-binding run."""
+    # Tied: the Q6_K table is embedding and LM head; a vocabulary of 4096 (ids past the tiny tokenizer's are
+    # fine for logits) makes it 860 KB against 106 KB for the biggest layer matrix.
+    wide = ("qwen3", dict(SHAPE, vocab_size=4096, intermediate_size=256), Q.Q6_K, {})
+    path, _, _ = build_case("qwen3-q6_k-wide-vocab", tmp_path, wide)
+    ids = np.random.default_rng(4).integers(3, 4096, 24).tolist()
+    for exact in (False, True):
+        whole = load_model(path, gpu=gpu, max_context=64, q8_decode=not exact)
+        ref = whole.logits(ids)
+        whole.runtime.reset()
+        ref_per_token = whole.runtime.logits(ids, chunk=1)
+        with monkeypatch.context() as m:
+            # 208 + 2 bytes a row (one 256-block: 52 words, one f16 d): 512-row parts (a multiple of 128 keeps
+            # both arrays on 256-byte offsets), 8 of them
+            m.setattr(gpu, "max_binding", 131072)
+            split = load_model(path, gpu=gpu, max_context=64, prefill_chunk=8, q8_decode=not exact)
+        assert len(split.runtime.vocab.embed_parts) == 8 and len(split.runtime.vocab.lm_decode) == 8
+        np.testing.assert_allclose(split.logits(ids), ref, rtol=0, atol=F32_TOL * np.abs(ref).max())
+        split.runtime.reset()
+        np.testing.assert_allclose(split.runtime.logits(ids, chunk=1), ref_per_token, rtol=0,
+                                   atol=F32_TOL * np.abs(ref).max())
