@@ -115,7 +115,10 @@ def _load_gguf(path: Path, gpu, on_progress, options: RuntimeOptions, sampling_d
     cfg = ckpt.config
     spec, ckpt.table = _architecture(cfg["model_type"], cfg, f"{path} (GGUF metadata)")
     formats = ckpt.runtime_formats()
-    spec.names = {c: c for c in expected_tensors(spec, formats)}
+    try:
+        spec.names = {c: c for c in expected_tensors(spec, formats)}
+    except UnsupportedModelError as e:  # e.g. a qkv of mixed types whose parts cannot be bound apart
+        raise UnsupportedModelError(f"{path}: {e}") from None
     # Before the upload, so a broken tokenizer fails fast; a file without one runs on token ids only.
     tokenizer = load_tokenizer(path) if "tokenizer.ggml.model" in ckpt.metadata else None
     runtime = _runtime(spec, gpu, _flatten(ckpt.load(on_progress=on_progress), formats), options, formats=formats)

@@ -366,3 +366,13 @@ def test_unknown_canonical_name(tmp_path, rng):
     path, _, _ = make_model(tmp_path, rng, "phi3")
     with pytest.raises(ModelFormatError, match=r"no weight 'layers\.0\.qkv_proj'.*similar: layers\.0\.qkv"):
         list(GgufCheckpoint(path).load(["layers.0.qkv_proj"]))
+
+
+def test_mixed_qkv_whose_parts_cannot_be_bound_apart_is_refused(tmp_path, rng):
+    # DIMS: q is 64 rows, k 32, so v starts at column 96 of qkv (384 bytes, not a 256-byte binding offset)
+    from engine.catalog import add_local
+
+    path, _, _ = make_model(tmp_path, rng, "llama", qtype=Q.Q5_0, types={"blk.1.attn_v.weight": Q.Q8_0})
+    with pytest.raises(UnsupportedModelError, match=r"llama\.gguf: a matrix of parts in formats q5_0,q5_0,q8_0 "
+                                                    r"needs each part's first output column at a multiple of 64"):
+        add_local(path, tmp_path / "local.json")
