@@ -15,6 +15,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf.quants import quantize as gguf_quantize
 
 from engine.catalog import add_local
+from engine.errors import ModelFormatError
 from engine.formats.gguf import GgufCheckpoint
 from engine.model import load_model
 from engine.sampling import SamplingParams
@@ -172,15 +173,36 @@ def test_tokenizer_from_the_file_encodes_like_tokenizer_json(q4_k_m):
     assert ours.encode(text) == theirs.encode(text).ids
 
 
+def catalog_folder(path, root):
+    """A catalog download of `path`: its install folder holding the one .gguf and the catalog's generation_config."""
+    from engine.catalog import all_models, install_dir, write_generation_defaults
+
+    entry = next(e for e in all_models() if e.key == "qwen3-4b-q4_k_m-gguf")
+    folder = install_dir(entry, root)
+    folder.mkdir(parents=True)
+    (folder / path.name).symlink_to(path)
+    assert write_generation_defaults(entry, folder) == folder / "generation_config.json"
+    return folder
+
+
 @pytest.mark.model
 @pytest.mark.slow
-def test_load_model_runs_it_from_a_catalog_folder(gpu, q4_k_m):
-    # A catalog download is a folder holding the one .gguf: load_model takes the folder, chats with the file's
-    # tokenizer and template, and the decode kernels agree with the prefill GEMMs on what comes next.
+def test_load_model_runs_it_from_a_catalog_folder(gpu, q4_k_m, tmp_path):
+    # load_model takes the folder (the file's tokenizer and template, the catalog's sampling defaults over the
+    # file's, which has none), and its decode kernels agree with the prefill GEMMs on what comes next.
     path, _ = q4_k_m
-    model = load_model(path.parent, gpu=gpu, max_context=128, q8_decode=False)
-    assert model.path == path and model.tokenizer is not None
+    model = load_model(catalog_folder(path, tmp_path), gpu=gpu, max_context=128, q8_decode=False)
+    assert model.path.name == path.name and model.tokenizer is not None
+    assert model.default_sampling.temperature == 0.6  # Qwen3's, from the catalog (llama.cpp's default is 0.8)
     prompt = model.tokenizer.encode("Hello there")
     tokens = [r.token for r in model.generate(prompt, max_tokens=4, sampling=SamplingParams())]  # greedy
     logits = model.logits(prompt + tokens[:-1])[len(prompt) - 1:]
     assert tokens == logits.argmax(1).tolist()
+
+
+def test_a_folder_of_two_gguf_files_is_refused(q4_k_m, tmp_path):
+    path, _ = q4_k_m
+    folder = catalog_folder(path, tmp_path)
+    (folder / "second.gguf").symlink_to(path)
+    with pytest.raises(ModelFormatError, match=r"holds 2 \.gguf files .*pass the one to load"):
+        load_model(folder)
