@@ -217,8 +217,10 @@ def cmd_install_demo(args) -> None:
     if demo.is_installed(folder):
         print(f"already installed: {demo.demo_path()}")
         return
-    path = demo.install_demo(on_progress=progress)
-    print(file=sys.stderr)
+    try:
+        path = demo.install_demo(on_progress=progress)
+    finally:
+        print(file=sys.stderr)  # ends the progress line, also before an error's sentence
     print(f"installed {demo.TITLE}: {path}")
 
 

