@@ -79,10 +79,24 @@ def run_app(qt_args: list[str], auto_setup: bool = True, data_problem: str | Non
     notice = startup_notice(data_problem, store.notice, settings_problems)
     if notice:
         window.show_error(*notice)
+    closer = _close_on_signals(app, window)
     try:
         return app.exec()
     finally:
+        if closer is not None:
+            closer.restore()
         store.close()
+
+
+def _close_on_signals(app, window):
+    """SIGTERM / SIGINT close the window like its close button (app/signals.py); only the main thread can."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    from app.signals import SignalCloser
+
+    return SignalCloser(app, window)
 
 
 def _adapters() -> list[str]:
