@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zerotvm-chat: {problem}", file=sys.stderr)
     source = use_temporary_data_dir() if problem else None
     setup_logging(data_dir() / "logs")
+    import logging
+
+    from engine import get_version
+
+    logging.getLogger("zerotvm.app").info("zerotvm-chat %s started (pid %d)", get_version(), os.getpid())
     if args.self_test:
         from app.self_test import run_self_test
 
