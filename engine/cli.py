@@ -209,9 +209,12 @@ def cmd_chat(args) -> None:
 def cmd_install_demo(args) -> None:
     from engine import demo
 
+    shown = []
+
     def progress(stage: str, done: int, total: int) -> None:
         pct = f"{100 * done / total:5.1f}%" if total else ""
         print(f"\r{stage:8s} {done / 2**20:6.1f}/{total / 2**20:.1f} MiB {pct}", end="", file=sys.stderr, flush=True)
+        shown.append(stage)
 
     folder = demo.demo_path().parent
     if demo.is_installed(folder):
@@ -220,7 +223,8 @@ def cmd_install_demo(args) -> None:
     try:
         path = demo.install_demo(on_progress=progress)
     finally:
-        print(file=sys.stderr)  # ends the progress line, also before an error's sentence
+        if shown:
+            print(file=sys.stderr)  # ends the progress line, also before an error's sentence
     print(f"installed {demo.TITLE}: {path}")
 
 
