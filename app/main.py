@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -37,8 +38,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zerotvm-chat: {problem}", file=sys.stderr)
     source = use_temporary_data_dir() if problem else None
     setup_logging(data_dir() / "logs")
-    import logging
-
     from engine import get_version
 
     logging.getLogger("zerotvm.app").info("zerotvm-chat %s started (pid %d)", get_version(), os.getpid())

@@ -25,7 +25,6 @@ class SignalCloser(QObject):
     def __init__(self, app: QApplication, window: QWidget):
         super().__init__(app)
         self.app, self.window = app, window
-        self.received: list[int] = []
         self._reader, self._writer = socket.socketpair()
         for end in (self._reader, self._writer):
             end.setblocking(False)
@@ -34,8 +33,9 @@ class SignalCloser(QObject):
         self._notifier = QSocketNotifier(self._reader.fileno(), QSocketNotifier.Type.Read, self)
         self._notifier.activated.connect(self._wake)
 
-    def _note(self, signum, _frame) -> None:  # runs once Python has control again (in _wake at the latest)
-        self.received.append(signum)
+    def _note(self, _signum, _frame) -> None:
+        """A Python-level handler, so the signal neither kills the process (SIGTERM's default) nor raises
+        KeyboardInterrupt somewhere in Qt code (SIGINT's); _wake, woken by the same signal, does the work."""
 
     def _wake(self) -> None:
         try:
