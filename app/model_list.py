@@ -34,21 +34,25 @@ def install_state(e: CatalogEntry, models: Path | None) -> tuple[bool, Path | No
     return is_installed(folder), folder
 
 
-def model_rows(models: Path | None = None, context: int = 0) -> list[ModelRow]:
+def model_rows(models: Path | None = None, context: int = 0, shared_memory: bool = False,
+               software: bool = False) -> list[ModelRow]:
+    """Every model with its install state and fit, as `zerotvm models` reports it. `shared_memory`: the GPU takes
+    system RAM (integrated or software); `software`: a software adapter, so the fit also gives the speed. Cheap
+    after the first call (memfit remembers its estimates)."""
     from engine.memfit import check_fit
 
     rows = []
     for e in catalog.all_models():
         installed, path = install_state(e, models)
         try:
-            fit = check_fit(e, context or e.default_context)
+            fit = check_fit(e, context or e.default_context, shared_memory=shared_memory, software=software)
         except Exception:  # a fit estimate must never hide a model
             fit = None
         state = "installed" if installed else "not downloaded" if not e.is_local else "missing"
         parts = [e.name, _gb(e.total_bytes), state]
         if not e.runs:
             parts.append("coming soon")
-        elif fit is not None and fit.verdict in ("tight", "wont_fit"):
-            parts.append("tight fit" if fit.verdict == "tight" else "won't fit")
+        elif fit is not None:
+            parts.append(fit.summary)
         rows.append(ModelRow(e, installed, path, fit, " · ".join(parts)))
     return rows

@@ -40,9 +40,9 @@ def cmd_gpus(args) -> None:
 def _software_notice(adapter, file=None) -> None:
     """The plain warning, once per command, when the adapter in use is a software one (stderr unless `file`)."""
     if adapter is not None and adapter.software:
-        from engine.speed import software_notice
+        from engine.speed import SOFTWARE_NOTICE_TITLE, software_notice
 
-        print("\n" + software_notice(adapter.name), file=file or sys.stderr)
+        print(f"\n{SOFTWARE_NOTICE_TITLE}.\n{software_notice(adapter.name)}", file=file or sys.stderr)
 
 
 def _chosen_adapter():

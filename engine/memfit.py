@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.blocks import DeviceTraits, array_bytes
+from engine.blocks import DeviceTraits, array_bytes, sum_needs
 from engine.catalog import CatalogEntry
 from engine.gpu import UPLOAD_WINDOW, AdapterInfo, is_software_adapter
 from engine.humanize import human_rate
@@ -125,27 +125,29 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
     changes = {"max_context": ctx} | ({"prefill_chunk": prefill_chunk} if prefill_chunk else {})
     traits = traits or DeviceTraits.typical(max_binding)
     plan = RuntimePlan(spec, formats, RuntimeOptions.of(options, **changes), traits)
-    mem = plan.memory()
-    tensors = [array_bytes(shape, dtype) for shape, dtype in plan.tensors().values()]
+    needs = plan.needs()  # asked once: planning every buffer is the cost of an estimate
+    mem = sum_needs(needs)
     if entry is None:
+        tensors = [array_bytes(shape, dtype) for shape, dtype in plan.tensors().values()]
         weights, largest, approximate = mem["weights"], max(tensors), False
         basis = "the runtime's blocks: weights, KV cache, state and buffers as they allocate them"
     else:
         weights, largest, approximate = entry.weights_bytes, entry.largest_tensor_bytes, entry.weights_approximate
         basis = "the runtime's blocks planned from the catalog's dimensions; weights as the catalog records them"
-    uploaded = sum(n.bytes for n in plan.needs() if n.how == "upload")  # what goes through staging copies at all
-    staging = min(uploaded, max(UPLOAD_WINDOW, plan.largest_weight_buffer()))
-    decode = round(weights * _decode_share(plan))  # the share of the plan's weights, applied to the recorded bytes
+    uploaded = sum(n.bytes for n in needs if n.how == "upload")  # what goes through staging copies at all
+    largest_weight = max((n.bytes for n in needs if n.kind == "weights"), default=0)
+    staging = min(uploaded, max(UPLOAD_WINDOW, largest_weight))
+    decode = round(weights * _decode_share(plan, needs))  # the plan's share, applied to the recorded bytes
     return MemoryEstimate(plan.max_context, weights, mem["kv"], mem["state"], mem["scratch"],
                           RAM_BASELINE_BYTES + LOAD_COPIES * largest, approximate, basis, staging, decode)
 
 
-def _decode_share(plan: RuntimePlan) -> float:
+def _decode_share(plan: RuntimePlan, needs: list) -> float:
     """The fraction of the weight bytes a decoded token reads: all but the embedding table (one row of it) when the
     head is its own matrix, and of a MoE stack only the top-k experts (plus the shared one stacked with them)."""
     from engine.blocks.moe import MoeFfn
 
-    needs = [n for n in plan.needs() if n.kind == "weights"]
+    needs = [n for n in needs if n.kind == "weights"]
     total = sum(n.bytes for n in needs)
     moe = next((b for b in plan.blocks if isinstance(b, MoeFfn)), None)
     own_head = any(n.label.startswith("lm_head.") for n in needs)
@@ -160,6 +162,21 @@ def _decode_share(plan: RuntimePlan) -> float:
         else:
             read += n.bytes
     return read / total if total else 1.0
+
+
+_ESTIMATES: dict = {}  # check_fit's estimates: a picker refresh asks for every model again
+
+
+def _entry_estimate(entry: CatalogEntry, context: int | None) -> MemoryEstimate:
+    """estimate(entry, context), remembered by everything in the entry that it reads."""
+    import json
+
+    key = (json.dumps(entry.to_dict(), sort_keys=True, default=str), context)
+    if key not in _ESTIMATES:
+        if len(_ESTIMATES) > 256:
+            _ESTIMATES.clear()
+        _ESTIMATES[key] = estimate(entry, context)
+    return _ESTIMATES[key]
 
 
 def gpu_memory(adapter=None) -> GpuMemory:
@@ -198,7 +215,7 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
     available RAM is below it or unknown, and turns an "ok" into "tight". `software`: the adapter is a software one
     (engine/gpu.py); the verdict then also says how slow decode will be (`cores`: processor cores, default this
     machine's)."""
-    est = estimate(entry, context)
+    est = _entry_estimate(entry, context)
     system = system or system_memory()
     ram_needed = est.load_ram_bytes + (est.gpu_bytes if shared_memory else 0)
     ram_level = _level(ram_needed, system.available_bytes)

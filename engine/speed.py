@@ -53,11 +53,14 @@ def software_speed(decode_bytes: int, n_cores: int | None = None) -> SpeedEstima
                          f"It runs on this computer's software GPU, slowly: roughly {human_rate(tps)}.")
 
 
+SOFTWARE_NOTICE_TITLE = "Running on a software GPU: replies will be slow"
+
+
 def software_notice(adapter_name: str, n_cores: int | None = None) -> str:
     """The one plain paragraph the app and the CLI show when the chosen adapter is a software one."""
     demo = software_tps(DEMO_DECODE_BYTES, n_cores)
-    return (f"No graphics card driver is in use: Zero-TVM is running on {adapter_name}, a software GPU that makes "
-            f"the processor do the graphics card's work. Replies will be slow: roughly {human_rate(demo)} with the "
-            f"demo model, and far slower with the bigger models (a rough estimate; your processor may do better or "
-            f"worse). For full speed, install your graphics card's driver with Vulkan support (or use a computer "
-            f"with Metal or DirectX 12) and start Zero-TVM again.")
+    return (f"Zero-TVM is running on {adapter_name}, a software GPU: the processor does the graphics card's work. "
+            f"Expect roughly {human_rate(demo)} from the demo model and far slower replies from bigger models (a "
+            f"rough estimate; your processor may do better or worse). For full speed, install your graphics card's "
+            f"driver with Vulkan support (Metal on macOS, DirectX 12 on Windows), or pick the card under Settings → "
+            f"GPU, then start Zero-TVM again.")

@@ -156,7 +156,7 @@ def test_gpus_and_models_name_a_software_adapter(monkeypatch, tmp_path, capsys):
     assert cli_main(["gpus"]) == 0
     out = capsys.readouterr().out
     assert "* [0] llvmpipe (LLVM 15.0.6, 256 bits) (Vulkan, CPU, Mesa)  (software GPU: runs on the processor)" in out
-    assert f"Replies will be slow: roughly {human_rate(software_tps(DEMO_DECODE_BYTES))} with the demo model" in out
+    assert f"Expect roughly {human_rate(software_tps(DEMO_DECODE_BYTES))} from the demo model" in out
 
     assert cli_main(["models", "--json"]) == 0
     captured = capsys.readouterr()
