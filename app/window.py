@@ -312,14 +312,20 @@ class MainWindow(QMainWindow):
         self.remove_action.setEnabled(not loaded)  # unload before deleting the files it reads
 
     def _update_hint(self) -> None:
-        """The message box's placeholder says what Enter will do now."""
+        """The message box's placeholder and the empty chat's line say what happens now."""
+        private = "Everything stays on this computer."
         if self.facts is not None:
-            hint = f"Message {self.facts.get('title', 'the model')} (Enter sends, Shift+Enter for a new line)"
+            title = self.facts.get("title", "the model")
+            hint = f"Message {title} (Enter sends, Shift+Enter for a new line)"
+            empty = f"Ask {title} anything. {private}"
         elif self.loading_key or self.downloading_key:
             hint = "Type your message: Enter sends it as soon as the model has loaded"
+            empty = f"The model is {'loading' if self.loading_key else 'downloading'}; you can type your question now."
         else:
             hint = "No model loaded: pick one above and choose Load, then type your message here"
+            empty = f"Pick a model above and load it, then ask anything. {private}"
         self.input.setPlaceholderText(hint)
+        self.chat.placeholder.setText(empty)
 
     def on_pick(self, _index: int) -> None:
         if self.picker.currentData() == ADD_LOCAL:

@@ -63,11 +63,13 @@ def test_the_loaded_model_is_marked_apart_from_the_selection(qtbot, data_dir):
     w.on_action()  # Load
     assert w.status.text() == "Loading SmolLM2 135M Instruct (demo)…" and len(w.loads) == 1
     assert "as soon as the model has loaded" in w.input.placeholderText()
+    assert w.chat.placeholder.text() == "The model is loading; you can type your question now."
     w.on_loaded(facts())
     demo_row = w.row(DEMO)
     assert texts(w)[DEMO] == f"● {demo_row.label} · loaded"
     assert w.status.text().startswith("SmolLM2 135M Instruct (demo) · context 512 tokens · loaded in 1 min 34 s")
     assert w.input.placeholderText().startswith("Message SmolLM2 135M Instruct (demo)")
+    assert w.chat.placeholder.text().startswith("Ask SmolLM2 135M Instruct (demo) anything.")
 
     w.picker.setCurrentIndex(w.picker.findData("qwen3-4b-q4f16_1"))  # selecting another model moves no mark
     assert texts(w)[DEMO].endswith("· loaded") and not texts(w)["qwen3-4b-q4f16_1"].endswith("loaded")
@@ -90,6 +92,7 @@ def test_a_failed_or_cancelled_load_leaves_no_stale_text(qtbot, data_dir):
                                "choose Load (or Download).")
     assert not w.progress_box.isVisible() and w.loading_key is None and w.action.text() == "Load"
     assert w.input.placeholderText().startswith("No model loaded")
+    assert w.chat.placeholder.text().startswith("Pick a model above and load it")
     w.load(w.row(DEMO), confirm=False)
     w.on_unloaded()  # Cancel during the load ends here
     assert w.status.text().startswith("Loading cancelled. No model loaded.")
