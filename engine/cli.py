@@ -17,9 +17,9 @@ def cmd_gpus(args) -> None:
 
     adapters = list_adapters()
     try:
-        chosen = pick_adapter(args.adapter)
-    except ZeroTVMError:
-        chosen = None
+        chosen, problem = pick_adapter(args.adapter), None
+    except ZeroTVMError as e:
+        chosen, problem = None, str(e)
     for a in adapters:
         mark = "*" if chosen is not None and a.index == chosen.index else " "
         usable = "" if a.backend in GOOD_BACKENDS and "shader-f16" in a.features else "  (not usable)"
@@ -31,8 +31,7 @@ def cmd_gpus(args) -> None:
                     "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup")
             print("    limits:  ", ", ".join(f"{k}={a.limits.get(k)}" for k in keys))
     if chosen is None:
-        print("No usable GPU adapter: install or update your graphics driver with Vulkan (Linux, Windows), Metal "
-              "(macOS) or DirectX 12 (Windows) support.", file=sys.stderr)
+        print(f"No adapter chosen: {problem}", file=sys.stderr)
     else:
         _software_notice(chosen, sys.stdout)
 
@@ -422,8 +421,9 @@ def cmd_prompt(args) -> None:
     from engine.tokenizer import load_tokenizer
 
     thinking = None if args.thinking is None else args.thinking == "on"
-    prompt = load_tokenizer(resolve_model(args.model)).chat_prompt(load_messages(args.messages), system=args.system,
-                                                    thinking=thinking)
+    path = resolve_model(args.model)
+    messages = load_messages(args.messages)  # a bad file is reported before the tokenizer is built
+    prompt = load_tokenizer(path).chat_prompt(messages, system=args.system, thinking=thinking)
     print(json.dumps(prompt.ids))
 
 
@@ -552,7 +552,11 @@ def main(argv: list[str] | None = None) -> int:
     except ZeroTVMError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, NotADirectoryError, ValueError) as e:
+    except (FileNotFoundError, NotADirectoryError) as e:
+        what = f"there is no such file or folder: {e.filename}" if e.filename else str(e)  # not "[Errno 2] ..."
+        print(f"error: {what}; check the path and try again" if e.filename else f"error: {what}", file=sys.stderr)
+        return 2
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # permissions, a full disk, a device gone: the system's own words, and the file

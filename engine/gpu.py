@@ -110,7 +110,9 @@ def pick_adapter(choice: str | int | None = None) -> AdapterInfo:
             hits = [a for a in usable if text.lower() in a.name.lower()]
         if not hits:
             names = "; ".join(a.summary() for a in adapters) or "none"
-            raise GpuError(f"no GPU adapter matches {text!r}. Adapters found: {names}")
+            raise GpuError(f"no GPU adapter matches {text!r} (adapters found: {names}); give one of their indices "
+                           "or names with --adapter or ZEROTVM_ADAPTER (the app: Settings → GPU), or leave it unset "
+                           "to pick the fastest")
         return hits[0]
     if not usable:
         seen = "; ".join(a.summary() for a in adapters) or "none"

@@ -48,6 +48,7 @@ def test_stats_line_reads_durations_as_durations():
     assert "time to first token 1 min 34 s" in line and "ms" not in line
 
 
+@pytest.mark.slow
 def test_prompt_takes_a_catalog_key_or_a_path(demo_home, tmp_path, capsys):
     chat = tmp_path / "chat.json"
     chat.write_text(json.dumps([{"role": "user", "content": "What is the capital of France?"}]))
@@ -187,3 +188,15 @@ def test_models_gives_one_memory_sentence_per_model(monkeypatch, tmp_path, capsy
             # One sentence says what it needs and what is free; the catalog's own "Needs about" is not repeated.
             assert message.count(" needs ") == 1 and "Needs about" not in message, message
             assert message.count(" is free") == 1, message
+
+
+def test_file_errors_and_adapter_choice_in_plain_words(demo_home, monkeypatch, capsys):
+    assert cli_main(["prompt", "smollm2-135m-demo", "--messages", "/no/such/chat.json"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: there is no such file or folder: /no/such/chat.json; check the path and try again\n"
+    _fake_adapters(monkeypatch, [DISCRETE])
+    assert cli_main(["--adapter", "no-such-gpu", "gpus"]) == 0  # the list still prints; why none is chosen, too
+    out = capsys.readouterr()
+    assert out.out.startswith("  [1] NVIDIA GeForce RTX 4090") and out.err.startswith(
+        "No adapter chosen: no GPU adapter matches 'no-such-gpu' (adapters found: [1] NVIDIA")
+    assert "leave it unset to pick the fastest" in out.err
