@@ -63,7 +63,7 @@ def test_download_errors_are_plain(tiny_repo, capsys, monkeypatch):
 
 
 def test_token_commands_use_the_keyring(memory_keyring, capsys):  # noqa: F811
-    assert cli_main(["token", "status"]) == 0 and "no token" in capsys.readouterr().out
+    assert cli_main(["token", "status"]) == 0 and capsys.readouterr().out == "No token saved.\n"
     assert cli_main(["token", "set", "hf_secret123"]) == 0
     out = capsys.readouterr()
     assert "hf_secret123" not in out.out + out.err
