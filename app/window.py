@@ -237,8 +237,10 @@ class MainWindow(QMainWindow):
 
     def refresh_models(self, select: str | None = None) -> None:
         current = select or (self.selected().entry.key if self.selected() else self.prefs.last_model)
+        from engine.memfit import gpu_memory
+
         software = bool(self.adapter_info is not None and self.adapter_info.software)
-        shared = software or getattr(self.adapter_info, "adapter_type", "") == "IntegratedGPU"
+        shared = self.adapter_info is not None and gpu_memory(self.adapter_info).shared  # as `zerotvm models`
         self.rows = model_rows(self.models_dir(), self.prefs.context, shared_memory=shared, software=software)
         self.picker.blockSignals(True)
         self.picker.clear()
