@@ -151,7 +151,7 @@ def _fake_adapters(monkeypatch, adapters):
     import engine.gpu
 
     monkeypatch.setattr(engine.gpu, "list_adapters", lambda: adapters)
-    monkeypatch.delenv("ZEROTVM_ADAPTER", raising=False)
+    monkeypatch.setenv("ZEROTVM_ADAPTER", "")  # "" = automatic; restored after the test even where --adapter set it
 
 
 def test_gpus_and_models_name_a_software_adapter(monkeypatch, tmp_path, capsys):
