@@ -35,17 +35,19 @@ def install_state(e: CatalogEntry, models: Path | None) -> tuple[bool, Path | No
 
 
 def model_rows(models: Path | None = None, context: int = 0, shared_memory: bool = False,
-               software: bool = False) -> list[ModelRow]:
+               software: bool = False, decode_rate: float | None = None) -> list[ModelRow]:
     """Every model with its install state and fit, as `zerotvm models` reports it. `shared_memory`: the GPU takes
-    system RAM (integrated or software); `software`: a software adapter, so the fit also gives the speed. Cheap
-    after the first call (memfit remembers its estimates)."""
+    system RAM (integrated or software); `software`: a software adapter, so the fit also gives the speed (from
+    `decode_rate`, the weight bytes/s measured there, when known). Cheap after the first call (memfit remembers its
+    estimates)."""
     from engine.memfit import check_fit
 
     rows = []
     for e in catalog.all_models():
         installed, path = install_state(e, models)
         try:
-            fit = check_fit(e, context or e.default_context, shared_memory=shared_memory, software=software)
+            fit = check_fit(e, context or e.default_context, shared_memory=shared_memory, software=software,
+                            decode_rate=decode_rate)
         except Exception:  # a fit estimate must never hide a model
             fit = None
         state = "installed" if installed else "not downloaded" if not e.is_local else "missing"

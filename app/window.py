@@ -100,6 +100,7 @@ class MainWindow(QMainWindow):
         self._render_timer.timeout.connect(self._render_reply)
         self._build()
         self._connect()
+        self.engine.worker.reply_done.connect(self._note_speed)
         self._show_software_notice()
         self.refresh_models()
         self.refresh_conversations()
@@ -241,7 +242,8 @@ class MainWindow(QMainWindow):
 
         software = bool(self.adapter_info is not None and self.adapter_info.software)
         shared = self.adapter_info is not None and gpu_memory(self.adapter_info).shared  # as `zerotvm models`
-        self.rows = model_rows(self.models_dir(), self.prefs.context, shared_memory=shared, software=software)
+        self.rows = model_rows(self.models_dir(), self.prefs.context, shared_memory=shared, software=software,
+                               decode_rate=self._measured_rate())
         self.picker.blockSignals(True)
         self.picker.clear()
         for row in self.rows:
@@ -282,10 +284,29 @@ class MainWindow(QMainWindow):
             return
         from engine.speed import SOFTWARE_NOTICE_TITLE, software_notice
 
-        self.notice = Notice(SOFTWARE_NOTICE_TITLE, software_notice(a.name))
+        self.notice = Notice(SOFTWARE_NOTICE_TITLE, software_notice(a.name, rate=self._measured_rate()))
         self.notice_box.addWidget(self.notice)
         self.prefs.software_notice_shown = [*self.prefs.software_notice_shown, a.key]
         save_prefs(self.prefs, self.prefs_path)
+
+    def _measured_rate(self) -> float | None:
+        """Weight bytes/s a reply reached on this (software) adapter, once one has been measured."""
+        if self.adapter_info is None or not self.adapter_info.software:
+            return None
+        from engine.speed import measured_rate
+
+        return measured_rate(self.adapter_info.key, self.prefs_path.parent)
+
+    def _note_speed(self, _request: int, stats: dict) -> None:
+        """On a software GPU a finished reply's decode speed replaces the estimate in the picker (speeds.json)."""
+        row = self.row(self.loaded_key() or "")
+        if row is None or row.fit is None or self.adapter_info is None or not self.adapter_info.software:
+            return
+        from engine.speed import record_decode
+
+        if record_decode(self.adapter_info.key, row.fit.estimate.decode_bytes, int(stats.get("tokens") or 0),
+                         float(stats.get("tps") or 0), self.prefs_path.parent) is not None:
+            self.refresh_models()
 
     def selected(self) -> ModelRow | None:
         key = self.picker.currentData()

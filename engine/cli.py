@@ -39,9 +39,10 @@ def cmd_gpus(args) -> None:
 def _software_notice(adapter, file=None) -> None:
     """The plain warning, once per command, when the adapter in use is a software one (stderr unless `file`)."""
     if adapter is not None and adapter.software:
-        from engine.speed import SOFTWARE_NOTICE_TITLE, software_notice
+        from engine.speed import SOFTWARE_NOTICE_TITLE, measured_rate, software_notice
 
-        print(f"\n{SOFTWARE_NOTICE_TITLE}.\n{software_notice(adapter.name)}", file=file or sys.stderr)
+        text = software_notice(adapter.name, rate=measured_rate(adapter.key))
+        print(f"\n{SOFTWARE_NOTICE_TITLE}.\n{text}", file=file or sys.stderr)
 
 
 def _chosen_adapter():
@@ -269,11 +270,14 @@ def cmd_models(args) -> None:
     adapter = _chosen_adapter()
     gpu = gpu_memory(adapter)
     software = bool(adapter and adapter.software)
+    from engine.speed import measured_rate
+
+    rate = measured_rate(adapter.key) if software else None  # a reply the app timed here beats the estimate
     rows = []
     for e in all_models():
         state, folder = catalog_state(e)
         context = args.context or e.default_context
-        fit = check_fit(e, context, shared_memory=gpu.shared, software=software)
+        fit = check_fit(e, context, shared_memory=gpu.shared, software=software, decode_rate=rate)
         rows.append({"key": e.key, "name": e.name, "size": e.total_bytes, "state": state, "runs": e.runs,
                      "context": context, "fit": fit.verdict, "fit_summary": fit.summary, "fit_message": fit.message,
                      "tokens_per_s": round(fit.speed.tokens_per_s, 3) if fit.speed else None,

@@ -208,13 +208,13 @@ def _gb(n: int | None) -> str:
 
 def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMemory | None = None,
               gpu_bytes_available: int | None = None, shared_memory: bool = False, software: bool = False,
-              cores: int | None = None) -> FitReport:
+              cores: int | None = None, decode_rate: float | None = None) -> FitReport:
     """Verdict for loading `entry` at `context`. `system`: RAM figures (default: asked of the OS).
     `gpu_bytes_available`: free GPU memory when the caller knows it. `shared_memory`: the GPU allocates from
     system RAM, so its bytes are added to the RAM needed. A model's RAM warning (ram_warning_bytes) fires when
     available RAM is below it or unknown, and turns an "ok" into "tight". `software`: the adapter is a software one
-    (engine/gpu.py); the verdict then also says how slow decode will be (`cores`: processor cores, default this
-    machine's)."""
+    (engine/gpu.py); the verdict then also says how slow decode will be: from `decode_rate` (weight bytes/s
+    measured there, engine/speed.py measured_rate) when known, else from `cores` (default: this machine's)."""
     est = _entry_estimate(entry, context)
     system = system or system_memory()
     ram_needed = est.load_ram_bytes + (est.gpu_bytes if shared_memory else 0)
@@ -226,7 +226,7 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
         system.available_bytes is None or system.available_bytes < entry.ram_warning_bytes)
     if warn and memory == "ok":
         memory = "tight"
-    speed = software_speed(est.decode_bytes, cores) if software else None
+    speed = software_speed(est.decode_bytes, cores, decode_rate) if software else None
     verdict = max(memory, speed.level, key=_RANK.__getitem__) if speed else memory
     message = _message(entry, est, memory, ram_needed, system.available_bytes, gpu_available, shared_memory, warn)
     if speed is not None:

@@ -141,6 +141,12 @@ def test_software_gpu_notice_once_per_adapter_and_slow_rows(qtbot, data_dir):
     w.on_action()
     w.on_loaded(facts())
     assert "software GPU: slow" in w.status.text()
+    # A finished reply's speed replaces the estimate (kept in the data folder for the next start and the CLI).
+    w.engine.worker.reply_done.emit(7, {"finish_reason": "stop", "tokens": 40, "tps": 9.0})
+    assert texts(w)[DEMO].endswith("slow (about 9.0 tokens/s) · loaded")
+    big_row = w.row("qwen3.6-35b-a3b-mlx-4bit")
+    assert big_row.fit.speed.measured and big_row.fit.speed.tokens_per_s == pytest.approx(
+        9.0 * w.row(DEMO).fit.estimate.decode_bytes / big_row.fit.estimate.decode_bytes)
     w.close()
 
     again = window(qtbot, data_dir, adapter=LLVMPIPE)  # the same adapter next time: no notice

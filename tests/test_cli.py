@@ -173,6 +173,16 @@ def test_gpus_and_models_name_a_software_adapter(monkeypatch, tmp_path, capsys):
     assert rows["smollm2-135m-demo"]["fit"] in ("slow", "tight", "wont_fit") and rows["smollm2-135m-demo"][
         "tokens_per_s"] == pytest.approx(software_tps(DEMO_DECODE_BYTES), rel=0.01)
 
+    from engine.speed import record_decode
+
+    record_decode(SOFTWARE.key, DEMO_DECODE_BYTES, 40, 7.5)  # the app timed a reply here: its speed is quoted
+    assert cli_main(["gpus"]) == 0
+    assert "Expect roughly 7.5 tokens/s from the demo model and far slower replies from bigger models (measured on " \
+        "this computer)" in capsys.readouterr().out
+    assert cli_main(["models", "--json"]) == 0
+    rows = {r["key"]: r for r in json.loads(capsys.readouterr().out)}
+    assert rows["smollm2-135m-demo"]["tokens_per_s"] == pytest.approx(7.5, rel=1e-3)
+
     _fake_adapters(monkeypatch, [DISCRETE])
     assert cli_main(["gpus"]) == 0
     out = capsys.readouterr().out

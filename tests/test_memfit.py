@@ -273,3 +273,24 @@ def test_a_software_adapter_makes_every_model_slow_and_big_ones_too_slow(models)
                       software=True, cores=2)
     assert short.verdict == "wont_fit" and short.summary.startswith("does not fit (needs ")
     assert check_fit(models["smollm2-135m-demo"], system=plenty).speed is None  # a real GPU: no speed verdict
+
+
+def test_a_measured_rate_replaces_the_estimate(models, tmp_path):
+    from engine.speed import MIN_MEASURED_TOKENS, measured_rate, record_decode, software_notice
+
+    demo = models["smollm2-135m-demo"]
+    bytes_ = estimate(demo).decode_bytes
+    assert record_decode("Vulkan|llvmpipe|Mesa", bytes_, MIN_MEASURED_TOKENS - 1, 9.0, tmp_path) is None  # too short
+    assert measured_rate("Vulkan|llvmpipe|Mesa", tmp_path) is None
+    assert record_decode("Vulkan|llvmpipe|Mesa", bytes_, 40, 9.0, tmp_path) == bytes_ * 9.0
+    rate = measured_rate("Vulkan|llvmpipe|Mesa", tmp_path)
+    plenty = SystemMemory(256 * 10**9, 200 * 10**9)
+    fit = check_fit(demo, system=plenty, shared_memory=True, software=True, decode_rate=rate)
+    assert fit.speed.measured and fit.speed.tokens_per_s == pytest.approx(9.0)
+    assert "roughly 9.0 tokens/s (from the speed measured on this computer)" in fit.message
+    q4 = check_fit(models["qwen3-4b-q4f16_1"], system=plenty, shared_memory=True, software=True, decode_rate=rate)
+    assert q4.speed.tokens_per_s == pytest.approx(rate / q4.estimate.decode_bytes)  # the same bytes/s, more bytes
+    assert "measured on this computer" in software_notice("llvmpipe", rate=rate)
+    (tmp_path / "speeds.json").write_text("[" * 10_000)  # damaged: forgotten, and written afresh next time
+    assert measured_rate("Vulkan|llvmpipe|Mesa", tmp_path) is None
+    assert record_decode("Vulkan|llvmpipe|Mesa", bytes_, 40, 3.0, tmp_path) == bytes_ * 3.0
