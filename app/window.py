@@ -71,6 +71,7 @@ class MainWindow(QMainWindow):
     request_unload = Signal()
     request_download = Signal(dict, str)
     request_manage = Signal(dict, str, str)
+    fits_ready = Signal()  # the background fit estimates are done: refresh the picker
 
     def __init__(self, store: ConversationStore, settings, prefs: AppPrefs, prefs_path: Path,
                  adapters: list[str], token_store=None, auto_setup: bool = True, adapter=None):
@@ -101,6 +102,8 @@ class MainWindow(QMainWindow):
         self._build()
         self._connect()
         self.engine.worker.reply_done.connect(self._note_speed)
+        self._fit_thread = None
+        self.fits_ready.connect(self._on_fits_ready)
         self._show_software_notice()
         self.refresh_models()
         self.refresh_conversations()
@@ -238,12 +241,8 @@ class MainWindow(QMainWindow):
 
     def refresh_models(self, select: str | None = None) -> None:
         current = select or (self.selected().entry.key if self.selected() else self.prefs.last_model)
-        from engine.memfit import gpu_memory
-
-        software = bool(self.adapter_info is not None and self.adapter_info.software)
-        shared = self.adapter_info is not None and gpu_memory(self.adapter_info).shared  # as `zerotvm models`
-        self.rows = model_rows(self.models_dir(), self.prefs.context, shared_memory=shared, software=software,
-                               decode_rate=self._measured_rate())
+        self.rows = model_rows(self.models_dir(), self.prefs.context, quick_only=True, **self._fit_args())
+        self._estimate_fits()
         self.picker.blockSignals(True)
         self.picker.clear()
         for row in self.rows:
@@ -255,6 +254,40 @@ class MainWindow(QMainWindow):
         self.picker.setCurrentIndex(max(found, 0))
         self.picker.blockSignals(False)
         self.update_action()
+
+    def _fit_args(self) -> dict:
+        """How this machine's adapter bears on a fit, as `zerotvm models` sees it."""
+        from engine.memfit import gpu_memory
+
+        a = self.adapter_info
+        software = bool(a is not None and a.software)
+        return dict(shared_memory=a is not None and gpu_memory(a).shared, software=software,
+                    decode_rate=self._measured_rate())
+
+    def _estimate_fits(self) -> None:
+        """Plan the models whose fit is not known yet on a background thread (it takes a moment per model); the
+        picker refreshes when it is done."""
+        pending = [r for r in self.rows if r.fit_pending]
+        if not pending or (self._fit_thread is not None and self._fit_thread.is_alive()):
+            return
+        import threading
+
+        from app.model_list import fill_fits
+
+        def work(context=self.prefs.context) -> None:
+            fill_fits(pending, context)
+            try:
+                self.fits_ready.emit()  # queued to the GUI thread
+            except RuntimeError:  # the window is gone
+                pass
+
+        self._fit_thread = threading.Thread(target=work, name="fit-estimates", daemon=True)
+        self._fit_thread.start()
+
+    def _on_fits_ready(self) -> None:
+        self._fit_thread = None
+        if any(r.fit_pending for r in self.rows):
+            self.refresh_models()
 
     def loaded_key(self) -> str | None:
         return self.facts.get("key") if self.facts is not None else None
@@ -424,6 +457,13 @@ class MainWindow(QMainWindow):
         self.update_action()
 
     def load(self, row: ModelRow, confirm: bool = True) -> None:
+        if row.fit_pending and row.fit is None:  # chosen before the background estimate arrived: work it out now
+            from engine.memfit import check_fit
+
+            try:
+                row.fit = check_fit(row.entry, self.prefs.context or row.entry.default_context, **self._fit_args())
+            except Exception:  # as model_rows: no estimate, no warning
+                row.fit = None
         fit = row.fit
         if confirm and fit is not None and fit.load_anyway:
             slow = fit.verdict == "too_slow"

@@ -167,16 +167,26 @@ def _decode_share(plan: RuntimePlan, needs: list) -> float:
 _ESTIMATES: dict = {}  # check_fit's estimates: a picker refresh asks for every model again
 
 
-def _entry_estimate(entry: CatalogEntry, context: int | None) -> MemoryEstimate:
-    """estimate(entry, context), remembered by everything in the entry that it reads."""
+def _estimate_key(entry: CatalogEntry, context: int | None) -> tuple:
     import json
 
-    key = (json.dumps(entry.to_dict(), sort_keys=True, default=str), context)
+    return json.dumps(entry.to_dict(), sort_keys=True, default=str), context  # everything the estimate reads
+
+
+def _entry_estimate(entry: CatalogEntry, context: int | None) -> MemoryEstimate:
+    """estimate(entry, context), remembered."""
+    key = _estimate_key(entry, context)
     if key not in _ESTIMATES:
         if len(_ESTIMATES) > 256:
             _ESTIMATES.clear()
         _ESTIMATES[key] = estimate(entry, context)
     return _ESTIMATES[key]
+
+
+def fit_is_quick(entry: CatalogEntry, context: int | None = None) -> bool:
+    """True when check_fit(entry, context) will not plan the model again (its estimate is remembered): the GUI
+    asks this and leaves the others to a background thread."""
+    return _estimate_key(entry, context) in _ESTIMATES
 
 
 def gpu_memory(adapter=None) -> GpuMemory:

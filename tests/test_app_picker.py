@@ -41,6 +41,7 @@ def window(qtbot, data_dir, adapter=None, prefs=None):
     w.loads = []
     w.request_load = type("S", (), {"emit": lambda self, *a: w.loads.append(a)})()
     w.show()
+    qtbot.waitUntil(lambda: not any(r.fit_pending for r in w.rows), timeout=60_000)  # worked out off the GUI thread
     return w
 
 
@@ -51,6 +52,28 @@ def texts(w) -> dict[str, str]:
 def facts(name="SmolLM2-135M-Instruct.Q4_1.gguf"):
     return {"path": "/x", "name": name, "model_type": "llama", "context": 512, "load_seconds": 94.149,
             "thinking": False, "chat": True, "sampling": {}, "adapter": "[0] test", "int8_decode": True}
+
+
+def test_fits_are_worked_out_off_the_gui_thread(qtbot, data_dir, monkeypatch):
+    import threading
+
+    from app.store import ConversationStore
+    from app.window import MainWindow
+    from engine import memfit
+
+    monkeypatch.setattr(memfit, "_ESTIMATES", {})  # nothing remembered: every model must be planned
+    planned_on = set()
+    real = memfit.estimate
+    monkeypatch.setattr(memfit, "estimate", lambda *a, **k: planned_on.add(threading.current_thread().name)
+                        or real(*a, **k))
+    w = MainWindow(ConversationStore(data_dir / "chats.sqlite3"), ChatSettings(), AppPrefs(), data_dir / "app.json",
+                   [], None, auto_setup=False, adapter=LLVMPIPE)
+    qtbot.addWidget(w)
+    pending = [r.entry.key for r in w.rows if r.fit_pending]
+    assert pending and all(texts(w)[k].endswith(" · checking fit…") for k in pending)
+    qtbot.waitUntil(lambda: not any(r.fit_pending for r in w.rows), timeout=60_000)
+    assert planned_on == {"fit-estimates"}
+    assert "too slow (one token every" in texts(w)["qwen3.6-35b-a3b-mlx-4bit"]
 
 
 def test_the_loaded_model_is_marked_apart_from_the_selection(qtbot, data_dir):
