@@ -45,6 +45,25 @@ def _software_notice(adapter, file=None) -> None:
         print(f"\n{SOFTWARE_NOTICE_TITLE}.\n{text}", file=file or sys.stderr)
 
 
+def _software_note(adapter, path: str) -> None:
+    """Before generate/chat loads a model on a software adapter: one line with the speed to expect from it."""
+    if adapter is None or not adapter.software:
+        return
+    from engine.humanize import human_rate
+    from engine.library import find_entry
+    from engine.memfit import estimate
+    from engine.speed import DEMO_DECODE_BYTES, measured_rate, software_tps
+
+    rate = measured_rate(adapter.key)
+    entry = find_entry(path)
+    decode_bytes = estimate(entry).decode_bytes if entry is not None and entry.runs else None
+    what = f"from {entry.name}" if decode_bytes else "from the demo model (bigger models are slower)"
+    tps = software_tps(decode_bytes or DEMO_DECODE_BYTES, rate=rate)
+    how = "measured on this computer" if rate else "a rough estimate"
+    print(f"Running on {adapter.name}, a software GPU (the processor does the graphics card's work): expect roughly "
+          f"{human_rate(tps)} {what} ({how}). `zerotvm gpus` says how to get full speed.", file=sys.stderr)
+
+
 def _chosen_adapter():
     from engine.gpu import pick_adapter
 
@@ -159,7 +178,7 @@ def cmd_generate(args) -> None:
     from engine.session import ChatSession
 
     path = _resolve_model(args.model)
-    _software_notice(_chosen_adapter())
+    _software_note(_chosen_adapter(), path)
     model = load_model(path, max_context=args.context, on_progress=_progress, q8_decode=not args.exact_decode)
     settings = _chat_settings(args, model)
     if args.raw or model.tokenizer is None or not model.tokenizer.chat_templates:
@@ -184,7 +203,7 @@ def cmd_chat(args) -> None:
     from engine.session import ChatSession
 
     path = _resolve_model(args.model)
-    _software_notice(_chosen_adapter())
+    _software_note(_chosen_adapter(), path)
     model = load_model(path, max_context=args.context, on_progress=_progress, q8_decode=not args.exact_decode)
     chat = ChatSession(model, _chat_settings(args, model))
     print(f"{model.path.name}: context {model.runtime.max_context} tokens. {CHAT_HELP}", file=sys.stderr)

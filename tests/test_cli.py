@@ -215,3 +215,16 @@ def test_file_errors_and_adapter_choice_in_plain_words(demo_home, monkeypatch, c
     assert out.out.startswith("  [1] NVIDIA GeForce RTX 4090") and out.err.startswith(
         "No adapter chosen: no GPU adapter matches 'no-such-gpu' (adapters found: [1] NVIDIA")
     assert "leave it unset to pick the fastest" in out.err
+
+
+def test_generate_and_chat_say_what_speed_to_expect_on_a_software_gpu(demo_home, capsys):
+    from engine.cli import _software_note
+    from engine.speed import DEMO_DECODE_BYTES, software_tps
+
+    _software_note(SOFTWARE, str(demo_home / demo_gguf().name))
+    err = capsys.readouterr().err
+    assert err == (f"Running on {SOFTWARE.name}, a software GPU (the processor does the graphics card's work): expect "
+                   f"roughly {human_rate(software_tps(DEMO_DECODE_BYTES))} from SmolLM2 135M Instruct (demo) (a rough "
+                   "estimate). `zerotvm gpus` says how to get full speed.\n")
+    _software_note(DISCRETE, str(demo_home / demo_gguf().name))
+    assert capsys.readouterr().err == ""
