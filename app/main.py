@@ -78,7 +78,8 @@ def run_app(qt_args: list[str], auto_setup: bool = True, data_problem: str | Non
     apply_theme(app, prefs.theme)
     store = open_store((source or data) / STORE_FILE)  # never fails: repaired, recovered or kept in memory
     settings, settings_problems = read_settings((source or data) / "settings.json")
-    window = MainWindow(store, settings, prefs, prefs_path, _adapters(), TokenStore(), auto_setup)
+    window = MainWindow(store, settings, prefs, prefs_path, _adapters(), TokenStore(), auto_setup,
+                        adapter=_chosen_adapter(prefs.adapter))
     window.show()
     notice = startup_notice(data_problem, store.notice, settings_problems)
     if notice:
@@ -110,6 +111,16 @@ def _adapters() -> list[str]:
         return [a.summary() for a in list_adapters()]
     except Exception:  # the worker reports GPU problems when it loads a model
         return []
+
+
+def _chosen_adapter(choice: str):
+    """The adapter the engine worker will open (for the software-GPU notice), or None if none is usable."""
+    try:
+        from engine.gpu import pick_adapter
+
+        return pick_adapter(choice or None)
+    except Exception:  # the worker reports GPU problems when it loads a model
+        return None
 
 
 class TokenStore:
