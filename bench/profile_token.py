@@ -1,6 +1,7 @@
 """Where one decode token's GPU time goes, for any bench shape (dense, hybrid or MoE), grouped by kernel.
 
-After a 600-token prefill (so decode attention runs split-K, as in the benchmark) one decode token's dispatches
+After a 600-token prefill (the benchmark's context: one-dispatch decode attention up to single_pass_keys, split-K
+past it, `--options '{"single_pass_keys": 64}'`) one decode token's dispatches
 are recorded into a list instead of a pass; then each is timed alone: N_REPS back-to-back copies in one pass,
 best of 3, so a figure includes the barrier to the next dispatch. Totals per kernel are summed over the token.
 Then the host side: one token's dispatches recorded and submitted 20 times (median), and how long the GPU still
