@@ -1,0 +1,29 @@
+"""Which decode attention path a context takes (no GPU): the one-dispatch kernel up to single_pass_keys keys, split-K
+in blocks of split_keys past it; and the option's validation."""
+
+import pytest
+
+from engine.bench import shape_spec
+from engine.runtime_options import RuntimeOptions
+from engine.transformer import RuntimePlan
+
+
+def splits(**options):
+    return RuntimePlan(shape_spec("phi3-mini"), options=RuntimeOptions(max_context=4096, **options)).attention.splits
+
+
+def test_single_pass_up_to_its_keys_then_split_k():
+    s = splits(single_pass_keys=256, split_keys=64)
+    assert [s(n) for n in (1, 64, 65, 256)] == [1, 1, 1, 1]
+    assert [s(n) for n in (257, 320, 321, 2048, 4096)] == [5, 5, 6, 32, 32]  # at most 32 partitions
+
+
+def test_split_keys_above_single_pass_keys_keep_one_partition_up_to_them():
+    s = splits(single_pass_keys=16, split_keys=100)
+    assert [s(16), s(17), s(100), s(101)] == [1, 1, 1, 2]
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "64"])
+def test_single_pass_keys_must_be_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="single_pass_keys must be a positive integer"):
+        RuntimeOptions(single_pass_keys=bad)
