@@ -4,13 +4,15 @@
 // RMSNorm, then RoPE: rope_append.wgsl's arithmetic) and the new key and value of its kv head kvh = h / (H / KVH),
 // rounded to f16 as the cache holds them. The group's first query head writes them to the cache slot of p; every
 // head scores the new key from workgroup memory, so no workgroup reads a slot another writes in this dispatch.
-// Keys 0..p-1 come from the paged cache in blocks of WG, as attention.wgsl walks them (online softmax).
+// Keys 0..p-1 come from the paged cache in blocks of WG, as attention.wgsl walks them (online softmax); in the P·V
+// phase each thread accumulates PV consecutive vec4 chunks of the head for its share of the block's keys, so
+// E = WG / (C / PV) key lanes run in parallel (more than attention.wgsl's one chunk a thread allows).
 // Epilogue: with GATE, out = attention · sigmoid(gate) (Qwen3.5; the gate projection wrote its row into the qkv
 // buffer at GATE_OFF); with Q8 the output row also goes to int8 as quantize_q8 would write it (q8_pack.wgsl), the
 // o-projection's input, each head's HD/32 chunks by the head's workgroup.
 // Constants: WG threads (≥ HD/4; a power of two without subgroups), H, KVH, HD (multiple of 4; of 32 with Q8),
 //   ROT rotary dims (even, ≤ HD), PAGE, SCALE f32 (1/√HD), QK_NORM, EPS, NORM_OFFSET, ROPE_SCALE (rope_append.wgsl's),
-//   GATE bool, GATE_OFF (f32 index of the gate row in qkv), Q8 bool.
+//   GATE bool, GATE_OFF (f32 index of the gate row in qkv), Q8 bool, PV (divides HD/4).
 // Bindings: 0 qkv f32[(H+2·KVH)·HD] (+ the gate row H·HD at GATE_OFF) (read),
 //   1 k_cache f16[n_pages, KVH, PAGE, HD] (read_write), 2 v_cache (same), 3 page_table u32[max_pages] (read),
 //   4 inv_freq f32[ROT/2 + 2·HD]: the RoPE inverse frequencies, then the q and the k norm weights (read; the
@@ -33,7 +35,8 @@
 @group(0) @binding(8) var<storage, read_write> xm: array<vec2<f32>>;
 
 const C: u32 = HD / 4u;       // vec4 chunks per head row
-const E: u32 = WG / C;        // key lanes in the P·V phase (threads lid ≥ E·C sit it out)
+const COLS: u32 = C / PV;     // threads covering one key's value row in the P·V phase
+const E: u32 = WG / COLS;     // key lanes in the P·V phase (threads lid ≥ E·COLS sit it out)
 const GROUP: u32 = H / KVH;   // query heads per kv head
 const HALF: u32 = ROT / 2u;
 const NEG_BIG: f32 = -3.0e38; // "minus infinity" that keeps exp(a − b) and a − b finite
@@ -111,9 +114,9 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     }
     workgroupBarrier();
 
-    let chunk = lid % C;
-    let key_lane = lid / C;
-    var acc = vec4<f32>(0.0);
+    let chunk0 = (lid % COLS) * PV;  // this thread's chunks chunk0 .. chunk0 + PV of the value rows
+    let key_lane = lid / COLS;
+    var acc: array<vec4<f32>, PV>;
     var m = NEG_BIG;   // running max, identical in every thread
     var l = 0.0;       // this thread's share of the running sum (its own keys' weights)
     for (var kb = 0u; kb < n_keys; kb += WG) {
@@ -136,7 +139,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
         let alpha = exp(m - m_new);  // 0 on the first block: m was NEG_BIG
         let pw = select(0.0, exp(score - m_new), valid);
         l = l * alpha + pw;
-        acc *= alpha;
+        for (var d = 0u; d < PV; d++) { acc[d] *= alpha; }
         m = m_new;
         p_sh[lid] = pw;
         row_sh[lid] = row;
@@ -145,10 +148,11 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
             let n_in_block = min(WG, n_keys - kb);
             for (var j = key_lane; j < n_in_block; j += E) {
                 let r = row_sh[j];
+                let pj = p_sh[j];
                 if (r == NEW) {
-                    acc += p_sh[j] * v_sh[chunk];
+                    for (var d = 0u; d < PV; d++) { acc[d] += pj * v_sh[chunk0 + d]; }
                 } else {
-                    acc += p_sh[j] * vec4<f32>(v_cache[r + chunk]);
+                    for (var d = 0u; d < PV; d++) { acc[d] += pj * vec4<f32>(v_cache[r + chunk0 + d]); }
                 }
             }
         }
@@ -156,22 +160,25 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     }
     let l_total = wg_sum(l, lane);
 
-    // Sum the E key lanes' partial outputs; lane 0 of each chunk writes.
-    acc_sh[lid] = acc;
-    workgroupBarrier();
-    if (lid < C) {
-        var o = acc;
-        for (var e = 1u; e < E; e++) { o += acc_sh[e * C + lid]; }
-        o = o / l_total;
-        if (GATE) {
-            let g = GATE_OFF + h * HD + 4u * lid;
-            o = o / (1.0 + exp(-vec4<f32>(qkv[g], qkv[g + 1u], qkv[g + 2u], qkv[g + 3u])));
+    // Sum the E key lanes' partial outputs, one of the PV chunks at a time; key lane 0 writes.
+    for (var d = 0u; d < PV; d++) {
+        acc_sh[lid] = acc[d];
+        workgroupBarrier();
+        if (lid < COLS) {
+            var o = acc[d];
+            for (var e = 1u; e < E; e++) { o += acc_sh[e * COLS + lid]; }
+            o = o / l_total;
+            let c = chunk0 + d;
+            if (GATE) {
+                let g = GATE_OFF + h * HD + 4u * c;
+                o = o / (1.0 + exp(-vec4<f32>(qkv[g], qkv[g + 1u], qkv[g + 2u], qkv[g + 3u])));
+            }
+            out[h * C + c] = o;
+            o_sh[c] = o;
         }
-        out[h * C + lid] = o;
-        o_sh[lid] = o;
+        workgroupBarrier();  // acc_sh is rewritten for the next chunk; o_sh is complete after the last
     }
     if (Q8) {
-        workgroupBarrier();
         for (var c = lid; c < HD / 32u; c += WG) {
             var v: array<vec4<f32>, 8>;
             for (var j = 0u; j < 8u; j++) { v[j] = o_sh[8u * c + j]; }

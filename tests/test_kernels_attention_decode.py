@@ -78,7 +78,9 @@ def run_decode(g, a, q8, WG=256):
         (4, 2, 128, 128, 300, True, False, 256),  # q/k norms, two key blocks of 256 (the new key in the second)
         (8, 2, 64, 32, 70, True, True, 64),  # gated (Qwen3.5), 64 threads: two key blocks
         (2, 1, 256, 64, 19, True, True, 256),  # widest head
-        (4, 2, 96, 96, 63, False, False, 32),  # 32 threads for 24 chunks: one key lane; p + 1 = 2 blocks
+        (4, 2, 96, 96, 63, False, False, 32),  # 32 threads, 6 of them a value row: 5 key lanes; 2 key blocks
+        (4, 2, 24, 24, 40, False, False, 64),  # 6 chunks: 3 a thread in the P·V phase
+        (2, 1, 20, 20, 9, True, False, 32),  # 5 chunks: 1 a thread
     ],
 )
 def test_attention_decode(any_gpu, rng, H, KVH, HD, ROT, p, qk_norm, gate, WG):

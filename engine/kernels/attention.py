@@ -57,5 +57,6 @@ def attention_decode_consts(rope: dict, gate_offset: int | None, q8: bool, wg: i
         raise ValueError(f"head_dim {hd} must be a multiple of 4 and at most {4 * wg}")
     if q8 and hd % 32:
         raise ValueError(f"the decode attention writes int8 rows only for head_dim a multiple of 32, got {hd}")
+    pv = next(n for n in (4, 3, 2, 1) if hd // 4 % n == 0)  # vec4 chunks a thread accumulates in the P·V phase
     return dict(rope, WG=wg, SCALE=1.0 / math.sqrt(hd), GATE=gate_offset is not None, GATE_OFF=gate_offset or 0,
-                Q8=bool(q8))
+                Q8=bool(q8), PV=pv)
