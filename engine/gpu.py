@@ -345,3 +345,12 @@ class Recorder:
         self.pass_.end()
         self.gpu.queue.submit([self.encoder.finish()])
         self._keep.clear()
+
+    def flush(self) -> None:
+        """Submit what is recorded so far and go on recording into a fresh encoder (a forward that reads back
+        mid-way: the streamed experts' routing)."""
+        self.submit()
+        self.encoder = self.gpu.device.create_command_encoder(label="after-flush")
+        self.pass_ = self.encoder.begin_compute_pass(label="after-flush")
+        self._handle = self.pass_._internal if self._raw else None
+        self._pipe = None

@@ -1,0 +1,208 @@
+"""Routed experts streamed from host memory through a GPU expert cache (a MoE model over its weights budget).
+
+Each MoE layer keeps its routed experts' packed bytes on the host (numpy arrays, memory-mapped from the checkpoint
+where the reader can: engine/formats/mlx.py) and `slots` of them on the GPU, in slot-stacked buffers laid out
+exactly as the resident stacks are (slot j's rows where expert j's would be), plus the shared expert, when it is
+stacked, in the last slot. The expert kernels read the slot of each (token, routing slot) from `slot_ids`, which the
+host writes, instead of the router's expert ids: the arithmetic is the resident model's, only addresses change.
+
+Per forward and MoE layer: the router's top-k ids are copied to a mapped buffer and read back (each layer's routing
+depends on the layer before, so one wait per layer), the policy (SlotMap: LRU or LFU) assigns slots, the missing
+experts' bytes are gathered into one mapped staging buffer per upload round and copied to their slots on the GPU
+(consecutive slots in one copy). A prefill chunk whose experts outnumber the slots runs in batches of experts that
+fit: each batch's down pass writes a second buffer whose rows of that batch are then selected into y, so every
+(token, slot) row is computed once, by the same kernel as without a budget.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import wgpu
+
+from engine.blocks import BufferNeed
+
+STAGING_EXPERTS = 32  # experts per upload round (the staging buffer holds this many, or the cache if smaller)
+STAGING = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
+
+
+class SlotMap:
+    """Which expert sits in which of `slots` GPU slots for one layer, and what to evict on a miss.
+
+    lru: the least recently used expert goes; lfu: the least used since load (ties: the least recent). Experts
+    asked for together are never evicted by each other. Counts hits and misses."""
+
+    def __init__(self, experts: int, slots: int, policy: str = "lru"):
+        if policy not in ("lru", "lfu"):
+            raise ValueError(f"eviction policy must be 'lru' or 'lfu', got {policy!r}")
+        self.experts, self.slots, self.policy = experts, slots, policy
+        self.where: OrderedDict[int, int] = OrderedDict()  # expert -> slot, least recent first
+        self.uses = np.zeros(experts, np.int64)
+        self.free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
+        self.hits = self.misses = 0
+
+    def assign(self, wanted) -> tuple[dict[int, int], list[tuple[int, int]]]:
+        """Slots for the distinct experts `wanted` (at most `slots` of them): (expert -> slot, [(expert, slot) to
+        upload]). Hits and misses count each expert once per call."""
+        wanted = list(dict.fromkeys(int(e) for e in wanted))
+        if len(wanted) > self.slots:
+            raise ValueError(f"{len(wanted)} experts asked for at once; the cache has {self.slots} slots")
+        keep = set(wanted)
+        out, loads = {}, []
+        for e in wanted:
+            self.uses[e] += 1
+            if e in self.where:
+                self.where.move_to_end(e)
+                out[e] = self.where[e]
+                self.hits += 1
+        for e in wanted:
+            if e in out:
+                continue
+            slot = self.free.pop() if self.free else self._evict(keep)
+            self.where[e] = out[e] = slot
+            loads.append((e, slot))
+            self.misses += 1
+        return out, loads
+
+    def _evict(self, keep: set) -> int:
+        if self.policy == "lru":
+            victim = next(e for e in self.where if e not in keep)
+        else:  # the first (least recent) of the least used
+            victim = min((e for e in self.where if e not in keep), key=lambda e: self.uses[e])
+        return self.where.pop(victim)
+
+    def batches(self, experts) -> list[list[int]]:
+        """The distinct experts of a chunk in batches of at most `slots`, the resident ones first (so the first
+        batch evicts nothing it will need)."""
+        distinct = list(dict.fromkeys(int(e) for e in experts))
+        distinct.sort(key=lambda e: e not in self.where)
+        return [distinct[i:i + self.slots] for i in range(0, len(distinct), self.slots)]
+
+
+def part_rows(arr) -> tuple[int, int]:
+    """(experts, bytes per expert) of a host stack [E, ...]."""
+    return arr.shape[0], int(arr.nbytes) // arr.shape[0]
+
+
+class ExpertStream:
+    """The host stacks, GPU cache buffers, staging and counters of every streamed MoE layer.
+
+    `parts`: the GPU buffers of one layer's routed stacks, in upload order: (stack, key) with key "w" or "s".
+    """
+
+    def __init__(self, experts: int, slots: int, top_k: int, n_slots: int, max_tokens: int, layers, policy: str,
+                 expert_part_bytes: dict[tuple[str, str], int], shared_slot: dict[int, bool]):
+        self.E, self.slots, self.top_k, self.n_slots, self.T = experts, slots, top_k, n_slots, max_tokens
+        self.layers, self.policy = tuple(layers), policy
+        self.part_bytes = expert_part_bytes  # (stack, key) -> bytes of one expert in the GPU layout
+        self.shared_slot = shared_slot  # layer -> the shared expert sits in slot `slots` of the routed stacks
+        self.staging_experts = max(1, min(STAGING_EXPERTS, slots))
+        self.maps = {i: SlotMap(experts, slots, policy) for i in self.layers}
+        self.host: dict[int, dict[tuple[str, str], np.ndarray]] = {}
+        self.uploaded_bytes = 0
+        self.upload_seconds = 0.0
+
+    # ---- plan ------------------------------------------------------------------------------------------------
+    def expert_bytes(self) -> int:
+        return sum(self.part_bytes.values())
+
+    def needs(self) -> list[BufferNeed]:
+        T, S = self.T, self.n_slots
+        return [BufferNeed.buffer("moe.slot_ids", 4 * T * S),
+                BufferNeed.buffer("moe.ids_readback", 4 * T * S, usage="readback"),
+                BufferNeed.buffer("moe.rows_mask", 4 * T * S),
+                BufferNeed.buffer("moe.expert_staging", 2 * self.staging_bytes())]  # two, mapped in turn
+
+    def staging_bytes(self) -> int:
+        return self.staging_experts * self.expert_bytes()
+
+    # ---- counters --------------------------------------------------------------------------------------------
+    @property
+    def hits(self) -> int:
+        return sum(m.hits for m in self.maps.values())
+
+    @property
+    def misses(self) -> int:
+        return sum(m.misses for m in self.maps.values())
+
+    def hit_rate(self) -> float | None:
+        n = self.hits + self.misses
+        return self.hits / n if n else None
+
+    def resident_share(self) -> float:
+        return min(1.0, self.slots / self.E)
+
+    # ---- load ------------------------------------------------------------------------------------------------
+    def keep_host(self, layer: int, stack: str, key: str, arr) -> None:
+        """A routed stack's array kept on the host ([E, ...]; a memmap stays a memmap)."""
+        E, per = part_rows(arr)
+        if E != self.E or per != self.part_bytes[stack, key]:
+            raise ValueError(f"layer {layer} {stack}.{key}: host stack of {E} experts × {per} bytes, expected "
+                             f"{self.E} × {self.part_bytes[stack, key]}")
+        self.host.setdefault(layer, {})[stack, key] = arr
+
+    def build(self, gpu, readback) -> None:
+        self.gpu, self.readback = gpu, readback
+        size = max(16, (self.staging_bytes() + 3) // 4 * 4)
+        self.staging = [gpu.device.create_buffer(label=f"moe.expert_staging.{j}", size=size, usage=STAGING)
+                        for j in range(2)]
+        self._turn = 0
+
+    # ---- per forward -----------------------------------------------------------------------------------------
+    def read_ids(self, T: int) -> np.ndarray:
+        """The router's ids [T, n_slots] copied into the readback buffer by the forward just submitted."""
+        buf = self.readback
+        buf.map_sync(mode=wgpu.MapMode.READ)
+        try:
+            return np.frombuffer(buf.read_mapped(0, T * self.n_slots * 4), np.uint32).reshape(T, self.n_slots).copy()
+        finally:
+            buf.unmap()
+
+    def upload(self, layer: int, cache: dict[tuple[str, str], object], loads: list[tuple[int, int]]) -> None:
+        """Copy the experts `loads` ([(expert, slot)]) from the host stacks into their cache slots: per round one
+        mapped staging buffer holds every part of up to staging_experts experts, then GPU copies move each run of
+        consecutive slots at once."""
+        import time
+
+        started = time.perf_counter()
+        host, parts = self.host[layer], list(self.part_bytes)
+        loads = sorted(loads, key=lambda es: es[1])
+        for r0 in range(0, len(loads), self.staging_experts):
+            batch = loads[r0:r0 + self.staging_experts]
+            ids = np.fromiter((e for e, _ in batch), np.int64, len(batch))
+            staging = self.staging[self._turn]
+            self._turn ^= 1
+            staging.map_sync(mode=wgpu.MapMode.WRITE)  # waits for the copies that last read this buffer
+            offsets, offset = {}, 0
+            for part in parts:
+                data = _gather(host[part], ids)
+                staging.write_mapped(data, offset)
+                offsets[part], offset = offset, offset + data.nbytes
+            staging.unmap()
+            enc = self.gpu.device.create_command_encoder(label="expert-upload")
+            for part in parts:
+                size = self.part_bytes[part]
+                for j, first, count in _runs([slot for _, slot in batch]):
+                    enc.copy_buffer_to_buffer(staging, offsets[part] + j * size, cache[part], first * size,
+                                              count * size)
+            self.gpu.queue.submit([enc.finish()])
+            self.uploaded_bytes += offset
+        self.upload_seconds += time.perf_counter() - started
+
+
+def _gather(arr, ids: np.ndarray) -> np.ndarray:
+    """The experts `ids` of a host stack as one contiguous byte array (a memmap reads only those experts)."""
+    flat = arr.reshape(arr.shape[0], -1)
+    return np.ascontiguousarray(flat[ids]).view(np.uint8)
+
+
+def _runs(slots: list[int]) -> list[tuple[int, int, int]]:
+    """Sorted slots as (position in the list, first slot, count) runs of consecutive slots."""
+    out: list[list[int]] = []
+    for j, s in enumerate(slots):
+        if out and out[-1][1] + out[-1][2] == s:
+            out[-1][2] += 1
+        else:
+            out.append([j, s, 1])
+    return [(j, a, b) for j, a, b in out]
