@@ -49,12 +49,50 @@ def _progress(part: int, parts: int, path: str, done: int, total: int) -> None:
         print(file=sys.stderr)
 
 
-def cmd_logits(args) -> None:
+def _load(args, model: str, **options):
+    """load_model with this command's --context and --gpu-weights (else ZEROTVM_GPU_WEIGHTS), on the CLI's
+    progress line; says on stderr when the routed experts stream from RAM."""
+    from engine.gpu_budget import from_env, parse_size
     from engine.model import load_model
 
+    budget = parse_size(args.gpu_weights) if args.gpu_weights is not None else from_env()
+    loaded = load_model(model, max_context=args.context, on_progress=_progress, gpu_weights=budget, **options)
+    line = streaming_line(loaded.runtime)
+    if line:
+        print(line, file=sys.stderr)
+    return loaded
+
+
+def streaming_line(runtime) -> str | None:
+    """One line on the expert stream (None when every weight is on the GPU)."""
+    st = runtime.plan.streaming
+    if st is None:
+        return None
+    return (f"experts streamed from RAM: {st.slots} of {st.E} routed experts a layer on the GPU "
+            f"({100 * st.resident_share():.0f}% resident)")
+
+
+def hit_rate_line(runtime) -> str | None:
+    st = runtime.plan.streaming
+    if st is None or st.hit_rate() is None:
+        return None
+    gb = st.uploaded_bytes / 1e9
+    rate = f", {gb / st.upload_seconds:.1f} GB/s" if st.upload_seconds > 0 else ""
+    return f"expert cache hit rate {100 * st.hit_rate():.1f}% ({st.hits} hits, {st.misses} misses; {gb:.2f} GB " \
+           f"uploaded{rate})"
+
+
+def _print_hit_rate(model) -> None:
+    line = hit_rate_line(model.runtime)
+    if line:
+        print(line, file=sys.stderr)
+
+
+def cmd_logits(args) -> None:
     ids = [int(t) for t in args.ids.split(",") if t.strip()]
-    model = load_model(args.model, max_context=args.context, on_progress=_progress)
+    model = _load(args, args.model)
     logits = model.logits(ids)
+    _print_hit_rate(model)
     if args.out:
         np.save(args.out, logits)
         print(f"saved {logits.shape} float32 logits to {args.out}")
@@ -125,11 +163,9 @@ def _stats(r) -> str:
 
 
 def cmd_generate(args) -> None:
-    from engine.model import load_model
     from engine.session import ChatSession
 
-    model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress,
-                       q8_decode=not args.exact_decode)
+    model = _load(args, _resolve_model(args.model), q8_decode=not args.exact_decode)
     settings = _chat_settings(args, model)
     if args.raw or model.tokenizer is None or not model.tokenizer.chat_templates:
         last = None
@@ -142,6 +178,7 @@ def cmd_generate(args) -> None:
         last = last.response if last else None
     if last:
         print(_stats(last), file=sys.stderr)
+    _print_hit_rate(model)
 
 
 CHAT_HELP = """commands: /new (start over)  /regen (answer again)  /system TEXT  /think on|off  /quit
@@ -149,11 +186,16 @@ Ctrl-C stops a reply; Ctrl-D or /quit leaves."""
 
 
 def cmd_chat(args) -> None:
-    from engine.model import load_model
+    model = _load(args, _resolve_model(args.model), q8_decode=not args.exact_decode)
+    try:
+        _chat_loop(args, model)
+    finally:
+        _print_hit_rate(model)
+
+
+def _chat_loop(args, model) -> None:
     from engine.session import ChatSession
 
-    model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress,
-                       q8_decode=not args.exact_decode)
     chat = ChatSession(model, _chat_settings(args, model))
     print(f"{model.path.name}: context {model.runtime.max_context} tokens. {CHAT_HELP}", file=sys.stderr)
     while True:
@@ -385,10 +427,19 @@ def cmd_bench(args) -> None:
     print(json.dumps(result, indent=2) if args.json else result["table"])
 
 
+def _add_load_args(s: argparse.ArgumentParser) -> None:
+    """What every command that loads a model takes: its context window and the weights budget."""
+    s.add_argument("--context", type=int, help="context window in tokens (default: the model's; the KV cache is "
+                                               "allocated for all of it)")
+    s.add_argument("--gpu-weights", metavar="SIZE",
+                   help="bytes of weights allowed on the GPU, e.g. 12G or 8192M (default: ZEROTVM_GPU_WEIGHTS, else "
+                        "auto); a MoE model over it streams its experts from RAM")
+
+
 def _add_chat_args(s: argparse.ArgumentParser) -> None:
     """Flags over the saved chat settings; sampling defaults come from the model (generation_config.json)."""
     s.add_argument("--max-tokens", type=int, help="longest reply in tokens (default 1024)")
-    s.add_argument("--context", type=int, help="context window in tokens (default: the model's)")
+    _add_load_args(s)
     s.add_argument("--exact-decode", action="store_true",
                    help="f32 activations in decode and prefill (slower); by default the 4-bit matrix products take "
                         "int8 ones, as llama.cpp's")
@@ -425,8 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("logits", help="teacher-forced float32 logits for every position")
     s.add_argument("model")
     s.add_argument("--ids", required=True, help="comma-separated token ids")
-    s.add_argument("--context", type=int, help="context window in tokens (default: the model's; the KV cache is "
-                                               "allocated for all of it)")
+    _add_load_args(s)
     s.add_argument("--out", help="save to this .npy file instead of printing")
     s.set_defaults(func=cmd_logits)
 

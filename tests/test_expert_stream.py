@@ -1,0 +1,171 @@
+"""Routed experts streamed from host memory through a GPU expert cache (engine/blocks/expert_cache.py): a tiny MLX
+MoE under a weights budget that forces misses gives the same logits and greedy tokens, bit for bit, as the resident
+model (prefill in batches of cached experts, int8 and f32 decode); the slot map's eviction; the budget's errors
+and its spelling (--gpu-weights, ZEROTVM_GPU_WEIGHTS)."""
+
+import numpy as np
+import pytest
+
+from engine.blocks.expert_cache import SlotMap, _runs
+from engine.errors import GpuError
+from engine.gpu_budget import auto_budget, from_env, parse_size
+from engine.model import load_model
+from engine.sampling import SamplingParams
+from tests.helpers import cached_mlx
+
+KW = dict(max_context=320, prefill_chunk=32, split_keys=48)
+
+# ---- the budget's spelling ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, value", [("123", 123), ("1K", 1024), ("512M", 512 * 2**20), ("12G", 12 * 2**30),
+                                         ("1.5G", 3 * 2**29), ("8GiB", 8 * 2**30), ("64 MB", 64 * 2**20),
+                                         ("auto", None), ("", None), (None, None), (4096, 4096)])
+def test_sizes_parse(text, value):
+    assert parse_size(text) == value
+
+
+@pytest.mark.parametrize("text", ["12X", "-1G", "0", "G", "1e9", "twelve", "0.0001K", "2000T"])
+def test_bad_sizes_are_named(text):
+    with pytest.raises(ValueError, match="--gpu-weights"):
+        parse_size(text)
+
+
+def test_environment_budget():
+    assert from_env({"ZEROTVM_GPU_WEIGHTS": "10G"}) == 10 * 2**30
+    assert from_env({}) is None
+    with pytest.raises(ValueError, match="ZEROTVM_GPU_WEIGHTS"):
+        from_env({"ZEROTVM_GPU_WEIGHTS": "lots"})
+
+
+def test_auto_budget_leaves_the_other_buffers_and_a_margin():
+    assert auto_budget(None, 10) is None
+    assert auto_budget(24 * 2**30, 4 * 2**30) == 24 * 2**30 - 4 * 2**30 - int(24 * 2**30 * 0.05)
+    assert auto_budget(8 * 2**30, 2**30) == 7 * 2**30 - 768 * 2**20  # the fixed margin on a small card
+
+
+def test_cli_refuses_a_bad_budget(capsys):
+    from engine.cli import main
+
+    assert main(["logits", "nowhere", "--ids", "1", "--gpu-weights", "12X"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu-weights" in err and "12X" in err and "Traceback" not in err
+
+
+# ---- the slot map ------------------------------------------------------------------------------------------------
+
+
+def test_lru_evicts_the_least_recent_and_counts():
+    m = SlotMap(8, 3, "lru")
+    where, loads = m.assign([0, 1])
+    assert loads == [(0, 0), (1, 1)] and (m.hits, m.misses) == (0, 2)
+    m.assign([2])
+    where, loads = m.assign([0, 3])  # 1 is the least recent: 3 takes its slot
+    assert where == {0: 0, 3: 1} and loads == [(3, 1)] and (m.hits, m.misses) == (1, 4)
+    where, loads = m.assign([2, 3])  # both resident
+    assert loads == [] and m.hits == 3
+
+
+def test_lfu_keeps_the_most_used_and_never_evicts_what_is_asked_for():
+    m = SlotMap(8, 2, "lfu")
+    for _ in range(3):
+        m.assign([5])
+    m.assign([6])
+    where, loads = m.assign([7])  # 6 (used once) goes, 5 (three times) stays
+    assert loads == [(7, where[7])] and 5 in m.where and 6 not in m.where
+    where, loads = m.assign([6, 7])  # 7 is asked for with 6: 5 has to go, however popular
+    assert set(where) == {6, 7} and 5 not in m.where
+    with pytest.raises(ValueError, match="2 slots"):
+        m.assign([1, 2, 3])
+
+
+def test_batches_put_resident_experts_first():
+    m = SlotMap(8, 3)
+    m.assign([4, 6])
+    assert m.batches([1, 6, 2, 4, 1, 7]) == [[6, 4, 1], [2, 7]]
+
+
+def test_runs_of_consecutive_slots():
+    assert _runs([0, 1, 2, 5, 7, 8]) == [(0, 0, 3), (3, 5, 1), (4, 7, 2)]
+
+
+# ---- the tiny MLX MoE: 4 MoE layers of 8 experts, top-2, the shared expert stacked ------------------------------
+
+
+def budgets(model, slots: int) -> int:
+    """The weights budget that leaves `slots` cache slots per layer."""
+    moe = model.runtime.block("moe")
+    weights = model.runtime.plan.memory()["weights"]
+    return weights - (moe.E - slots) * moe.routed_expert_bytes()
+
+
+@pytest.fixture(scope="module", params=["q4", "q3exp"])
+def pair(gpu, request):
+    """(resident, streamed with 3 of 8 experts a layer on the GPU), f32 decode."""
+    path = cached_mlx(request.param)
+    resident = load_model(path, gpu=gpu, q8_decode=False, **KW)
+    streamed = load_model(path, gpu=gpu, q8_decode=False, gpu_weights=budgets(resident, 3), **KW)
+    return resident, streamed
+
+
+@pytest.mark.slow
+def test_streamed_logits_equal_resident(pair):
+    """A prefill chunk of 32 tokens routes to all 8 experts, so it runs in three batches of cached experts."""
+    resident, streamed = pair
+    st = streamed.runtime.plan.streaming
+    assert st is not None and st.slots == 3 and resident.runtime.plan.streaming is None
+    ids = np.random.default_rng(0).integers(0, resident.runtime.spec.vocab, 70)
+    before = st.misses
+    assert np.array_equal(streamed.logits(ids), resident.logits(ids))
+    assert st.misses - before > 8 * 4  # each layer loaded more experts than it has slots: evicted and refilled
+    for rt in (streamed.runtime, resident.runtime):  # one row a forward: the decode kernels
+        rt.reset()
+    assert np.array_equal(streamed.runtime.logits(ids[:20], chunk=1), resident.runtime.logits(ids[:20], chunk=1))
+
+
+def greedy(model, prompt, n):
+    rt = model.runtime
+    rt.reset()
+    rt.set_sampling(SamplingParams())
+    rt.prefill(prompt)
+    first = rt.read_sampled(0)
+    return [first] + [t for batch in rt.decode(0, n - 1) for t in batch]
+
+
+@pytest.mark.slow
+def test_streamed_greedy_decode_equals_resident(pair):
+    resident, streamed = pair
+    st = streamed.runtime.plan.streaming
+    prompt = [int(t) for t in np.random.default_rng(2).integers(0, 256, 40)]
+    hits, misses = st.hits, st.misses
+    assert greedy(streamed, prompt, 40) == greedy(resident, prompt, 40)
+    assert st.hits > hits and st.misses > misses
+
+
+@pytest.mark.slow
+def test_int8_decode_streamed_equals_resident(gpu):
+    """The default arithmetic: int8 activations into the 4-bit experts' decode matvecs (moe_matvec_q8)."""
+    path = cached_mlx("q4")
+    resident = load_model(path, gpu=gpu, **KW)
+    streamed = load_model(path, gpu=gpu, gpu_weights=budgets(resident, 2), expert_policy="lfu", **KW)
+    assert streamed.runtime.plan.streaming.slots == 2
+    prompt = [int(t) for t in np.random.default_rng(3).integers(0, 256, 24)]
+    assert greedy(streamed, prompt, 32) == greedy(resident, prompt, 32)
+    assert streamed.runtime.plan.streaming.hit_rate() < 1
+
+
+@pytest.mark.slow
+def test_budget_below_the_minimum_names_it(gpu):
+    path = cached_mlx("q4")
+    resident = load_model(path, gpu=gpu, **KW)
+    minimum = budgets(resident, 2)  # top-2: two slots a layer
+    with pytest.raises(GpuError, match="below this model's minimum") as caught:
+        load_model(path, gpu=gpu, gpu_weights=minimum - 1, **KW)
+    assert f"{minimum / 2**20:.0f} MiB" in str(caught.value)
+    assert load_model(path, gpu=gpu, gpu_weights=minimum, **KW).runtime.plan.streaming.slots == 2
+
+
+@pytest.mark.slow
+def test_dense_model_over_its_budget_is_refused(gpu):
+    with pytest.raises(GpuError, match="only mixture-of-experts models"):
+        load_model(cached_mlx("dense"), gpu=gpu, gpu_weights=2**16, **KW)
