@@ -74,7 +74,8 @@ def run_app(qt_args: list[str], auto_setup: bool = True, data_problem: str | Non
     apply_theme(app, prefs.theme)
     store = open_store((source or data) / STORE_FILE)  # never fails: repaired, recovered or kept in memory
     settings, settings_problems = read_settings((source or data) / "settings.json")
-    window = MainWindow(store, settings, prefs, prefs_path, _adapters(), TokenStore(), auto_setup)
+    window = MainWindow(store, settings, prefs, prefs_path, _adapters(), TokenStore(), auto_setup,
+                        gpu_bytes=_gpu_bytes(prefs.adapter))
     window.show()
     notice = startup_notice(data_problem, store.notice, settings_problems)
     if notice:
@@ -92,6 +93,17 @@ def _adapters() -> list[str]:
         return [a.summary() for a in list_adapters()]
     except Exception:  # the worker reports GPU problems when it loads a model
         return []
+
+
+def _gpu_bytes(adapter: str) -> int | None:
+    """The chosen GPU's memory where its driver tools tell it (engine/vram.py), else None."""
+    try:
+        from engine.gpu import pick_adapter
+        from engine.vram import adapter_memory
+
+        return adapter_memory(pick_adapter(adapter or None))
+    except Exception:  # the worker reports GPU problems when it loads a model
+        return None
 
 
 class TokenStore:

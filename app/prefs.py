@@ -19,12 +19,16 @@ class AppPrefs:
     context: int = 0  # context window to load models with; 0 = the model's default
     last_model: str = ""  # catalog key or local path loaded last time
     exact_decode: bool = False  # f32 activations in decode (slower); the default rounds them to int8 per layer
+    gpu_weights: str = "auto"  # the weights budget as typed (engine/gpu_budget.py: bytes, 12G, 8192M, or auto)
 
     def validate(self) -> None:
         if self.theme not in THEMES:
             raise ValueError(f"theme must be one of {THEMES}")
         if not isinstance(self.context, int) or self.context < 0:
             raise ValueError("context must be a non-negative integer")
+        from engine.gpu_budget import parse_size
+
+        parse_size(self.gpu_weights, "GPU weights budget")  # a ValueError naming the setting
 
 
 def load_prefs(path: Path) -> AppPrefs:

@@ -76,11 +76,12 @@ class MainWindow(QMainWindow):
     request_manage = Signal(dict, str, str)
 
     def __init__(self, store: ConversationStore, settings, prefs: AppPrefs, prefs_path: Path,
-                 adapters: list[str], token_store=None, auto_setup: bool = True):
+                 adapters: list[str], token_store=None, auto_setup: bool = True, gpu_bytes: int | None = None):
         super().__init__()
         self.setWindowTitle("Zero-TVM")
         self.store, self.settings, self.prefs, self.prefs_path = store, settings, prefs, prefs_path
         self.adapters, self.token_store = adapters, token_store
+        self.gpu_bytes = gpu_bytes  # the GPU's memory where its tools tell it (the picker's streaming verdict)
         self.engine = WorkerThread(prefs.adapter or None)
         self.downloads = DownloadThread()
         self.rows: list[ModelRow] = []
@@ -232,7 +233,7 @@ class MainWindow(QMainWindow):
 
     def refresh_models(self, select: str | None = None) -> None:
         current = select or (self.selected().entry.key if self.selected() else self.prefs.last_model)
-        self.rows = model_rows(self.models_dir(), self.prefs.context)
+        self.rows = model_rows(self.models_dir(), self.prefs.context, self.gpu_bytes)
         self.picker.blockSignals(True)
         self.picker.clear()
         for row in self.rows:
@@ -354,6 +355,7 @@ class MainWindow(QMainWindow):
                 return
         self.loading_key = row.entry.key
         self.show_progress(f"Loading {row.entry.name}…", 0, 0)
+        self.engine.worker.gpu_weights = self.prefs.gpu_weights  # read by the worker when this load starts
         self.request_load.emit(str(row.load_path), self.prefs.context, self.prefs.exact_decode)
         self.update_action()
 
@@ -438,8 +440,9 @@ class MainWindow(QMainWindow):
         row = self.row(facts["key"] or "")
         name = row.entry.name if row else facts["name"]
         self.facts["title"] = name
+        experts = f" · {facts['experts']}" if facts.get("experts") else ""  # routed experts streamed from RAM
         self.status.setText(f"{name} · context {facts['context']} tokens · loaded in {facts['load_seconds']:.1f} s"
-                            f" · {facts['adapter']}")
+                            f" · {facts['adapter']}{experts}")
         self.update_action()
         self.input.setFocus()
         if self._send_when_ready:
@@ -553,7 +556,8 @@ class MainWindow(QMainWindow):
         if self._reply_widget is not None:
             self._reply_widget.set_status(_stats_text(stats))
         if stats.get("tokens"):
-            self.status.setText(f"{self.facts.get('title', '') if self.facts else ''} · {_stats_text(stats)}")
+            experts = f" · {stats['experts']}" if stats.get("experts") else ""  # the expert cache's hit rate
+            self.status.setText(f"{self.facts.get('title', '') if self.facts else ''} · {_stats_text(stats)}{experts}")
         self._reply_widget, self._reply_msg_id = None, None
         self.request = 0
         self.set_busy(False)
@@ -648,6 +652,8 @@ class MainWindow(QMainWindow):
             self.status.setText("The GPU choice applies the next time Zero-TVM starts.")
         elif self.prefs.exact_decode != old.exact_decode and self.facts is not None:
             self.status.setText("Exact decode arithmetic applies when a model next loads.")
+        elif self.prefs.gpu_weights != old.gpu_weights and self.facts is not None:
+            self.status.setText("The GPU weights budget applies when a model next loads.")
 
     def show_error(self, title: str, message: str) -> None:
         log.warning("%s: %s", title, message)

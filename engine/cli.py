@@ -295,9 +295,10 @@ def cmd_models(args) -> None:
 
             state = "installed" if is_installed(folder) else "partial" if staging_dir(folder).exists() else "-"
         context = args.context or e.default_context
-        fit = check_fit(e, context, shared_memory=gpu.shared)
+        fit = check_fit(e, context, gpu_bytes_available=gpu.total_bytes, shared_memory=gpu.shared)
         rows.append({"key": e.key, "name": e.name, "size": e.total_bytes, "state": state, "runs": e.runs,
                      "context": context, "fit": fit.verdict, "fit_message": fit.message,
+                     "streams": fit.stream.sentence() if fit.stream else None,
                      "ram_warning": bool(fit.ram_warning), "path": str(folder)})
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -305,7 +306,8 @@ def cmd_models(args) -> None:
     print(f"{'key':28s} {'size':>9s}  {'state':10s} {'context':>7s}  fit")
     for r in rows:
         runs = "" if r["runs"] else "  (not runnable yet)"
-        print(f"{r['key']:28s} {_bytes(r['size']):>9s}  {r['state']:10s} {r['context']:7d}  {r['fit']}{runs}")
+        fit = r["streams"] or r["fit"]  # a MoE model too big for the GPU: how it runs with its experts in RAM
+        print(f"{r['key']:28s} {_bytes(r['size']):>9s}  {r['state']:10s} {r['context']:7d}  {fit}{runs}")
         if args.verbose or r["fit"] in ("tight", "wont_fit") or r["ram_warning"]:
             print(f"    {r['fit_message']}")
 

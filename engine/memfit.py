@@ -9,7 +9,9 @@ staging copies, at most one window of them (engine/gpu.py UPLOAD_WINDOW, or the 
 Host RAM at load: the loaders stream one tensor at a time, so the peak is a baseline (Python, numpy, wgpu
 and the GPU driver) plus LOAD_COPIES of the largest tensor. On a GPU that shares system RAM (integrated,
 CPU, Apple silicon) the GPU bytes come out of RAM too. wgpu does not report how much memory a GPU has, so
-unless the caller knows, the GPU side of the verdict is "unknown".
+unless the caller knows (engine/vram.py asks nvidia-smi or AMD's sysfs), the GPU side of the verdict is "unknown".
+A MoE model too big for a GPU whose memory is known gets the verdict "streams" when it runs with its routed experts
+streamed from RAM (engine/memfit_stream.py); the RAM it needs then counts the host-resident experts.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class FitReport:
     ram_warning: bool  # the model's own RAM warning fired (Qwen3.6)
     load_anyway: bool  # the UI should offer "Load anyway" rather than a plain Load
     estimate: MemoryEstimate
+    stream: object | None = None  # engine.memfit_stream.StreamFit when the verdict is "streams"
 
 
 def entry_spec(e: CatalogEntry) -> DenseSpec:
@@ -131,10 +134,15 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
 
 def gpu_memory(adapter=None) -> GpuMemory:
     """What can be said about a GPU's memory: an AdapterInfo (engine.gpu), an adapter type string, or None."""
+    from engine.vram import adapter_memory
+
     kind = getattr(adapter, "adapter_type", adapter)
     if kind in ("IntegratedGPU", "CPU"):
         return GpuMemory(None, True, "this GPU shares system RAM" if kind == "IntegratedGPU"
                          else "this is a software (CPU) adapter; it uses system RAM")
+    total = adapter_memory(adapter) if not isinstance(adapter, str) else None
+    if total:
+        return GpuMemory(total, False, "as the GPU's driver tools report it")
     return GpuMemory(None, False, "wgpu does not report how much memory this GPU has")
 
 
@@ -146,7 +154,7 @@ def _level(needed: int, available: int | None) -> str:
     return "tight" if needed > available * (1 - TIGHT_MARGIN) else "ok"
 
 
-_RANK = {"ok": 0, "unknown": 1, "tight": 2, "wont_fit": 3}
+_RANK = {"ok": 0, "unknown": 1, "tight": 2, "streams": 3, "wont_fit": 4}
 
 
 def _gb(n: int | None) -> str:
@@ -171,14 +179,30 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
     ram_level = _level(ram_needed, system.available_bytes)
     gpu_available = None if shared_memory else gpu_bytes_available
     gpu_level = "ok" if shared_memory else _level(est.gpu_bytes, gpu_available)
+    stream = None
+    if gpu_level == "wont_fit" and (stream := stream_fit_of(entry, est.context, gpu_available)) is not None:
+        gpu_level = "streams"  # too big whole, but it runs with its experts in RAM: they count as RAM needed
+        ram_needed += stream.host_bytes
+        ram_level = _level(ram_needed, system.available_bytes)
     verdict = max(ram_level, gpu_level, key=_RANK.__getitem__)
     warn = entry.ram_warning_bytes is not None and (
         system.available_bytes is None or system.available_bytes < entry.ram_warning_bytes)
     if warn and verdict == "ok":
         verdict = "tight"
     message = _message(entry, est, verdict, ram_needed, system.available_bytes, gpu_available, shared_memory, warn)
+    if stream is not None:
+        message += f" It {stream.sentence()}."
     return FitReport(verdict, est.gpu_bytes, ram_needed, system.available_bytes, gpu_available, message, warn,
-                     verdict in ("tight", "wont_fit") or warn, est)
+                     verdict in ("tight", "wont_fit") or warn, est, stream)
+
+
+def stream_fit_of(entry: CatalogEntry, context: int, gpu_available: int):
+    """The streaming plan of a catalog MoE model on a GPU of `gpu_available` bytes, or None."""
+    from engine.memfit_stream import entry_formats, stream_fit
+
+    spec = entry_spec(entry)
+    plan = RuntimePlan(spec, entry_formats(entry, spec), RuntimeOptions(max_context=context))
+    return stream_fit(plan, gpu_available)
 
 
 def _message(entry, est: MemoryEstimate, verdict, ram_needed, ram_available, gpu_available, shared, warn) -> str:
@@ -198,6 +222,7 @@ def _message(entry, est: MemoryEstimate, verdict, ram_needed, ram_available, gpu
         "ok": "It should fit.",
         "tight": "It fits, but only just: close other apps first.",
         "wont_fit": "It will not fit. Try a shorter context or a smaller model.",
+        "streams": "It does not fit whole on this GPU.",
         "unknown": "Whether it fits is unknown.",
     }[verdict])
     if warn:

@@ -46,6 +46,24 @@ def decode_rate(slots: int, experts: int, top_k: int, layers: int, expert_bytes:
     return 1 / seconds
 
 
+def entry_formats(entry, spec) -> dict[str, str] | None:
+    """Per-matrix formats of a catalog MLX MoE build, as mlx-lm quantizes it: the router and the shared-expert gate
+    8-bit, the routed experts at dims.moe.expert_bits (default 4), every other matrix 4-bit. None for other
+    formats (the plan's default, q4f16_1, is as large as 4-bit MLX)."""
+    if entry.format != "mlx":
+        return None
+    from engine.models import model_module
+    from engine.models.weights import EXPERTS, MATRIX
+
+    bits = (entry.dims.get("moe") or {}).get("expert_bits", 4)
+    out = {}
+    for w in model_module(entry.architecture).weights(spec):
+        if w.kind in (MATRIX, EXPERTS):
+            out[w.name] = ("mlx8" if w.name.endswith((".router", ".shared_gate"))
+                           else f"mlx{bits}" if w.kind == EXPERTS and bits == 3 else "mlx4")
+    return out
+
+
 def stream_fit(plan, gpu_available: int) -> StreamFit | None:
     """How a model planned as `plan` (engine/transformer.py RuntimePlan, every weight resident) runs on a GPU with
     `gpu_available` bytes: None when it is not a MoE model or even the smallest expert cache does not fit."""

@@ -172,6 +172,26 @@ def test_settings_dialog_round_trips(qtbot, data_dir):
     assert dialog.result_settings().sampling is None and dialog.result_settings().seed is None
 
 
+def test_gpu_weights_setting_is_validated_and_kept(qtbot, tmp_path):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from app.prefs import load_prefs, save_prefs
+    from app.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(ChatSettings(), AppPrefs(gpu_weights="12G"), SamplingParams(), [], None)
+    qtbot.addWidget(dialog)
+    ok = dialog._buttons.button(QDialogButtonBox.StandardButton.Ok)
+    assert dialog.result_prefs().gpu_weights == "12G" and ok.isEnabled()
+    dialog.gpu_weights.setText("lots")
+    assert not ok.isEnabled() and "GPU weights budget" in dialog.gpu_weights_error.text()
+    dialog.gpu_weights.setText("8192M")
+    assert ok.isEnabled() and not dialog.gpu_weights_error.isVisibleTo(dialog)
+    save_prefs(dialog.result_prefs(), tmp_path / "prefs.json")
+    assert load_prefs(tmp_path / "prefs.json").gpu_weights == "8192M"
+    (tmp_path / "prefs.json").write_text('{"gpu_weights": "12X", "context": 512}')
+    assert load_prefs(tmp_path / "prefs.json") == AppPrefs(context=512)  # a bad budget falls back to auto
+
+
 def test_engine_imports_without_qt():
     code = ("import sys; sys.modules['PySide6'] = None\n"
             "import engine, engine.model, engine.session, engine.cli, engine.catalog, engine.memfit, engine.settings\n"

@@ -169,3 +169,42 @@ def test_budget_below_the_minimum_names_it(gpu):
 def test_dense_model_over_its_budget_is_refused(gpu):
     with pytest.raises(GpuError, match="only mixture-of-experts models"):
         load_model(cached_mlx("dense"), gpu=gpu, gpu_weights=2**16, **KW)
+
+
+# ---- memfit, `zerotvm models` and the picker ------------------------------------------------------------------
+
+
+def test_memfit_says_a_moe_model_streams_on_a_small_gpu():
+    from engine.catalog import all_models
+    from engine.memfit import check_fit
+    from engine.sysmem import SystemMemory
+
+    entry = next(e for e in all_models() if e.key == "qwen3.6-35b-a3b-mlx-4bit")
+    ram = SystemMemory(64 * 10**9, 48 * 10**9)
+    whole = check_fit(entry, 6144, ram, gpu_bytes_available=32 * 2**30)
+    assert whole.verdict == "ok" and whole.stream is None
+    small = check_fit(entry, 6144, ram, gpu_bytes_available=12 * 2**30)
+    st = small.stream
+    assert small.verdict == "streams" and 0 < st.slots < 256 and st.tokens_per_s > 0
+    assert "runs with experts streamed from RAM, about" in small.message and "tok/s" in small.message
+    assert small.ram_needed == whole.ram_needed + st.host_bytes  # the experts kept in RAM count
+    assert st.host_bytes == 256 * 40 * st.expert_bytes
+    bigger = check_fit(entry, 6144, ram, gpu_bytes_available=16 * 2**30).stream
+    assert bigger.slots > st.slots and bigger.tokens_per_s > st.tokens_per_s
+    assert check_fit(entry, 6144, ram, gpu_bytes_available=2**30).verdict == "wont_fit"  # below the minimum
+    dense = next(e for e in all_models() if e.key == "qwen3-4b-q4f16_1")
+    assert check_fit(dense, None, ram, gpu_bytes_available=2**30).stream is None
+
+
+def test_picker_label_and_models_command_say_how_it_streams(monkeypatch, capsys):
+    from app.model_list import model_rows
+    from engine import memfit
+    from engine.cli import main
+    from engine.memfit import GpuMemory
+
+    row = next(r for r in model_rows(gpu_bytes=12 * 2**30) if r.entry.key == "qwen3.6-35b-a3b-mlx-q3")
+    assert "runs with experts streamed from RAM, about" in row.label and "won't fit" not in row.label
+    monkeypatch.setattr(memfit, "gpu_memory", lambda *_: GpuMemory(12 * 2**30, False, "test"))
+    assert main(["models"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("qwen3.6-35b-a3b-mlx-4bit"))
+    assert "runs with experts streamed from RAM, about" in line
