@@ -196,6 +196,7 @@ def test_memfit_says_a_moe_model_streams_on_a_small_gpu():
     assert check_fit(dense, None, ram, gpu_bytes_available=2**30).stream is None
 
 
+@pytest.mark.slow
 def test_picker_label_and_models_command_say_how_it_streams(monkeypatch, capsys):
     from app.model_list import model_rows
     from engine import memfit

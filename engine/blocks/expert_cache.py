@@ -193,8 +193,10 @@ class ExpertStream:
 
 def _gather(arr, ids: np.ndarray) -> np.ndarray:
     """The experts `ids` of a host stack as one contiguous byte array (a memmap reads only those experts)."""
+    if hasattr(arr, "take_experts"):  # a lazy join of mapped stacks (engine/formats/mlx_layout.py RowJoin)
+        return np.ascontiguousarray(arr.take_experts(ids)).reshape(-1).view(np.uint8)
     flat = arr.reshape(arr.shape[0], -1)
-    return np.ascontiguousarray(flat[ids]).view(np.uint8)
+    return np.ascontiguousarray(flat[ids]).reshape(-1).view(np.uint8)
 
 
 def _runs(slots: list[int]) -> list[tuple[int, int, int]]:

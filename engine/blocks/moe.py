@@ -252,7 +252,7 @@ class MoeFfn(Block):
 
     def _upload(self, gpu, label: str, arrays: dict[str, np.ndarray]):
         """(weight buffer, scale buffer) for a packed array set; f16 weights get a dummy scale buffer."""
-        w = arrays.get("q_weight", arrays.get("weight"))
+        w = np.asarray(arrays.get("q_weight", arrays.get("weight")))  # a lazy join of mapped stacks: joined now
         for a in (w, arrays.get("q_scale")):
             if a is not None and a.nbytes > gpu.max_binding:
                 raise GpuError(f"{label} needs a {a.nbytes}-byte binding; this GPU allows {gpu.max_binding}")
