@@ -102,6 +102,9 @@ class ExpertStream:
         self.host: dict[int, dict[tuple[str, str], np.ndarray]] = {}
         self.uploaded_bytes = 0
         self.upload_seconds = 0.0
+        # A benchmark's stand-in for the router's choice: route(layer, T) -> expert ids [T, top_k] used in place of
+        # the ones read back (bench/expert_stream.py: random and skewed routing). None in normal use.
+        self.route = None
 
     # ---- plan ------------------------------------------------------------------------------------------------
     def expert_bytes(self) -> int:
@@ -125,6 +128,11 @@ class ExpertStream:
     @property
     def misses(self) -> int:
         return sum(m.misses for m in self.maps.values())
+
+    def reset_counters(self) -> None:
+        for m in self.maps.values():
+            m.hits = m.misses = 0
+        self.uploaded_bytes, self.upload_seconds = 0, 0.0
 
     def hit_rate(self) -> float | None:
         n = self.hits + self.misses

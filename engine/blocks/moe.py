@@ -373,6 +373,8 @@ class MoeFfn(Block):
         rec.copy(self.ids, 0, st.readback, 0, T * S * 4)
         rec.flush()
         ids = st.read_ids(T)
+        if st.route is not None:
+            ids[:, :k] = st.route(layer, T)
         slot_ids = np.full((T, S), st.slots, np.uint32)  # the stacked shared expert's slot (unread otherwise)
         smap, cache = st.maps[layer], self.w[layer]
         parts = {(stack, key): cache[stack][j] for stack in ("gate_up", "down") for j, key in enumerate("ws")
