@@ -140,13 +140,21 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--warmup", type=int, default=24)
     p.add_argument("--prefill", type=int, default=256, help="prompt tokens of the prefill run (0 = skip)")
+    p.add_argument("--time-limit", type=float, default=420, help="seconds; configurations not started by then are "
+                                                                "recorded as skipped (the run must fit 8 minutes)")
     args = p.parse_args(argv)
+    started = time.perf_counter()
     gpu = Gpu()
     results = []
     for shape in args.shapes.split(","):
         for budget in args.budgets.split(","):
             size = None if budget.strip() == "0" else parse_size(budget, "--budgets")
+            if time.perf_counter() - started > args.time_limit:
+                results.append({"shape": shape, "budget": budget, "skipped": "past --time-limit"})
+                continue
             results += run(gpu, shape, size, args.tokens, args.warmup, args.prefill)
+            with open(args.json, "w", encoding="utf-8") as f:  # what is done so far survives a kill
+                json.dump({"partial": True, "results": results}, f, indent=1)
     doc = {"date": datetime.date.today().isoformat(), "gpu": gpu.info.name, "backend": gpu.info.backend,
            "driver": gpu.info.driver, "commit": bench.git_commit(), "results": results}
     with open(args.json, "w", encoding="utf-8") as f:

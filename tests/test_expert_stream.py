@@ -85,6 +85,24 @@ def test_batches_put_resident_experts_first():
     assert m.batches([1, 6, 2, 4, 1, 7]) == [[6, 4, 1], [2, 7]]
 
 
+def test_gather_reads_experts_of_mapped_and_joined_stacks(tmp_path):
+    from engine.blocks.expert_cache import _gather
+    from engine.formats.mlx_layout import RowJoin
+
+    rng = np.random.default_rng(0)
+    gate, up = (rng.integers(0, 2**32, (6, 3, 4), dtype=np.uint32) for _ in range(2))
+    for name, a in (("gate", gate), ("up", up)):
+        a.tofile(tmp_path / name)
+    mapped = [np.memmap(tmp_path / n, np.uint32, "r", shape=(6, 3, 4)) for n in ("gate", "up")]
+    ids = np.array([4, 1, 5])
+    joined = np.concatenate([gate, up], axis=1)
+    assert np.array_equal(np.asarray(RowJoin(mapped)), joined)
+    assert _gather(RowJoin(mapped), ids).tobytes() == joined[ids].tobytes()
+    out = np.zeros(3 * 6 * 4 * 4 + 8, np.uint8)
+    _gather(mapped[0], ids, out[8:])  # into a slice (the mapped staging at an offset)
+    assert out[8:].tobytes()[:3 * 48] == gate[ids].tobytes() and not out[:8].any()
+
+
 def test_runs_of_consecutive_slots():
     assert _runs([0, 1, 2, 5, 7, 8]) == [(0, 0, 3), (3, 5, 1), (4, 7, 2)]
 

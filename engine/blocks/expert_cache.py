@@ -184,10 +184,18 @@ class ExpertStream:
             staging.map_sync(mode=wgpu.MapMode.WRITE)  # waits for the copies that last read this buffer
             offsets, offset = {}, 0
             for part in parts:
-                data = _gather(host[part], ids)
-                staging.write_mapped(data, offset)
-                offsets[part], offset = offset, offset + data.nbytes
-            staging.unmap()
+                offsets[part], offset = offset, offset + len(batch) * self.part_bytes[part]
+            mapped = _mapped_bytes(staging, offset)
+            try:
+                for part in parts:  # straight into the mapped staging (one host copy), else through a temporary
+                    size = self.part_bytes[part]
+                    if mapped is not None:
+                        _gather(host[part], ids, mapped[offsets[part]:offsets[part] + len(batch) * size])
+                    else:
+                        staging.write_mapped(_gather(host[part], ids), offsets[part])
+            finally:
+                del mapped  # no view of the mapping may outlive it
+                staging.unmap()
             enc = self.gpu.device.create_command_encoder(label="expert-upload")
             for part in parts:
                 size = self.part_bytes[part]
@@ -199,12 +207,34 @@ class ExpertStream:
         self.upload_seconds += time.perf_counter() - started
 
 
-def _gather(arr, ids: np.ndarray) -> np.ndarray:
-    """The experts `ids` of a host stack as one contiguous byte array (a memmap reads only those experts)."""
-    if hasattr(arr, "take_experts"):  # a lazy join of mapped stacks (engine/formats/mlx_layout.py RowJoin)
-        return np.ascontiguousarray(arr.take_experts(ids)).reshape(-1).view(np.uint8)
-    flat = arr.reshape(arr.shape[0], -1)
-    return np.ascontiguousarray(flat[ids]).reshape(-1).view(np.uint8)
+def _gather(arr, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """The experts `ids` of a host stack as contiguous bytes, written into `out` (u8) when given (a memmap reads
+    only those experts' pages; a lazy row join takes each part's rows into its share of every expert)."""
+    n = len(ids)
+    if out is None:
+        out = np.empty(n * (int(arr.nbytes) // arr.shape[0]), np.uint8)
+    parts = getattr(arr, "parts", None)
+    if parts is not None:  # engine/formats/mlx_layout.py RowJoin: [E, N_i, W] parts joined along N
+        rows = out.view(arr.dtype).reshape(n, arr.shape[1], -1)
+        r = 0
+        for p in parts:
+            np.take(p, ids, axis=0, out=rows[:, r:r + p.shape[1]], mode="clip")
+            r += p.shape[1]
+    else:
+        np.take(arr.reshape(arr.shape[0], -1), ids, axis=0, out=out.view(arr.dtype).reshape(n, -1), mode="clip")
+    return out
+
+
+def _mapped_bytes(buf, size: int) -> np.ndarray | None:
+    """A writable u8 view of a buffer mapped for writing (wgpu-py's experimental accessor), else None."""
+    get = getattr(buf, "_experimental_get_mapped_range", None)
+    if get is None:
+        return None
+    try:
+        view = np.frombuffer(get(0, (size + 3) // 4 * 4), np.uint8)
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    return view if view.flags.writeable else None
 
 
 def _runs(slots: list[int]) -> list[tuple[int, int, int]]:
