@@ -427,9 +427,11 @@ class MainWindow(QMainWindow):
         self.refresh_models(select=key)
         self.show_error(title, message)
 
-    def on_load_progress(self, part: int, parts: int, done: float, total: float) -> None:
+    def on_load_progress(self, part: int, parts: int, done: float, total: float, file: str = "") -> None:
         name = self.row(self.loading_key).entry.name if self.row(self.loading_key or "") else "model"
-        self.show_progress(f"Loading {name}: {_size(done)} of {_size(total)} ({part + 1}/{parts})", done, total)
+        shard = f" · reading {file}" if file else ""  # the checkpoint file (shard) being read
+        self.show_progress(f"Loading {name}: {_size(done)} of {_size(total)} ({part + 1}/{parts}){shard}", done,
+                           total)
 
     def on_loaded(self, facts: dict) -> None:
         facts["key"] = self.loading_key

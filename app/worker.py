@@ -26,7 +26,7 @@ class Stopped(Exception):
 
 class EngineWorker(QObject):
     # Loading: part index, parts, bytes done, bytes total; then the model's facts, or an error.
-    load_progress = Signal(int, int, float, float)
+    load_progress = Signal(int, int, float, float, str)  # part, parts, bytes done, total, the file being read
     loaded = Signal(dict)
     unloaded = Signal()
     # Replies carry the request id the GUI chose, so late signals of a stopped request are recognisable.
@@ -57,10 +57,10 @@ class EngineWorker(QObject):
         try:
             self._release()
 
-            def progress(part: int, parts: int, _path: str, done: int, total: int) -> None:
+            def progress(part: int, parts: int, path: str, done: int, total: int) -> None:
                 if self._stop.is_set():
                     raise Stopped
-                self.load_progress.emit(part, parts, float(done), float(total))
+                self.load_progress.emit(part, parts, float(done), float(total), Path(path).name)
 
             started = time.perf_counter()
             options = RuntimeOptions(max_context=context or None, q8_decode=not exact_decode,

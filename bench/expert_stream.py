@@ -88,9 +88,9 @@ class Router:
         return float(np.mean([coverage_of(c) for c in self.counts.values() if c.sum()]))
 
 
-def run(gpu: Gpu, shape: str, budget: int | None, tokens: int, warmup: int, prefill: int) -> list[dict]:
+def run(gpu: Gpu, shape: str, budget: int | None, tokens: int, warmup: int, prefill: int, policy: str) -> list[dict]:
     spec, formats = hybrid_spec(shape)
-    options = RuntimeOptions.of(max_context=2048, prefill_chunk=512, gpu_weights=budget)
+    options = RuntimeOptions.of(max_context=2048, prefill_chunk=512, gpu_weights=budget, expert_policy=policy)
     started = time.perf_counter()
     rt = Transformer(gpu, spec, random_weights(spec, formats), formats=formats, options=options)
     built = time.perf_counter() - started
@@ -99,7 +99,7 @@ def run(gpu: Gpu, shape: str, budget: int | None, tokens: int, warmup: int, pref
     out = []
     for routing in ("random", "skewed") if st else ("router",):
         r = {"shape": shape, "budget_gib": round(budget / 2**30, 3) if budget else None, "routing": routing,
-             "build_s": round(built, 1)}
+             "policy": policy, "build_s": round(built, 1)}
         router = None
         if st:
             router = Router(spec.n_experts, spec.top_k, st.layers, routing == "skewed")
@@ -140,6 +140,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--warmup", type=int, default=24)
     p.add_argument("--prefill", type=int, default=256, help="prompt tokens of the prefill run (0 = skip)")
+    p.add_argument("--policy", default="lfu", choices=["lfu", "lru"], help="the expert cache's eviction policy")
     p.add_argument("--time-limit", type=float, default=420, help="seconds; configurations not started by then are "
                                                                 "recorded as skipped (the run must fit 8 minutes)")
     args = p.parse_args(argv)
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
             if time.perf_counter() - started > args.time_limit:
                 results.append({"shape": shape, "budget": budget, "skipped": "past --time-limit"})
                 continue
-            results += run(gpu, shape, size, args.tokens, args.warmup, args.prefill)
+            results += run(gpu, shape, size, args.tokens, args.warmup, args.prefill, args.policy)
             with open(args.json, "w", encoding="utf-8") as f:  # what is done so far survives a kill
                 json.dump({"partial": True, "results": results}, f, indent=1)
     doc = {"date": datetime.date.today().isoformat(), "gpu": gpu.info.name, "backend": gpu.info.backend,

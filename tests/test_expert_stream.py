@@ -165,7 +165,7 @@ def test_int8_decode_streamed_equals_resident(gpu):
     """The default arithmetic: int8 activations into the 4-bit experts' decode matvecs (moe_matvec_q8)."""
     path = cached_mlx("q4")
     resident = load_model(path, gpu=gpu, **KW)
-    streamed = load_model(path, gpu=gpu, gpu_weights=budgets(resident, 2), expert_policy="lfu", **KW)
+    streamed = load_model(path, gpu=gpu, gpu_weights=budgets(resident, 2), expert_policy="lru", **KW)
     assert streamed.runtime.plan.streaming.slots == 2
     prompt = [int(t) for t in np.random.default_rng(3).integers(0, 256, 24)]
     assert greedy(streamed, prompt, 32) == greedy(resident, prompt, 32)

@@ -30,8 +30,11 @@ STAGING = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
 class SlotMap:
     """Which expert sits in which of `slots` GPU slots for one layer, and what to evict on a miss.
 
-    lru: the least recently used expert goes; lfu: the least used since load (ties: the least recent). Experts
-    asked for together are never evicted by each other. Counts hits and misses."""
+    lru: the least recently used expert goes; lfu: the least used (ties: the least recent), its counts halved every
+    HALF_LIFE requests so a new topic's experts can displace an old one's. Experts asked for together are never
+    evicted by each other. Counts hits and misses. bench/expert_policy.py measures both."""
+
+    HALF_LIFE = 256  # requests (decode tokens) between two halvings of the LFU counts
 
     def __init__(self, experts: int, slots: int, policy: str = "lru"):
         if policy not in ("lru", "lfu"):
@@ -41,6 +44,7 @@ class SlotMap:
         self.uses = np.zeros(experts, np.int64)
         self.free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
         self.hits = self.misses = 0
+        self._requests = 0
 
     def assign(self, wanted) -> tuple[dict[int, int], list[tuple[int, int]]]:
         """Slots for the distinct experts `wanted` (at most `slots` of them): (expert -> slot, [(expert, slot) to
@@ -50,6 +54,9 @@ class SlotMap:
             raise ValueError(f"{len(wanted)} experts asked for at once; the cache has {self.slots} slots")
         keep = set(wanted)
         out, loads = {}, []
+        self._requests += 1
+        if self._requests % self.HALF_LIFE == 0:
+            self.uses //= 2
         for e in wanted:
             self.uses[e] += 1
             if e in self.where:

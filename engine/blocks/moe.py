@@ -78,7 +78,7 @@ class MoeFfn(Block):
 
     def __init__(self, dim: int, experts: int, top_k: int, ffn: int, shared_ffn: int, layers: tuple[int, ...],
                  formats: dict[str, str], ar: Arithmetic, chunk: int, norm_topk_prob: bool = True,
-                 cache_slots: int | None = None, policy: str = "lru"):
+                 cache_slots: int | None = None, policy: str = "lfu"):
         self.D, self.E, self.F, self.Fs, self.top_k = dim, experts, ffn, shared_ffn, top_k
         self.layers, self.ar, self.max_tokens = tuple(layers), ar, max(chunk, 1)
         self.shared = shared_ffn > 0
