@@ -227,3 +227,18 @@ def test_picker_label_and_models_command_say_how_it_streams(monkeypatch, capsys)
     assert main(["models"]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("qwen3.6-35b-a3b-mlx-4bit"))
     assert "runs with experts streamed from RAM, about" in line
+
+
+@pytest.mark.slow
+def test_cli_says_when_experts_stream_and_the_hit_rate(gpu, capsys, monkeypatch):
+    from engine.cli import main
+
+    path = cached_mlx("q4")
+    budget = budgets(load_model(path, gpu=gpu, **KW), 4)
+    monkeypatch.setenv("ZEROTVM_GPU_WEIGHTS", "1K")  # the flag wins over the environment
+    assert main(["logits", str(path), "--ids", "1,2,3,4,5", "--context", "64", "--gpu-weights", str(budget)]) == 0
+    err = capsys.readouterr().err
+    assert "experts streamed from RAM: 4 of 8 routed experts a layer on the GPU (50% resident)" in err
+    assert "expert cache hit rate" in err
+    assert main(["logits", str(path), "--ids", "1,2", "--context", "64"]) == 2  # now the environment's 1K
+    assert "below this model's minimum" in capsys.readouterr().err
