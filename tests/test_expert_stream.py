@@ -103,6 +103,20 @@ def test_gather_reads_experts_of_mapped_and_joined_stacks(tmp_path):
     assert out[8:].tobytes() == gate[ids].tobytes() and not out[:8].any()
 
 
+def test_gather_on_threads_splits_by_experts(monkeypatch):
+    from engine.blocks import expert_cache
+
+    monkeypatch.setattr(expert_cache, "MIN_THREAD_BYTES", 1)
+    monkeypatch.setattr(expert_cache, "GATHER_THREADS", 3)
+    rng = np.random.default_rng(1)
+    stacks = [rng.integers(0, 2**32, (9, 5, 4), dtype=np.uint32), rng.standard_normal((9, 7)).astype(np.float16)]
+    ids = np.array([8, 0, 3, 4, 7, 2, 1])
+    outs = [np.zeros(len(ids) * (a.nbytes // 9), np.uint8) for a in stacks]
+    expert_cache._gather_all([(a, ids, o) for a, o in zip(stacks, outs, strict=True)])
+    for a, o in zip(stacks, outs, strict=True):
+        assert o.tobytes() == a[ids].tobytes()
+
+
 def test_runs_of_consecutive_slots():
     assert _runs([0, 1, 2, 5, 7, 8]) == [(0, 0, 3), (3, 5, 1), (4, 7, 2)]
 

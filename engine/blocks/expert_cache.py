@@ -16,6 +16,7 @@ fit: each batch's down pass writes a second buffer whose rows of that batch are 
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 
 import numpy as np
@@ -194,11 +195,11 @@ class ExpertStream:
                 offsets[part], offset = offset, offset + len(batch) * self.part_bytes[part]
             mapped = _mapped_bytes(staging, offset)
             try:
-                for part in parts:  # straight into the mapped staging (one host copy), else through a temporary
-                    size = self.part_bytes[part]
-                    if mapped is not None:
-                        _gather(host[part], ids, mapped[offsets[part]:offsets[part] + len(batch) * size])
-                    else:
+                if mapped is not None:  # straight into the mapped staging: one host copy, on several threads
+                    _gather_all([(host[part], ids, mapped[offsets[part]:offsets[part] + len(batch) *
+                                                          self.part_bytes[part]]) for part in parts])
+                else:
+                    for part in parts:
                         staging.write_mapped(_gather(host[part], ids), offsets[part])
             finally:
                 del mapped  # no view of the mapping may outlive it
@@ -230,6 +231,32 @@ def _gather(arr, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     else:
         np.take(arr.reshape(arr.shape[0], -1), ids, axis=0, out=out.view(arr.dtype).reshape(n, -1), mode="clip")
     return out
+
+
+_POOL = None
+GATHER_THREADS = min(8, os.cpu_count() or 1)  # numpy's take releases the GIL: host copies scale with cores
+MIN_THREAD_BYTES = 1 << 20  # below this a copy runs on the caller's thread
+
+
+def _gather_all(jobs: list[tuple]) -> None:
+    """Each (host stack, ids, out) gathered into `out`, split by experts over a thread pool."""
+    global _POOL
+    tasks = []
+    for arr, ids, out in jobs:
+        per = len(out) // len(ids)
+        step = max(1, -(-len(ids) // GATHER_THREADS), MIN_THREAD_BYTES // max(per, 1))
+        tasks += [(arr, ids[j:j + step], out[j * per:(j + len(ids[j:j + step])) * per])
+                  for j in range(0, len(ids), step)]
+    if len(tasks) == 1 or GATHER_THREADS == 1:
+        for t in tasks:
+            _gather(*t)
+        return
+    if _POOL is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _POOL = ThreadPoolExecutor(GATHER_THREADS, thread_name_prefix="expert-gather")
+    for f in [_POOL.submit(_gather, *t) for t in tasks]:
+        f.result()
 
 
 def _mapped_bytes(buf, size: int) -> np.ndarray | None:
