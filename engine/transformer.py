@@ -77,10 +77,18 @@ class RuntimePlan:
         self.sampler = Sampler(s.vocab)
         self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
         self.budget = None  # the weights budget in bytes once resolved (None: no limit)
-        if ffns and (budget := self._budget(traits)) is not None:
+        moe = ffns[-1] if ffns and isinstance(ffns[-1], MoeFfn) else None
+        # An explicit budget binds every model; auto only moves a MoE model's experts to RAM (a dense model over it
+        # loads as before: the driver, not an estimate, has the last word).
+        auto = self.options.gpu_weights is None
+        if ffns and (moe or not auto) and (budget := self._budget(traits)) is not None:
             self.budget = budget
-            moe = ffns[-1] if isinstance(ffns[-1], MoeFfn) else None
-            slots = expert_slots(self, moe, budget)
+            try:
+                slots = expert_slots(self, moe, budget)
+            except GpuError:
+                if not auto:
+                    raise
+                slots = None  # auto below a MoE model's minimum: load it whole and let the driver say
             if slots is not None:
                 ffns[-1] = MoeFfn(s.dim, s.n_experts, s.top_k, s.moe_ffn_dim, s.shared_ffn_dim, moe.layers, formats,
                                   ar, C, s.norm_topk_prob, cache_slots=slots, policy=self.options.expert_policy)

@@ -256,3 +256,25 @@ def test_cli_says_when_experts_stream_and_the_hit_rate(gpu, capsys, monkeypatch)
     assert "expert cache hit rate" in err
     assert main(["logits", str(path), "--ids", "1,2", "--context", "64"]) == 2  # now the environment's 1K
     assert "below this model's minimum" in capsys.readouterr().err
+
+
+def test_auto_budget_streams_a_moe_model_and_never_refuses():
+    from engine.bench_hybrid import hybrid_spec
+    from engine.blocks import DeviceTraits
+    from engine.runtime_options import RuntimeOptions
+    from engine.transformer import RuntimePlan
+
+    spec, formats = hybrid_spec("qwen3.6-35b-a3b-4bit")
+    options = RuntimeOptions(max_context=6144)
+    assert RuntimePlan(spec, formats, options, DeviceTraits.typical()).streaming is None  # memory unknown: no limit
+    small = DeviceTraits(None, 256, True, 32, memory_bytes=12 * 2**30)
+    plan = RuntimePlan(spec, formats, options, small)
+    assert plan.streaming is not None and plan.memory()["weights"] <= plan.budget < 12 * 2**30
+    tiny = DeviceTraits(None, 256, True, 32, memory_bytes=2**30)  # below the minimum: loads whole, the driver decides
+    assert RuntimePlan(spec, formats, options, tiny).streaming is None
+    with pytest.raises(GpuError, match="minimum"):
+        RuntimePlan(spec, formats, RuntimeOptions(max_context=6144, gpu_weights=2**30), small)
+    dense, dense_formats = hybrid_spec("qwen3.5-4b")
+    assert RuntimePlan(dense, dense_formats, options, tiny).streaming is None  # auto never refuses a dense model
+    with pytest.raises(GpuError, match="only mixture-of-experts"):
+        RuntimePlan(dense, dense_formats, RuntimeOptions(gpu_weights=2**30), DeviceTraits.typical())
