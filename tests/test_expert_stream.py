@@ -175,6 +175,28 @@ def test_streamed_greedy_decode_equals_resident(pair):
 
 
 @pytest.mark.slow
+def test_streamed_rollback_follow_up_and_sampling_equal_resident(pair):
+    """Rollback to a recurrent-state snapshot, a follow-up turn on the reused cache and a sampled reply: the streamed
+    model's tokens and logits are the resident model's."""
+    resident, streamed = pair
+    seq = np.random.default_rng(4).integers(3, 250, 90).tolist()
+    got = []
+    for m in (streamed, resident):
+        rt = m.runtime
+        rt.reset()
+        rt.set_sampling(SamplingParams())
+        rt.prefill(seq[:40])
+        list(rt.decode(0, 12, batch=4))
+        rt.truncate(40)
+        logits = rt.logits(seq[40:])
+        sampling = SamplingParams(temperature=0.9, top_p=0.95, repetition_penalty=1.1, seed=7)
+        first = [r.token for r in m.generate(seq[:20], max_tokens=10, sampling=sampling)]
+        follow = [r.token for r in m.generate(seq[:20] + first + [40, 41], max_tokens=10, sampling=sampling)]
+        got.append((logits, first, follow))
+    assert np.array_equal(got[0][0], got[1][0]) and got[0][1:] == got[1][1:]
+
+
+@pytest.mark.slow
 def test_int8_decode_streamed_equals_resident(gpu):
     """The default arithmetic: int8 activations into the 4-bit experts' decode matvecs (moe_matvec_q8)."""
     path = cached_mlx("q4")

@@ -375,6 +375,7 @@ class MoeFfn(Block):
         ids = st.read_ids(T)
         if st.route is not None:
             ids[:, :k] = st.route(layer, T)
+        np.minimum(ids[:, :k], self.E - 1, out=ids[:, :k])  # a bad id (NaN logits) reads a real expert, as resident
         slot_ids = np.full((T, S), st.slots, np.uint32)  # the stacked shared expert's slot (unread otherwise)
         smap, cache = st.maps[layer], self.w[layer]
         parts = {(stack, key): cache[stack][j] for stack in ("gate_up", "down") for j, key in enumerate("ws")
