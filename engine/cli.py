@@ -423,9 +423,12 @@ def cmd_prompt(args) -> None:
 
 def cmd_bench(args) -> None:
     from engine.bench import run_bench
+    from engine.gpu_budget import from_env, parse_size
 
+    budget = parse_size(args.gpu_weights) if args.gpu_weights is not None else from_env()
     result = run_bench(args.shape, decode_tokens=args.decode_tokens, prompt_tokens=args.prompt_tokens,
-                       runs=args.runs, long_prompt=args.long_prompt_tokens, timestamps=args.timestamps)
+                       runs=args.runs, long_prompt=args.long_prompt_tokens, timestamps=args.timestamps,
+                       **({"gpu_weights": budget} if budget else {}))
     print(json.dumps(result, indent=2) if args.json else result["table"])
 
 
@@ -536,6 +539,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--long-prompt-tokens", type=int, default=2048, help="second prefill length (0 = skip)")
     s.add_argument("--timestamps", action="store_true", help="also measure GPU-busy time with timestamp queries")
     s.add_argument("--runs", type=int, default=5)
+    s.add_argument("--gpu-weights", metavar="SIZE", help="weights budget (a MoE shape over it streams its experts; "
+                                                        "bench/expert_stream.py measures that in detail)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_bench)
     return p
