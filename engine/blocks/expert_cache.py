@@ -94,17 +94,15 @@ def part_rows(arr) -> tuple[int, int]:
 
 
 class ExpertStream:
-    """The host stacks, GPU cache buffers, staging and counters of every streamed MoE layer.
-
-    `parts`: the GPU buffers of one layer's routed stacks, in upload order: (stack, key) with key "w" or "s".
-    """
+    """The host stacks, slot maps, staging and counters of every streamed MoE layer (the cache buffers are the MoE
+    block's). An expert's parts are keyed (stack, "w" | "s"): its codes (or f16 weights) and scales of gate_up and
+    down, `n_slots` is the routing slots per token (top_k + the shared expert)."""
 
     def __init__(self, experts: int, slots: int, top_k: int, n_slots: int, max_tokens: int, layers, policy: str,
-                 expert_part_bytes: dict[tuple[str, str], int], shared_slot: dict[int, bool]):
+                 expert_part_bytes: dict[tuple[str, str], int]):
         self.E, self.slots, self.top_k, self.n_slots, self.T = experts, slots, top_k, n_slots, max_tokens
         self.layers, self.policy = tuple(layers), policy
         self.part_bytes = expert_part_bytes  # (stack, key) -> bytes of one expert in the GPU layout
-        self.shared_slot = shared_slot  # layer -> the shared expert sits in slot `slots` of the routed stacks
         self.staging_experts = max(1, min(STAGING_EXPERTS, slots))
         self.maps = {i: SlotMap(experts, slots, policy) for i in self.layers}
         self.host: dict[int, dict[tuple[str, str], np.ndarray]] = {}

@@ -102,7 +102,7 @@ class MoeFfn(Block):
             if not top_k <= cache_slots < experts:
                 raise ValueError(f"an expert cache needs {top_k}..{experts - 1} slots, got {cache_slots}")
             self.stream = ExpertStream(experts, cache_slots, top_k, self.slots, self.max_tokens, self.layers, policy,
-                                       self.routed_part_bytes(), self.stacked)
+                                       self.routed_part_bytes())
         T, n_logits = self.max_tokens, experts + self.shared
         self._topk = router_plan(experts, top_k, self.shared, norm_topk_prob, T)
         self._combine = combine_plan(dim, self.slots, T)
