@@ -100,7 +100,7 @@ class EngineWorker(QObject):
                 if self._stop.is_set():
                     break
             stats = _stats(last, stopped=self._stop.is_set())
-            from engine.cli import hit_rate_line
+            from engine.gpu_budget import hit_rate_line
 
             stats["experts"] = hit_rate_line(self.model.runtime)  # the expert cache so far (None when not streaming)
             self.reply_done.emit(request, stats)
@@ -144,7 +144,7 @@ class EngineWorker(QObject):
         return parse_size(self.gpu_weights, "GPU weights budget") if self.gpu_weights != "auto" else from_env()
 
     def _facts(self, seconds: float) -> dict:
-        from engine.cli import streaming_line
+        from engine.gpu_budget import streaming_line
 
         m = self.model
         tok = m.tokenizer

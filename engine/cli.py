@@ -52,7 +52,7 @@ def _progress(part: int, parts: int, path: str, done: int, total: int) -> None:
 def _load(args, model: str, **options):
     """load_model with this command's --context and --gpu-weights (else ZEROTVM_GPU_WEIGHTS), on the CLI's
     progress line; says on stderr when the routed experts stream from RAM."""
-    from engine.gpu_budget import from_env, parse_size
+    from engine.gpu_budget import from_env, parse_size, streaming_line
     from engine.model import load_model
 
     budget = parse_size(args.gpu_weights) if args.gpu_weights is not None else from_env()
@@ -63,26 +63,9 @@ def _load(args, model: str, **options):
     return loaded
 
 
-def streaming_line(runtime) -> str | None:
-    """One line on the expert stream (None when every weight is on the GPU)."""
-    st = runtime.plan.streaming
-    if st is None:
-        return None
-    return (f"experts streamed from RAM: {st.slots} of {st.E} routed experts a layer on the GPU "
-            f"({100 * st.resident_share():.0f}% resident)")
-
-
-def hit_rate_line(runtime) -> str | None:
-    st = runtime.plan.streaming
-    if st is None or st.hit_rate() is None:
-        return None
-    gb = st.uploaded_bytes / 1e9
-    rate = f", {gb / st.upload_seconds:.1f} GB/s" if st.upload_seconds > 0 else ""
-    return f"expert cache hit rate {100 * st.hit_rate():.1f}% ({st.hits} hits, {st.misses} misses; {gb:.2f} GB " \
-           f"uploaded{rate})"
-
-
 def _print_hit_rate(model) -> None:
+    from engine.gpu_budget import hit_rate_line
+
     line = hit_rate_line(model.runtime)
     if line:
         print(line, file=sys.stderr)

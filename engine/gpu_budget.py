@@ -3,7 +3,8 @@
 Spelled as bytes or with a K/M/G suffix (powers of 1024: `--gpu-weights 12G`, `ZEROTVM_GPU_WEIGHTS=12G`), or
 `auto`. Auto is the adapter's memory less the KV cache, the working buffers and a margin when the adapter's memory
 is known (engine/vram.py), else no limit. A MoE model over its budget streams its routed experts from host memory
-(engine/blocks/expert_cache.py); a dense model over it is refused.
+(engine/blocks/expert_cache.py); a dense model over an explicit budget is refused. The CLI and the app say so in
+one line (streaming_line) and report the cache's hit rate (hit_rate_line).
 """
 
 from __future__ import annotations
@@ -58,3 +59,23 @@ def auto_budget(memory_bytes: int | None, other_bytes: int) -> int | None:
 def shown(n: int) -> str:
     """A budget in words: GiB above 1 GiB (the unit the flag takes), else MiB."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def streaming_line(runtime) -> str | None:
+    """One line on the expert stream (None when every weight is on the GPU)."""
+    st = runtime.plan.streaming
+    if st is None:
+        return None
+    return (f"experts streamed from RAM: {st.slots} of {st.E} routed experts a layer on the GPU "
+            f"({100 * st.resident_share():.0f}% resident)")
+
+
+def hit_rate_line(runtime) -> str | None:
+    """The expert cache's hit rate so far, and the bytes it uploaded (None when not streaming)."""
+    st = runtime.plan.streaming
+    if st is None or st.hit_rate() is None:
+        return None
+    gb = st.uploaded_bytes / 1e9
+    rate = f", {gb / st.upload_seconds:.1f} GB/s" if st.upload_seconds > 0 else ""
+    return f"expert cache hit rate {100 * st.hit_rate():.1f}% ({st.hits} hits, {st.misses} misses; {gb:.2f} GB " \
+           f"uploaded{rate})"
