@@ -281,6 +281,23 @@ class PlanRecorder:
         return DispatchPlan(self.items)
 
 
+class SegmentRecorder(PlanRecorder):
+    """A PlanRecorder cut into DispatchPlans at tagged points: a streamed MoE decode token, whose routing the host
+    reads back between the segments (engine/blocks/expert_cache.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.segments: list[tuple[DispatchPlan, object]] = []
+
+    def cut(self, tag) -> None:
+        self.segments.append((DispatchPlan(self.items), tag))
+        self.items = []
+
+    def plans(self) -> list[tuple[DispatchPlan, object]]:
+        """(plan, tag of the cut after it, None for the last)."""
+        return [*self.segments, (DispatchPlan(self.items), None)]
+
+
 class Recorder:
     """Records dispatches into one compute pass and skips redundant set_pipeline calls.
 

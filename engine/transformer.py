@@ -25,7 +25,7 @@ from engine.blocks.sampler import Sampler
 from engine.blocks.vocab import VocabEnds
 from engine.blocks.workspace import RING, Workspace
 from engine.errors import ContextLimitError, GpuError, ModelFormatError, ZeroTVMError
-from engine.gpu import Gpu, PlanRecorder, Recorder
+from engine.gpu import Gpu, PlanRecorder, Recorder, SegmentRecorder
 from engine.kernels.norm import norm_can_write_int8
 from engine.models.base import FFNS, MIXERS
 from engine.runtime_options import RuntimeOptions
@@ -303,6 +303,17 @@ class Transformer:
             self._plans[key] = cap.plan()
         return self._plans[key]
 
+    def stream_plan(self, splits: int) -> list:
+        """decode_plan cut at each streamed MoE layer's routing readback: [(DispatchPlan, (block, layer) or None)]."""
+        key = ("stream", splits, self.sampler.greedy)
+        if key not in self._plans:
+            cap = SegmentRecorder()
+            self._record_body(cap, 1, splits)
+            self.vocab.record_head(cap, 1)
+            self.sampler.record(cap)
+            self._plans[key] = cap.plans()
+        return self._plans[key]
+
     def record_decode_token(self, rec: Recorder, out_index: int) -> None:
         """One decode token into `rec`: the step uniform, a stateful block's snapshot when due, then the captured
         plan; the token sampled at the previous step is the input, the new one goes to ring[out_index]. The caller
@@ -311,10 +322,12 @@ class Transformer:
         self.ws.write_step(1, self.n_cached, out_index, splits)
         for b in self._stateful:
             b.before_single_token(rec, self.n_cached)
-        if self.plan.streaming:  # each MoE layer reads its routing back mid-token: recorded afresh, not replayed
-            self._record_body(rec, 1, splits)
-            self.vocab.record_head(rec, 1)
-            self.sampler.record(rec)
+        if self.plan.streaming:  # each MoE layer reads its routing back mid-token: the plan replays in segments
+            for plan, cut in self.stream_plan(splits):
+                rec.replay(plan)
+                if cut is not None:
+                    block, layer = cut
+                    block.resolve(rec, layer)
         else:
             rec.replay(self.decode_plan(splits))
         self.n_cached += 1

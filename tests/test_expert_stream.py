@@ -11,7 +11,7 @@ from engine.errors import GpuError
 from engine.gpu_budget import auto_budget, from_env, parse_size
 from engine.model import load_model
 from engine.sampling import SamplingParams
-from tests.helpers import cached_mlx
+from tests.helpers import assert_recorded_count, cached_mlx
 
 KW = dict(max_context=320, prefill_chunk=32, split_keys=48)
 
@@ -206,6 +206,8 @@ def test_int8_decode_streamed_equals_resident(gpu):
     prompt = [int(t) for t in np.random.default_rng(3).integers(0, 256, 24)]
     assert greedy(streamed, prompt, 32) == greedy(resident, prompt, 32)
     assert streamed.runtime.plan.streaming.hit_rate() < 1
+    assert_recorded_count(streamed.runtime)  # the segments replayed are the resident token's dispatches
+    assert streamed.runtime.dispatches_per_token == resident.runtime.dispatches_per_token
 
 
 @pytest.mark.slow

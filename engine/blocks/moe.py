@@ -349,7 +349,10 @@ class MoeFfn(Block):
         pipe, bg, _ = passes["topk"]
         rec.dispatch(pipe, bg, *fold_grid(T))
         int8 = passes.get("experts_q8") if T == 1 else None
-        if self.stream and not isinstance(rec, PlanRecorder):
+        if self.stream and hasattr(rec, "cut"):  # a streamed decode token captured in segments: the routing
+            rec.cut((self, layer))  # is read back at the cut, then the segment's experts read their slots
+            self._record_experts(rec, passes["experts"], int8, T)
+        elif self.stream and not isinstance(rec, PlanRecorder):
             self._stream_experts(rec, layer, T, passes, int8)
         else:
             self._record_experts(rec, passes["experts"], int8, T)
@@ -366,7 +369,12 @@ class MoeFfn(Block):
             else:  # moe_matvec grids are (row groups, tokens, slots)
                 rec.dispatch(pipe, bg, plan[1][0], T, plan[1][2])
 
-    def _stream_experts(self, rec, layer: int, T: int, passes: dict, int8) -> None:
+    def resolve(self, rec, layer: int) -> None:
+        """At a streamed decode segment's cut: read the token's routing back and make its experts resident; the
+        next segment's expert passes read their slots."""
+        self._stream_experts(rec, layer, 1, None, None, record=False)
+
+    def _stream_experts(self, rec, layer: int, T: int, passes: dict | None, int8, record: bool = True) -> None:
         """The routing so far is submitted and read back; the experts it picked are made resident (batches of
         them when a chunk's outnumber the slots) and the expert passes recorded reading their slots."""
         st, S, k = self.stream, self.slots, self.top_k
@@ -391,7 +399,8 @@ class MoeFfn(Block):
             slot_ids[:, :k][chosen] = lut[np.minimum(ids[:, :k][chosen], self.E)]
             self._gpu.write(self.expert_ids, slot_ids)
             if len(batches) == 1:
-                self._record_experts(rec, passes["experts"], int8, T)
+                if record:
+                    self._record_experts(rec, passes["experts"], int8, T)
                 return
             mask = np.zeros((T, S), np.uint32)
             mask[:, :k] = chosen
