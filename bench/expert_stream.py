@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=24)
     p.add_argument("--prefill", type=int, default=256, help="prompt tokens of the prefill run (0 = skip)")
     p.add_argument("--policy", default="lfu", choices=["lfu", "lru"], help="the expert cache's eviction policy")
-    p.add_argument("--time-limit", type=float, default=420, help="seconds; configurations not started by then are "
+    p.add_argument("--time-limit", type=float, default=390, help="seconds; configurations not started by then are "
                                                                 "recorded as skipped (the run must fit 8 minutes)")
     args = p.parse_args(argv)
     started = time.perf_counter()
