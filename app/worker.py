@@ -67,6 +67,7 @@ class EngineWorker(QObject):
                                      gpu_weights=self._gpu_weights())
             self.model = load_model(path, gpu=self._device(), on_progress=progress, options=options)
             self.loaded.emit(self._facts(time.perf_counter() - started))
+            log.info("model loaded: %s", path)  # .ci/run waits for this line in the log
         except Stopped:
             self._release()
             self.unloaded.emit()
