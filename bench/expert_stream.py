@@ -98,7 +98,7 @@ def run(gpu: Gpu, shape: str, budget: int | None, tokens: int, warmup: int, pref
     prompt = np.random.default_rng(1).integers(0, spec.vocab, max(prefill, 16)).astype(np.uint32)
     out = []
     for routing in ("random", "skewed") if st else ("router",):
-        r = {"shape": shape, "budget_gib": round(budget / 2**30, 3) if budget else None, "routing": routing,
+        r = {"shape": shape, "budget_gib": round(budget / 2**30, 6) if budget else None, "routing": routing,
              "policy": policy, "build_s": round(built, 1)}
         router = None
         if st:
@@ -160,6 +160,17 @@ def main(argv=None) -> int:
            "driver": gpu.info.driver, "commit": bench.git_commit(), "results": results}
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
+    print(f"{'shape':22s} {'budget':>7s} {'routing':8s} {'slots':>5s} {'tok/s':>7s} {'hits':>6s} {'MB/tok':>7s} "
+          f"{'GB/s':>5s} {'prefill':>8s}")
+    for r in results:
+        if "skipped" in r:
+            print(f"{r['shape']:22s} {r['budget']:>7s} skipped (time limit)")
+            continue
+        budget = f"{r['budget_gib']:.3g}G" if r["budget_gib"] is not None else "all"
+        hits = f"{100 * r['hit_rate']:.1f}%" if "hit_rate" in r else "-"
+        print(f"{r['shape']:22s} {budget:>7s} {r['routing']:8s} {r.get('slots', '-')!s:>5s} {r['decode_tok_s']:7.1f} "
+              f"{hits:>6s} {r.get('upload_mb_per_token', '-')!s:>7s} {r.get('upload_gb_s', '-')!s:>5s} "
+              f"{r.get('prefill_tok_s', '-')!s:>8s}")
     return 0
 
 
