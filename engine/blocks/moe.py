@@ -18,8 +18,10 @@ its width and formats match theirs (Qwen3.6), so steps 3 and 4 run it in the sam
 own dispatch of each. Prefill re-reads each (token, slot)'s expert weights: a grouped kernel (tokens sorted by
 expert) is the way past that.
 With `cache_slots` (a MoE model over its weights budget) the routed stacks hold that many experts (plus the stacked
-shared expert) and the rest stream from host memory: engine/blocks/expert_cache.py; the expert kernels then read
-slots from `slot_ids` instead of the router's ids.
+shared expert) and the rest stream from host memory: engine/blocks/expert_cache.py. The contract every expert pass
+keeps: it addresses expert weights only through the ids buffer it binds, `self.expert_ids` (the router's ids when
+resident; host-written slots [T, SLOTS] u32 when streaming, the stacked shared expert at slot `cache_slots`), over a
+stack of `stack_experts(i)` experts; a prefill chunk in batches also runs `experts_batch` (down into y_batch).
 """
 
 from __future__ import annotations
