@@ -66,16 +66,20 @@ class DeviceTraits:
     offset_alignment: int  # min-storage-buffer-offset-alignment
     subgroups: bool  # the device runs subgroup ops (int8 matvecs, subgroup-rows matvecs)
     subgroup_size: int
+    memory_bytes: int | None = None  # the adapter's memory where the system tells it (the weights budget's auto)
     max_threads: int = 256  # max-compute-invocations-per-workgroup (WebGPU's default where unknown)
 
     @classmethod
     def of(cls, gpu) -> DeviceTraits:
+        from engine.vram import adapter_memory
+
         return cls(gpu.max_binding, gpu.limits.get("min-storage-buffer-offset-alignment", 256), gpu.use_subgroups,
-                   gpu.subgroup_size, gpu.limits.get("max-compute-invocations-per-workgroup", 256))
+                   gpu.subgroup_size, adapter_memory(getattr(gpu, "info", None)),
+                   gpu.limits.get("max-compute-invocations-per-workgroup", 256))
 
     @classmethod
     def typical(cls, max_binding: int | None = None) -> DeviceTraits:
-        return cls(max_binding, 256, True, 32, 1024)
+        return cls(max_binding, 256, True, 32, max_threads=1024)
 
 
 def upload_weight(gpu, label: str, arr: np.ndarray, parts_ok: bool = False):
