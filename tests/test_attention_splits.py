@@ -27,3 +27,18 @@ def test_split_keys_above_single_pass_keys_keep_one_partition_up_to_them():
 def test_single_pass_keys_must_be_a_positive_integer(bad):
     with pytest.raises(ValueError, match="single_pass_keys must be a positive integer"):
         RuntimeOptions(single_pass_keys=bad)
+
+
+def test_heads_too_wide_for_the_one_dispatch_kernel_keep_the_separate_kernels():
+    from dataclasses import replace
+
+    from engine.kernels.attention import attention_decode_fits
+
+    assert [attention_decode_fits(hd) for hd in (64, 96, 128, 256, 384, 512, 98)] == [True] * 5 + [False] * 2
+    spec = shape_spec("phi3-mini")
+    wide = replace(spec, n_heads=6, n_kv_heads=6, head_dim=512)  # the same q_dim, heads over 16 KiB of rows
+    wide.names = spec.names
+    for s, fused in ((spec, True), (wide, False)):
+        plan = RuntimePlan(s, options=RuntimeOptions(max_context=256))
+        assert plan.attention.decode_fused == fused
+        assert any(n.label.endswith("decode-rope") for n in plan.needs()) == fused

@@ -21,6 +21,7 @@ from engine.kernels.attention import (
     ROPE_APPEND,
     attention_consts,
     attention_decode_consts,
+    attention_decode_fits,
     attn_gate_plan,
     combine_consts,
     rope_append_consts,
@@ -49,6 +50,8 @@ class AttentionMixer(Block):
         self.qkv_bytes = self.gate_offset + chunk * self.q_dim * 4 if gated else chunk * self.qkv_dim * 4
         # The one-dispatch decode attention writes o's int8 input when each head's 32-element chunks lie inside it.
         self.decode_int8 = ar.int8 and s.head_dim % 32 == 0
+        # Heads too wide for it keep RoPE + append and attention apart in decode too.
+        self.decode_fused = attention_decode_fits(s.head_dim)
         self.qkv_rows = (self.q_dim, self.kv_dim, self.kv_dim)
         self.qk_norm = gated or s.qk_norm
         self.n_pages = -(-max_context // PAGE)
@@ -103,7 +106,8 @@ class AttentionMixer(Block):
                 out.append(BufferNeed.upload(f"{c}.o.{key}", array_bytes(shape, dtype)))
             if self.qk_norm:
                 out += [BufferNeed.upload(f"{c}.{n}", 2 * s.head_dim) for n in ("q_norm", "k_norm")]
-            out.append(BufferNeed.upload(f"{c}.decode-rope", self._decode_rope(i).nbytes, "scratch"))
+            if self.decode_fused:
+                out.append(BufferNeed.upload(f"{c}.decode-rope", self._decode_rope(i).nbytes, "scratch"))
             out += [BufferNeed.buffer(f"{kv}-cache-{i}", self.n_pages * self.page_bytes, "kv") for kv in "kv"]
         out += [BufferNeed.upload("page-table", 4 * self.n_pages, "scratch"),
                 BufferNeed.upload("rope-inv-freq", 4 * len(s.inv_freq), "scratch"),
@@ -181,8 +185,9 @@ class AttentionMixer(Block):
                                                         step=ws.step, xq=ws.x_q8, xm=ws.x_q8_meta), "combine")
         rope = rope_append_consts(s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
                                   getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0))
-        self.p_decode = gpu.pipeline(ATTENTION_DECODE, attention_decode_consts(
-            rope, self.gate_offset // 4 if self.gated else None, self.decode_int8))
+        if self.decode_fused:
+            self.p_decode = gpu.pipeline(ATTENTION_DECODE, attention_decode_consts(
+                rope, self.gate_offset // 4 if self.gated else None, self.decode_int8))
         if self.gated:
             self.gate = (self.qkv, self.gate_offset, self.chunk * self.q_dim * 4)
             self.gated_out = ws.shared["mixer-out"]
@@ -192,7 +197,8 @@ class AttentionMixer(Block):
                                     "attn_gate")
         o_in = self.gated_out if self.gated else self.attn
         self.bg = {}
-        self.decode_rope = {i: gpu.upload(f"layers.{i}.decode-rope", self._decode_rope(i)) for i in self.layers}
+        self.decode_rope = {i: gpu.upload(f"layers.{i}.decode-rope", self._decode_rope(i))
+                            for i in self.layers if self.decode_fused}
         for i in self.layers:
             c, lin, dummy = f"layers.{i}", self.lin[i], ws.dummy_f16
             kc, vc = self.k_cache[i], self.v_cache[i]
@@ -204,9 +210,11 @@ class AttentionMixer(Block):
                 "attn": gpu.bind(self.p_attn, dict(q=self.q, **cache, out=self.attn, part_ml=self.part_ml,
                                                    step=ws.step), f"{c}.attn"),
                 "split": gpu.bind(self.p_split, dict(q=self.q, **cache, out=self.part_o, part_ml=self.part_ml,
-                                                     step=ws.step), f"{c}.attn_split"),
-                "decode": gpu.bind(self.p_decode, dict(qkv=self.qkv, **cache, inv_freq=self.decode_rope[i], out=o_in,
-                                                       step=ws.step, xq=ws.x_q8, xm=ws.x_q8_meta), f"{c}.attn_decode")}
+                                                     step=ws.step), f"{c}.attn_split")}
+            if self.decode_fused:
+                self.bg[i]["decode"] = gpu.bind(self.p_decode, dict(
+                    qkv=self.qkv, **cache, inv_freq=self.decode_rope[i], out=o_in, step=ws.step, xq=ws.x_q8,
+                    xm=ws.x_q8_meta), f"{c}.attn_decode")
             fused = self.norms is not None
             lin["qkv"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.qkv", self.formats[i], dummy), self.qkv,
                             f"{c}.qkv", src_int8=self.ar.norm_int8,
@@ -228,7 +236,7 @@ class AttentionMixer(Block):
         lin["qkv"].record(rec, T)
         if self.gated:
             lin["gate"].record(rec, T)
-        if T == 1 and splits == 1:  # one token over few keys: RoPE, append, attention (and gate) in one dispatch
+        if T == 1 and splits == 1 and self.decode_fused:  # RoPE, append, attention (and gate) in one dispatch
             rec.dispatch(self.p_decode, bg["decode"], s.n_heads, 1, 1)
             lin["o"].record(rec, T, int8_ready=self.decode_int8)
             return

@@ -49,12 +49,20 @@ def attn_gate_plan(n: int, wg: int = 256) -> tuple[dict, int]:
     return dict(WG=wg, N=n), -(-n // wg)
 
 
+def attention_decode_fits(head_dim: int, wg: int = DECODE_WG) -> bool:
+    """Whether attention_decode.wgsl takes this head size: a multiple of 4, a thread per vec4 chunk at least, and
+    its workgroup memory (q, new k and v, output: a head row each; per thread a weight, a row offset, a partial
+    output and the reduction's slot) within WebGPU's default 16 KiB."""
+    return head_dim % 4 == 0 and head_dim // 4 <= wg and 4 * head_dim * 4 + wg * (4 + 4 + 16 + 16) <= 16384
+
+
 def attention_decode_consts(rope: dict, gate_offset: int | None, q8: bool, wg: int = DECODE_WG) -> dict:
     """Constants for attention_decode.wgsl (grid (H, 1, 1)) from rope_append_consts' (`rope`): `gate_offset` the
     f32 index of the gate row in the qkv binding (None: no gate); `q8` also writes the int8 row (HD % 32 == 0)."""
     hd = rope["HD"]
-    if hd % 4 or hd // 4 > wg:
-        raise ValueError(f"head_dim {hd} must be a multiple of 4 and at most {4 * wg}")
+    if not attention_decode_fits(hd, wg):
+        raise ValueError(f"attention_decode takes head_dim a multiple of 4 whose rows fit its workgroup memory "
+                         f"(at most 384 with {wg} threads), got {hd}")
     if q8 and hd % 32:
         raise ValueError(f"the decode attention writes int8 rows only for head_dim a multiple of 32, got {hd}")
     pv = next(n for n in (4, 3, 2, 1) if hd // 4 % n == 0)  # vec4 chunks a thread accumulates in the P·V phase
