@@ -11,8 +11,8 @@ from dataclasses import dataclass, fields
 PREFILL_CHUNK = 512  # rows per prefill chunk: 128-row chunks left most of a big GPU idle (BENCH.md)
 SPLIT_KEYS = 64  # decode attention splits its keys into blocks of this size (more workgroups in flight)
 # Decode attention over at most this many keys is one dispatch per layer (RoPE + KV append + attention, no split-K):
-# untuned, to be measured on the H200 against the split path (BENCH.md).
-SINGLE_PASS_KEYS = 1024
+# at 512–640 keys split-K measured faster on the H200 (BENCH.md); up to one 256-key block, one dispatch.
+SINGLE_PASS_KEYS = 256
 Q8_PREFILL_MIN_DIM = 2048  # int8 prefill by default from this model dim (Phi-3 3072, Qwen3.6 2048; SmolLM2 576)
 MAX_PREFILL_CHUNK = 4096
 

@@ -29,7 +29,7 @@ fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane) {
 }
 
 // q8_block with every dot product times `scale` (before the gate's SiLU): an activation row stored in int8 without
-// a factor common to all its chunks (an RMSNorm's 1/rms: matvec_q8_chain.wgsl with RMS).
+// a factor common to all its chunks (an RMSNorm's 1/rms: matvec_q8_rms.wgsl).
 fn q8_block_scaled(first: u32, row0: u32, xrow: u32, y_base: u32, scale: f32, lane: Lane) {
     var row: array<u32, WROWS>;  // rows past N are clamped to N - 1: read, summed, never written
     for (var i = 0u; i < WROWS; i++) { row[i] = row0 + (i / ROWS) * N + min(first + i % ROWS, N - 1u); }

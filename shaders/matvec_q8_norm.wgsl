@@ -1,8 +1,8 @@
 // matvec_q8 (int8 activations, 4-bit weights) fused, for decode, with the residual add and the per-chunk half of
 // the next RMSNorm: each workgroup owns one 32-output chunk c; once its outputs are in y (storageBarrier: visible
-// within the workgroup), one thread makes them the new residual, y = r_in + W·x, and writes for the chunk the
+// within the workgroup), 32 threads make them the new residual, y = r_in + W·x, and one writes for the chunk the
 // int8 codes and scale (q8_codes.wgsl) of v = y · (nw + NORM_OFFSET), the norm's output without its 1/rms, and
-// Σ y². The matvecs that read the normed row (matvec_q8_chain.wgsl with RMS) sum those into 1/rms themselves, so
+// Σ y². The matvecs that read the normed row (matvec_q8_rms.wgsl) sum those into 1/rms themselves, so
 // the norm needs no dispatch (and no grid-wide sync) of its own. No workgroup reads another's outputs.
 // Constants: matvec_q8's (K, N a multiple of 32, WG, ROWS, BLOCKS with BLOCKS · ROWS = 32, GATE_UP false, ZERO,
 //   AFFINE, GROUP), NORM_OFFSET (added to nw: zero-centred norms), META and SS (u32 offsets in nq).
@@ -24,6 +24,9 @@
 @group(0) @binding(6) var<storage, read> nw: array<f16>;
 @group(0) @binding(7) var<storage, read_write> nq: array<u32>;
 
+var<workgroup> v_sh: array<f32, 32>;
+var<workgroup> sq_sh: array<f32, 32>;
+
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let chunk = wid.y * nwg.x + wid.x;  // uniform: a folded grid's spare workgroups skip the epilogue together
@@ -31,20 +34,22 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         q8_block((chunk * BLOCKS + blk) * ROWS, 0u, 0u, 0u, lane);
     }
     storageBarrier();
-    if (lane.lid == 0u && chunk < N / 32u) {
+    // The chunk's 32 elements over 32 threads (any subgroup size), then one thread packs them from workgroup memory.
+    let live = chunk < N / 32u;  // uniform: the workgroup's
+    if (lane.lid < 32u && live) {
+        let i = chunk * 32u + lane.lid;
+        let x = r_in[i] + y[i];
+        y[i] = x;
+        v_sh[lane.lid] = x * (f32(nw[i]) + NORM_OFFSET);
+        sq_sh[lane.lid] = x * x;
+    }
+    workgroupBarrier();
+    if (lane.lid == 0u && live) {
         var v: array<vec4<f32>, 8>;
         var sq = 0.0;
         for (var j = 0u; j < 8u; j++) {
-            var x: vec4<f32>;
-            var n: vec4<f32>;
-            for (var e = 0u; e < 4u; e++) {
-                let i = chunk * 32u + 4u * j + e;
-                x[e] = r_in[i] + y[i];
-                y[i] = x[e];
-                n[e] = f32(nw[i]) + NORM_OFFSET;
-            }
-            sq += dot(x, x);
-            v[j] = x * n;
+            v[j] = vec4<f32>(v_sh[4u * j], v_sh[4u * j + 1u], v_sh[4u * j + 2u], v_sh[4u * j + 3u]);
+            sq += sq_sh[4u * j] + sq_sh[4u * j + 1u] + sq_sh[4u * j + 2u] + sq_sh[4u * j + 3u];
         }
         let q = q8_chunk(&v);
         for (var j = 0u; j < 8u; j++) { nq[chunk * 8u + j] = q.words[j]; }

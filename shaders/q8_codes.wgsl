@@ -1,6 +1,6 @@
 // One 32-element chunk of an activation row as int8 (llama.cpp's q8_1 scheme): scale = max|v| / 127, codes
 // round(v / scale) and their sum; bytes in matvec_q8's order, for each 8-element word j u32 2j = elements 0, 2, 4, 6
-// and u32 2j + 1 = 1, 3, 5, 7. Pure: q8_pack.wgsl stores it into xq / xm, matvec_q8_chain.wgsl into its own outputs.
+// and u32 2j + 1 = 1, 3, 5, 7. Pure: q8_pack.wgsl stores it into xq / xm, matvec_q8_norm.wgsl into its packed row.
 
 struct Q8Chunk {
     words: array<u32, 8>,

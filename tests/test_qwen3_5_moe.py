@@ -418,7 +418,7 @@ def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
     moe, q3 = "moe" in shape, shape.endswith("3bit")  # 3-bit routed experts: the 4-bit shared one runs apart
     # Speeds are only checked to be real rates: on a fast GPU this tiny model's share of the ceiling rounds to 0.0%.
     assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["ceiling_tok_s"] > 0 and r["pct_of_ceiling"] >= 0
-    q8 = 4 if moe else 0  # quantize_q8 before the 4-bit experts' down (gate_up's kernel writes the MLP down's)
+    q8 = 4  # quantize_q8 before the MLP's or the 4-bit experts' down
     norms = 1 + 2 * 4 if moe else 2  # with the MLP the matvecs carry all but the first and the final norm
     # embedding, LM head, argmax; the feed-forward block a layer, 2 GDN mixers (5 dispatches), 2 gated attention (4)
     assert r["dispatches_per_token"] == 3 + norms + (7 if q3 else 5 if moe else 2) * 4 + 5 * 2 + 4 * 2 + q8

@@ -116,7 +116,7 @@ class Block:
 
     def can_carry_norms(self) -> bool:
         """Whether the block's decode matvecs can carry the residual add + norm around it (engine/blocks/residual.py):
-        those reading the normed row take matvec_q8_chain with RMS, the one ending the block matvec_q8_norm. Set
+        those reading the normed row take matvec_q8_rms, the one ending the block matvec_q8_norm. Set
         then: `norms`, the residual block."""
         return False
 

@@ -130,7 +130,7 @@ class AttentionMixer(Block):
         return {"mixer-out": self.chunk * self.q_dim * 4} if self.gated else {}
 
     def can_carry_norms(self) -> bool:  # qkv and gate read the normed row; o adds to the residual and writes it
-        return all(lin.chunk_kernels_fit(m == "o") for i in self.layers for m, lin in self.lin[i].items())
+        return all(lin.carries_norm(producer=m == "o") for i in self.layers for m, lin in self.lin[i].items())
 
     def int8_row_k(self) -> int:
         return max(self.spec.dim, self.q_dim)

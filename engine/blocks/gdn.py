@@ -112,7 +112,7 @@ class GatedDeltaNetMixer(Block):
         return {"mixer-out": self.chunk * self.d["VD"] * 4}
 
     def can_carry_norms(self) -> bool:  # in_proj reads the normed row; out adds to the residual and writes it
-        return all(lin.chunk_kernels_fit(m == "out") for i in self.layers for m, lin in self.lin[i].items())
+        return all(lin.carries_norm(producer=m == "out") for i in self.layers for m, lin in self.lin[i].items())
 
     def int8_row_k(self) -> int:
         return max(self.spec.dim, self.d["VD"])

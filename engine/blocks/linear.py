@@ -15,18 +15,19 @@ from engine.kernels.matmul import (
     MATMUL_Q8,
     MATVEC_INT4,
     MATVEC_Q8,
-    MATVEC_Q8_CHAIN,
     MATVEC_Q8_NORM,
+    MATVEC_Q8_RMS,
     MATVEC_SG,
     QUANTIZE_Q8,
     format_knobs,
     gemm_plan,
     gemm_q8_plan,
     matvec_plan,
-    matvec_q8_chain_plan,
     matvec_q8_norm_plan,
     matvec_q8_plan,
+    matvec_q8_rms_plan,
     matvec_sg_plan,
+    norm_pack_layout,
     packed_shapes,
     prefers_subgroup_rows,
     quantize_q8_plan,
@@ -56,7 +57,7 @@ class Arithmetic:
     norm_int8: bool  # the norms write the int8 copy of the normed row (its matvecs need no quantize of their own)
     subgroup_rows: bool  # f32-activation matvecs of many-row matrices use the subgroup-rows kernel
     subgroup_size: int
-    max_threads: int = 256  # threads a workgroup may have (the chunk-per-workgroup matvecs need up to 1,024)
+    max_threads: int = 256  # threads a workgroup may have (matvec_q8_norm takes up to 512)
 
     def is_int8(self, tag: str) -> bool:
         return self.int8 and _int8_format(tag)
@@ -130,44 +131,32 @@ class Linear:
         self.int8, self.int8_prefill = ar.is_int8(tag), ar.is_int8_prefill(tag)
         self.subgroup_size, self.max_threads = ar.subgroup_size, ar.max_threads
         self.mv = decode_kernel(k, n, gate_up, tag, ar)
-        # matvec_q8_chain / matvec_q8_norm are matvec_q8 laid out a chunk per workgroup: only for its formats
-        self.chunk_variants = self.mv[0] is MATVEC_Q8
+        # matvec_q8_rms / matvec_q8_norm are matvec_q8 with a prologue / epilogue: only for its formats
+        self.norm_variants = self.mv[0] is MATVEC_Q8
         self.mm = gemm_kernel(k, n, gate_up, tag, self.int8_prefill, y_stride=y_stride)[:2]
         self._grids: dict[int, tuple] = {}
 
     def bind(self, gpu, ws, src, matrix: dict, dst, label: str, src_int8: bool = False,
-             rows_ready: bool = False, int8_src: tuple | None = None, int8_out: tuple | None = None,
-             rms: dict | None = None, norm_out: dict | None = None) -> None:
+             rows_ready: bool = False, rms: dict | None = None, norm_out: dict | None = None) -> None:
         """Bind the products from `src` to `dst`. `src_int8`: the int8 copy of src's last row is in the workspace's
         int8 row already (a norm wrote it); `rows_ready`: the GEMM recorded just before quantized the same rows.
-        Decode-only variants of an int8 matvec (the prefill GEMM is unchanged):
-        `int8_src` (codes, scales): the decode matvec before wrote src's int8 copy there (no quantize here);
-        `int8_out` (codes, scales): the decode matvec also writes its output's int8 copy there when its kernel can
-        (matvec_q8_chain); `writes_int8` says whether it does;
-        `rms` {xq, xm, ss: bindings, eps}: the input is matvec_q8_norm's int8 row without its 1/rms (matvec_q8_chain
-        with RMS);
+        Decode-only variants of the int8 matvec (the prefill GEMM is unchanged):
+        `rms` {xq, xm, ss: bindings, eps}: the input is matvec_q8_norm's int8 row without its 1/rms (matvec_q8_rms);
         `norm_out` {r_in, r_out, nw, nq: bindings, pack: norm_pack_layout, offset}: the output is added to the
         residual r_in into r_out and the next norm's row without 1/rms goes to nq (matvec_q8_norm)."""
         kernel, consts, grid = self.mv
-        knobs = format_knobs(self.tag) if self.chunk_variants else {}
-        self.writes_int8 = False
+        knobs = format_knobs(self.tag) if self.norm_variants else {}
         extra = {}
         y = dst
-        if (self.chunk_variants and int8_out is not None) or rms is not None:
-            chain = self.chunk_variants and matvec_q8_chain_plan(
-                self.k, self.n, self.subgroup_size, self.gate_up, out8=int8_out is not None, rms=rms is not None,
-                eps=rms["eps"] if rms else 0.0, **knobs)
-            if chain and chain[0]["WG"] <= self.max_threads:
-                kernel, (consts, grid) = MATVEC_Q8_CHAIN, chain
-                self.writes_int8 = int8_out is not None
-                yq, ym = int8_out or (ws.y_q8, ws.y_q8_meta)
-                # ss is read only with RMS; otherwise any read-only f32 binding of the dispatch fills it
-                extra = dict(yq=yq, ym=ym, ss=rms["ss"] if rms else (int8_src or (ws.x_q8, ws.x_q8_meta))[1])
-            elif rms is not None:
-                raise ValueError(f"{label}: no matvec_q8_chain for K={self.k}, N={self.n} on this GPU")
+        if rms is not None:
+            if not self.norm_variants:
+                raise ValueError(f"{label}: only matvec_q8's formats read a norm's row without 1/rms")
+            kernel, (consts, grid) = MATVEC_Q8_RMS, matvec_q8_rms_plan(self.k, self.n, self.subgroup_size, rms["eps"],
+                                                                        self.gate_up, **knobs)
+            extra = dict(ss=rms["ss"])
         if norm_out is not None:
-            plan = self.chunk_variants and matvec_q8_norm_plan(self.k, self.n, self.subgroup_size, norm_out["offset"],
-                                                               norm_out["pack"], **knobs)
+            plan = self.norm_variants and matvec_q8_norm_plan(self.k, self.n, self.subgroup_size, norm_out["offset"],
+                                                              norm_out["pack"], **knobs)
             if not plan or plan[0]["WG"] > self.max_threads:
                 raise ValueError(f"{label}: no matvec_q8_norm for K={self.k}, N={self.n} on this GPU")
             kernel, (consts, grid) = MATVEC_Q8_NORM, plan
@@ -175,8 +164,8 @@ class Linear:
         pipe = gpu.pipeline(kernel, consts)
         self.decode_steps = []  # (pipeline, bind group, grid)
         if self.int8:
-            xq, xm = (rms["xq"], rms["xm"]) if rms else int8_src or (ws.x_q8, ws.x_q8_meta)
-            if not src_int8 and int8_src is None and rms is None:
+            xq, xm = (rms["xq"], rms["xm"]) if rms else (ws.x_q8, ws.x_q8_meta)
+            if not src_int8 and rms is None:
                 qconsts, qgrid = quantize_q8_plan(self.k)
                 qpipe = gpu.pipeline(QUANTIZE_Q8, qconsts)
                 self.decode_steps.append((qpipe, gpu.bind(qpipe, dict(x=src, xq=ws.x_q8, xm=ws.x_q8_meta,
@@ -198,14 +187,16 @@ class Linear:
             bg = gpu.bind(pipe, dict(x=src, **matrix, y=dst, step=ws.step), label)
         self.prefill_steps.append((pipe, bg, "gemm"))
 
-    def chunk_kernels_fit(self, whole_chunks: bool = True) -> bool:
-        """Whether the decode matvec can run one 32-output chunk per workgroup (matvec_q8_chain, matvec_q8_norm):
-        int8 arithmetic, a workgroup size the GPU allows and, where it writes its output in int8 (`whole_chunks`),
-        N a multiple of 32."""
-        if not self.chunk_variants:
+    def carries_norm(self, producer: bool) -> bool:
+        """Whether the decode matvec can take the residual block's part (engine/blocks/residual.py): read a norm's
+        row without 1/rms (matvec_q8_rms: any matvec_q8 shape) or, `producer`, add to the residual and write that row
+        (matvec_q8_norm: N whole 32-output chunks and a workgroup size the GPU allows)."""
+        if not self.norm_variants:
             return False
-        plan = matvec_q8_chain_plan(self.k, self.n, self.subgroup_size, self.gate_up, out8=whole_chunks,
-                                    **format_knobs(self.tag))
+        if not producer:
+            return True
+        plan = matvec_q8_norm_plan(self.k, self.n, self.subgroup_size, 0.0, norm_pack_layout(self.n),
+                                   **format_knobs(self.tag))
         return plan is not None and plan[0]["WG"] <= self.max_threads
 
     @property
@@ -263,8 +254,8 @@ class SplitLinear:
     def int8(self) -> bool:
         return any(p.int8 for p in self.parts)
 
-    def chunk_kernels_fit(self, whole_chunks: bool = True) -> bool:
-        """Its parts write columns of one output: the chunk-per-workgroup variants (Linear's) are not used here."""
+    def carries_norm(self, producer: bool) -> bool:
+        """Its parts write columns of one output: the residual block keeps its norms around it."""
         return False
 
     @property
@@ -274,7 +265,7 @@ class SplitLinear:
     def bind(self, gpu, ws, src, matrix: dict, dst, label: str, src_int8: bool = False,
              rows_ready: bool = False, rms: dict | None = None) -> None:
         """As Linear.bind; `matrix`: part index -> that part's bindings (matrix_bindings of the "a,b,..." tag).
-        `rms` is never given (chunk_kernels_fit is False: the residual block keeps its norms)."""
+        `rms` is never given (carries_norm is False: the residual block keeps its norms)."""
         if rms is not None:
             raise ValueError(f"{label}: a matrix of parts cannot read a norm's row without 1/rms")
         for j, (part, start) in enumerate(zip(self.parts, self.starts, strict=True)):

@@ -1,5 +1,5 @@
 """The dense feed-forward block: gate_up (gate rows then up rows, one matrix) with SiLU(gate)·up fused into its
-product, then down. In int8 decode gate_up's kernel also writes its output's int8 copy, down's input."""
+product, then down."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ class DenseMlp(Block):
     def shared_needs(self) -> dict[str, int]:
         return {"ffn-act": self.chunk * self.ffn_dim * 4}
 
-    def can_carry_norms(self) -> bool:
-        return all(lin.chunk_kernels_fit() for i in self.layers for lin in self.lin[i].values())
+    def can_carry_norms(self) -> bool:  # gate_up reads the normed row; down adds to the residual and writes it
+        return all(lin.carries_norm(producer=m == "down") for i in self.layers for m, lin in self.lin[i].items())
 
     def int8_row_k(self) -> int:
         return max(self.dim, self.ffn_dim)
@@ -51,20 +51,17 @@ class DenseMlp(Block):
         self.w[name] = upload_weight(gpu, source or name, arr)
 
     def build(self, gpu, ws) -> None:
-        act, act_q8 = ws.shared["ffn-act"], (ws.y_q8, ws.y_q8_meta)
+        act = ws.shared["ffn-act"]
         for i in self.layers:
             c, lin = f"layers.{i}", self.lin[i]
             matrix = {m: matrix_bindings({k.removeprefix(f"{c}.{m}."): v for k, v in self.w.items()
                                           if k.startswith(f"{c}.{m}.")}, self.formats[i, m], ws.dummy_f16)
                       for m in ("gate_up", "down")}
-            # With both int8, gate_up's kernel also writes its output in int8 for down (no quantize between them).
             fused = self.norms is not None
             last = fused and i == self.norms.n_layers - 1  # the last add + norm (the final norm) stays a dispatch
             lin["gate_up"].bind(gpu, ws, ws.hidden, matrix["gate_up"], act, f"{c}.gate_up", src_int8=self.ar.norm_int8,
-                                int8_out=act_q8 if lin["down"].int8 else None,
                                 rms=self.norms.rms_input() if fused else None)
             lin["down"].bind(gpu, ws, act, matrix["down"], ws.delta, f"{c}.down",
-                             int8_src=act_q8 if lin["gate_up"].writes_int8 else None,
                              norm_out=self.norms.epilogue(i, "ffn") if fused and not last else None)
 
     def record(self, rec, layer: int, T: int, splits: int = 1) -> None:

@@ -3,7 +3,7 @@ and each feed-forward block the residual add fused with the next RMSNorm (the la
 layer's input norm, or the final norm). Residuals ping-pong between the workspace's two residual buffers; with int8
 arithmetic each norm also writes the int8 copy of its last row for the matvecs that read `hidden`.
 
-With `in_matvecs` (int8 dense models whose matvecs all fit matvec_q8_chain / matvec_q8_norm) a decode token runs
+With `in_matvecs` (int8 dense or hybrid models whose matvecs are all matvec_q8s) a decode token runs
 no add + norm dispatch but the final one: the o and down matvecs add their outputs to the residual and write the
 next norm's int8 row without its 1/rms (`epilogue`), and the qkv and gate_up matvecs after them take 1/rms from
 the chunks' sums of squares (`rms_input`)."""

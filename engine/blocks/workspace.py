@@ -34,8 +34,7 @@ class Workspace:
                BufferNeed.buffer("residual-a", C * self.dim * f32), BufferNeed.buffer("residual-b", C * self.dim * f32),
                BufferNeed.buffer("normed-hidden", C * self.dim * f32),
                BufferNeed.buffer("block-out", C * self.dim * f32),
-               BufferNeed.buffer("x-int8", k), BufferNeed.buffer("x-int8-scales", k // 32 * 8),
-               BufferNeed.buffer("y-int8", k), BufferNeed.buffer("y-int8-scales", k // 32 * 8)]
+               BufferNeed.buffer("x-int8", k), BufferNeed.buffer("x-int8-scales", k // 32 * 8)]
         if self.norm_pack:
             out.append(BufferNeed.buffer("norm-int8", self.norm_pack["bytes"]))
         if self.int8_prefill:
@@ -51,8 +50,6 @@ class Workspace:
         self.res = [made["residual-a"], made["residual-b"]]
         self.hidden, self.delta = made["normed-hidden"], made["block-out"]
         self.x_q8, self.x_q8_meta = made["x-int8"], made["x-int8-scales"]
-        # A decode matvec's output in int8 for the next matvec (matvec_q8_chain), while x_q8 is still its input.
-        self.y_q8, self.y_q8_meta = made["y-int8"], made["y-int8-scales"]
         self.norm_q8 = made.get("norm-int8")
         self.rows_q8, self.rows_q8_meta = made.get("x-int8-rows"), made.get("x-int8-rows-scales")
         self.shared = {name: made[name] for name in self.shared_sizes}

@@ -28,7 +28,7 @@ from engine.kernels import declare, fold_grid
 MATVEC_INT4 = declare("matvec_int4", writes=("y",))
 MATVEC_SG = declare("matvec_sg", writes=("y",))
 MATVEC_Q8 = declare("matvec_q8", writes=("y",))
-MATVEC_Q8_CHAIN = declare("matvec_q8_chain", writes=("y", "yq", "ym"))
+MATVEC_Q8_RMS = declare("matvec_q8_rms", writes=("y",))
 MATVEC_Q8_NORM = declare("matvec_q8_norm", writes=("y", "nq"))
 MATMUL_INT4 = declare("matmul_int4", writes=("y",))
 MATMUL_Q8 = declare("matmul_q8", writes=("y",))
@@ -48,9 +48,9 @@ MATVEC_SG_WG = 128
 # The int8-activation matvec (shaders/matvec_q8.wgsl): 2 weight rows per subgroup measured best on the H200
 # (bench/matvec_probe.py; BENCH.md).
 MATVEC_Q8_SLOTS = 2
-# matvec_q8_chain's workgroups: one subgroup per output block up to this many threads (1,024 on the H200's 32-lane
-# subgroups: as many threads in flight as matvec_q8's 128-thread workgroups over 8× as many workgroups).
-MATVEC_Q8_CHAIN_MAX_WG = 1024
+# matvec_q8_norm's workgroups (one 32-output chunk each): a subgroup per block of rows up to this many threads (512
+# on the H200's 32-lane subgroups: as many threads in flight as matvec_q8's 128-thread workgroups over 4× as many).
+MATVEC_Q8_NORM_MAX_WG = 512
 QUANTIZE_WG = 64
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
@@ -163,22 +163,13 @@ def matvec_q8_plan(
     return consts, fold_grid(-(-N // (rows * blocks)))
 
 
-def matvec_q8_chain_plan(
-    K: int, N: int, subgroup_size: int, gate_up: bool = False, out8: bool = True, rms: bool = False,
-    eps: float = 0.0, *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
-) -> tuple[dict, tuple[int, int]] | None:
-    """Constants and grid for shaders/matvec_q8_chain.wgsl (matvec_q8 with one 32-output chunk per workgroup;
-    `out8`: it also writes its output in int8; `rms`: its input is matvec_q8_norm's row without 1/rms, EPS the
-    norm's): one subgroup per block of ROWS while the workgroup size allows. None where the shape cannot take it
-    (with out8, N not a multiple of 32: the int8 row is written in whole chunks)."""
-    consts, _ = matvec_q8_plan(K, N, subgroup_size, gate_up, bits=bits, zero=zero, affine=affine, group=group)
-    rows = consts["ROWS"]
-    if (out8 and N % CHUNK) or CHUNK % rows:
-        return None
-    blocks = CHUNK // rows
-    wg = min(blocks * subgroup_size, MATVEC_Q8_CHAIN_MAX_WG // subgroup_size * subgroup_size)
-    return (dict(consts, WG=wg, BLOCKS=blocks, OUT8=bool(out8), RMS=bool(rms), EPS=float(eps)),
-            fold_grid(-(-N // CHUNK)))
+def matvec_q8_rms_plan(
+    K: int, N: int, subgroup_size: int, eps: float, gate_up: bool = False, *, bits: int = 4, zero: int = 7,
+    affine: bool = False, group: int = 32,
+) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for shaders/matvec_q8_rms.wgsl: matvec_q8's, with the norm's EPS."""
+    consts, grid = matvec_q8_plan(K, N, subgroup_size, gate_up, bits=bits, zero=zero, affine=affine, group=group)
+    return dict(consts, EPS=float(eps)), grid
 
 
 def norm_pack_layout(n: int, alignment: int = 256) -> dict:
@@ -196,14 +187,18 @@ def matvec_q8_norm_plan(
     affine: bool = False, group: int = 32,
 ) -> tuple[dict, tuple[int, int]] | None:
     """Constants and grid for shaders/matvec_q8_norm.wgsl (matvec_q8 + residual add + the next norm's int8 row
-    without 1/rms, `pack` = norm_pack_layout(N)); None where the shape cannot take it."""
-    chain = matvec_q8_chain_plan(K, N, subgroup_size, out8=True, bits=bits, zero=zero, affine=affine, group=group)
-    if chain is None:
+    without 1/rms, `pack` = norm_pack_layout(N)): one 32-output chunk per workgroup, a subgroup per block of ROWS
+    while MATVEC_Q8_NORM_MAX_WG allows. None where the shape cannot take it (N not whole chunks)."""
+    consts, _ = matvec_q8_plan(K, N, subgroup_size, bits=bits, zero=zero, affine=affine, group=group)
+    rows = consts["ROWS"]
+    if N % CHUNK or CHUNK % rows:
         return None
-    consts, grid = chain
-    for key in ("OUT8", "RMS", "EPS"):
-        del consts[key]
-    return dict(consts, NORM_OFFSET=float(norm_offset), META=pack["META"], SS=pack["SS"]), grid
+    blocks = CHUNK // rows
+    wg = max(min(blocks * subgroup_size, MATVEC_Q8_NORM_MAX_WG // subgroup_size * subgroup_size), CHUNK)
+    if wg % subgroup_size:
+        return None
+    return (dict(consts, WG=wg, BLOCKS=blocks, NORM_OFFSET=float(norm_offset), META=pack["META"], SS=pack["SS"]),
+            fold_grid(N // CHUNK))
 
 
 def quantize_q8_plan(K: int, last_row: bool = False, rows: int = 1, row0: int = 0,

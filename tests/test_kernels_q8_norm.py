@@ -1,12 +1,11 @@
-"""The decode matvecs with one 32-output chunk per workgroup: matvec_q8_chain (its output also in int8, gate_up's for
-down; or its input an RMSNorm's row without 1/rms) and matvec_q8_norm (+ residual add + that row), vs float64 numpy
-on the quantized x, their int8 rows vs what quantize_q8 writes, and the fused pair vs add_rms_norm + matvec_q8."""
+"""The decode matvecs that carry the residual add + RMSNorm between them: matvec_q8_norm (+ residual add, the next
+norm's int8 row without 1/rms, each chunk's Σ x²) and matvec_q8_rms (its input that row), vs float64 numpy on the
+quantized x, the int8 row vs what quantize_q8 writes, and the pair vs add_rms_norm + matvec_q8."""
 
 import numpy as np
 import pytest
 
-from engine.kernels import MAX_GROUPS_PER_DIM
-from engine.kernels.matmul import matvec_q8_chain_plan, matvec_q8_norm_plan, matvec_q8_plan, norm_pack_layout
+from engine.kernels.matmul import matvec_q8_norm_plan, matvec_q8_plan, matvec_q8_rms_plan, norm_pack_layout
 from tests.helpers import (
     assert_q8_matches,
     poisoned,
@@ -19,84 +18,32 @@ from tests.helpers import (
 from tests.test_kernels_q8 import Q4, quantize_on_gpu, reference, run_q8
 
 
-def run_chain(gpu, x_row, w, s, N, gate_up, fmt, subgroup_size=None, out8=True, ss=None, eps=0.0):
-    """ss: Σ x² per chunk for the RMS role (None: plain input)."""
-    K = x_row.shape[0]
-    xq_buf, xm_buf, xq, xm = quantize_on_gpu(gpu, x_row[None], False)
-    consts, grid = matvec_q8_chain_plan(K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, out8=out8,
-                                        rms=ss is not None, eps=eps, **fmt)
-    y, yq, ym = poisoned(gpu, "y", (N,)), poisoned(gpu, "yq", (N // 4,), np.uint32), poisoned(gpu, "ym", (N // 32, 2))
-    ss_buf = gpu.upload("ss", np.full(K // 32, np.nan, np.float32) if ss is None else ss)
-    run(gpu, "matvec_q8_chain", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf, yq, ym, ss_buf],
-        grid)
-    return read(gpu, y, (N,)), read(gpu, yq, (N // 4,), np.uint32), read(gpu, ym, (N // 32, 2)), consts, grid
+def run_rms(gpu, v_row, w, s, N, gate_up, fmt, ss, eps, subgroup_size=None):
+    """matvec_q8_rms on v_row quantized by quantize_q8, with the chunks' sums of squares `ss`."""
+    K = v_row.shape[0]
+    xq_buf, xm_buf, _, _ = quantize_on_gpu(gpu, v_row[None], False)
+    consts, grid = matvec_q8_rms_plan(K, N, subgroup_size or gpu.subgroup_size, eps, gate_up=gate_up, **fmt)
+    y = poisoned(gpu, "y", (N,))
+    run(gpu, "matvec_q8_rms", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
+                                       gpu.upload("ss", ss)], grid)
+    return read(gpu, y, (N,))
 
 
 @pytest.mark.parametrize("tag", list(Q4))
-@pytest.mark.parametrize("K,N,gate_up", [(192, 64, False), (128, 96, True), (640, 32, True), (1024, 160, False)])
-def test_matvec_q8_chain(gpu, rng, tag, K, N, gate_up):
-    fmt = Q4[tag]
-    w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
-    x = rng.standard_normal(K).astype(np.float32)
-    plain, x_hat, _ = run_q8(gpu, x, w, s, N, gate_up, fmt)
-    out, yq, ym, consts, _ = run_chain(gpu, x, w, s, N, gate_up, fmt)
-    assert consts["BLOCKS"] * consts["ROWS"] == 32
-    ref = reference(x_hat, w, s, N, gate_up, fmt)
-    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
-    np.testing.assert_array_equal(out, plain)  # the same sums, in the same order, as matvec_q8's
-    assert_q8_matches(yq, ym, out)  # the int8 copy is quantize_q8's of the output row
-
-
-@pytest.mark.parametrize("claimed", [4, 8, 64])
-def test_matvec_q8_chain_whatever_the_subgroup_size(gpu, rng, claimed):
-    """Planned for another subgroup size than the GPU's: every output and chunk is still written (the subgroups
-    take the blocks in turn)."""
-    fmt, K, N = Q4["q4_1"], 96, 224
-    w, s = random_packed(rng, 2 * N, K, **fmt)
-    x = rng.standard_normal(K).astype(np.float32)
-    _, x_hat, _ = run_q8(gpu, x, w, s, N, True, fmt)
-    out, yq, ym, _, _ = run_chain(gpu, x, w, s, N, True, fmt, claimed)
-    ref = reference(x_hat, w, s, N, True, fmt)
-    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
-    assert_q8_matches(yq, ym, out)
-
-
-def test_matvec_q8_chain_folded_grid(gpu, rng):
-    fmt, K, N = Q4["q4_0"], 32, (MAX_GROUPS_PER_DIM + 10) * 32
-    w, s = random_packed(rng, N, K, **fmt)
-    x = rng.standard_normal(K).astype(np.float32)
-    out, yq, ym, _, grid = run_chain(gpu, x, w, s, N, False, fmt)
-    assert grid[1] > 1 and grid[0] * grid[1] > N // 32  # spare workgroups in the folded grid write nothing
-    _, x_hat, _ = run_q8(gpu, x, w, s, N, False, fmt)
-    ref = reference(x_hat, w, s, N, False, fmt)
-    np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
-    assert_q8_matches(yq, ym, out)
-
-
-@pytest.mark.parametrize("gate_up,out8,N", [(False, False, 72), (True, True, 64)])
-def test_matvec_q8_chain_rms(gpu, rng, gate_up, out8, N):
-    """RMS: the input row is stored without its norm's 1/rms; the kernel takes it from the chunks' Σ x² (ss). Without
-    the int8 output N need not be whole chunks (the last workgroup's spare rows are never written)."""
-    fmt, K, eps = Q4["q4f16_1"], 256, 1e-5
+@pytest.mark.parametrize("K,N,gate_up,claimed", [(256, 72, False, None), (128, 64, True, None), (128, 37, True, 4),
+                                                 (192, 50, False, 64)])
+def test_matvec_q8_rms(gpu, rng, tag, K, N, gate_up, claimed):
+    """The input row is stored without its norm's 1/rms; the kernel takes it from the chunks' Σ x² (ss), in every
+    subgroup alike, whatever the subgroup size it was planned for."""
+    fmt, eps = Q4[tag], 1e-5
     w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
     v = rng.standard_normal(K).astype(np.float32) * 4
     ss = (rng.random(K // 32) * 40).astype(np.float32)
-    out, yq, ym, _, _ = run_chain(gpu, v, w, s, N, gate_up, fmt, out8=out8, ss=ss, eps=eps)
+    out = run_rms(gpu, v, w, s, N, gate_up, fmt, ss, eps, claimed)
     _, v_hat, _ = run_q8(gpu, v, w, s, N, False, fmt)  # the quantized input row, in float64
     inv = 1.0 / np.sqrt(ss.astype(np.float64).sum() / K + eps)
     ref = reference(v_hat * inv, w, s, N, gate_up, fmt)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
-    if out8:
-        assert_q8_matches(yq, ym, out)
-    else:
-        assert (yq == np.iinfo(np.uint32).max).all() and np.isnan(ym).all()
-
-
-def test_matvec_q8_chain_plan_refuses_partial_chunks():
-    assert matvec_q8_chain_plan(64, 48, 32) is None
-    assert matvec_q8_chain_plan(64, 48, 32, out8=False)[1] == (2, 1)
-    consts, grid = matvec_q8_chain_plan(64, 64, 32, gate_up=True)
-    assert (consts["ROWS"], consts["BLOCKS"], consts["WG"], grid) == (1, 32, 1024, (2, 1))
 
 
 @pytest.mark.parametrize("tag,K,N,offset", [("q4f16_1", 128, 96, 0.0), ("q4_1", 256, 64, 1.0), ("mlx4", 192, 32, 0.0)])
@@ -127,7 +74,7 @@ def test_matvec_q8_norm(gpu, rng, tag, K, N, offset):
 
 
 def test_norm_then_rms_matvec_is_add_rms_norm_then_matvec(gpu, rng):
-    """The fused pair (matvec_q8_norm, then matvec_q8_chain with RMS) against the dispatches it replaces
+    """The fused pair (matvec_q8_norm, then matvec_q8_rms) against the dispatches it replaces
     (add_rms_norm with its int8 row, then matvec_q8), to int8 rounding: each rounds the same normed row to int8,
     the fused one without the 1/rms factor (the codes match but for values at a rounding boundary)."""
     from engine.kernels.norm import norm_plan
@@ -145,10 +92,10 @@ def test_norm_then_rms_matvec_is_add_rms_norm_then_matvec(gpu, rng):
     consts, grid = matvec_q8_norm_plan(K, D, gpu.subgroup_size, 0.0, pack, **fmt)
     run(gpu, "matvec_q8_norm", consts, [xq_buf, gpu.upload("w1", w1), gpu.upload("s1", s1), r_out, xm_buf,
                                          gpu.upload("r_in", r_in), gpu.upload("nw", nw), nq], grid)
-    consts, grid = matvec_q8_chain_plan(D, N, gpu.subgroup_size, out8=False, rms=True, eps=eps, **fmt)
-    fused, dummy = poisoned(gpu, "fused", (N,)), gpu.buffer("unused", 64)
-    run(gpu, "matvec_q8_chain", consts, [(nq, 0, D), gpu.upload("w2", w2), gpu.upload("s2", s2), fused,
-                                          (nq, pack["meta"], D // 4), dummy, dummy, (nq, pack["ss"], D // 8)], grid)
+    consts, grid = matvec_q8_rms_plan(D, N, gpu.subgroup_size, eps, **fmt)
+    fused = poisoned(gpu, "fused", (N,))
+    run(gpu, "matvec_q8_rms", consts, [(nq, 0, D), gpu.upload("w2", w2), gpu.upload("s2", s2), fused,
+                                        (nq, pack["meta"], D // 4), (nq, pack["ss"], D // 8)], grid)
     # separate: add_rms_norm (delta = the first matvec's output) writes the int8 row, then matvec_q8
     delta = read(gpu, r_out, (D,)) - r_in
     hidden, r2 = poisoned(gpu, "hidden", (D,)), poisoned(gpu, "r2", (D,))
@@ -168,3 +115,12 @@ def test_norm_then_rms_matvec_is_add_rms_norm_then_matvec(gpu, rng):
     bound = np.abs(reference_dequantize_fmt(w2, s2, **fmt)) @ step
     assert (np.abs(fused - plain) <= bound + 2e-5 * np.abs(plain).max()).all()
     assert np.abs(fused - plain).max() <= 0.05 * np.abs(plain).max()
+
+
+def test_matvec_q8_norm_plan():
+    pack = norm_pack_layout(64)
+    assert matvec_q8_norm_plan(64, 48, 32, 0.0, norm_pack_layout(48)) is None  # not whole chunks
+    for sg, wg in ((32, 512), (8, 128), (64, 512), (1, 32)):  # a subgroup a block of 2 rows, up to 512 threads
+        consts, grid = matvec_q8_norm_plan(64, 64, sg, 0.0, pack)
+        assert (consts["ROWS"], consts["BLOCKS"], consts["WG"], grid) == (2, 16, wg, (2, 1))
+    assert (pack["meta"], pack["ss"], pack["bytes"]) == (256, 512, 520)
