@@ -9,14 +9,20 @@ Dispatches per forward of T rows:
      tiles leave 257 rows 5 workgroups; BENCH.md)
   2. moe_router: softmax, top-k, renormalise; writes ids [T, SLOTS] and weights [T, SLOTS], the shared expert as
      slot k with id E and weight sigmoid(logit E)
-  3. moe_matvec gate_up (+ SiLU·mul): grid (F/ROWS, T, SLOTS) -> act [T, SLOTS, F]
-  4. moe_matvec down: grid (D/ROWS, T, SLOTS) -> y [T, SLOTS, D]
-  5. moe_combine: out = Σ_s weights[t, s]·y[t, s]
+  Decode (T = 1):
+  3. moe_matvec gate_up (+ SiLU·mul): grid (F/ROWS, 1, SLOTS) -> act [SLOTS, F]
+  4. moe_matvec down: grid (D/ROWS, 1, SLOTS) -> y [SLOTS, D]
+  Prefill (T > 1), tokens grouped by expert so each selected expert's weights are read once per tile of pairs:
+  3. moe_sort: the (token, slot) pairs by expert -> order, tiles
+  4. moe_gemm gate_up over every expert's tiles -> act [T, SLOTS, F]
+  5. moe_gemm down -> y [T, SLOTS, D]
+  then moe_combine: out = Σ_s weights[t, s]·y[t, s] (each token sums its slots in slot order: deterministic).
 Decode with int8 arithmetic runs the 4-bit expert passes as moe_matvec_q8: gate_up on the norm's int8 row, down
 after one quantize_q8 of the slots' activations. The shared expert is stacked as expert E of the routed stacks when
-its width and formats match theirs (Qwen3.6), so steps 3 and 4 run it in the same dispatch; otherwise it gets its
-own dispatch of each. Prefill re-reads each (token, slot)'s expert weights: a grouped kernel (tokens sorted by
-expert) is the way past that.
+its width and formats match theirs (Qwen3.6), so the expert passes run it in the same dispatch; otherwise it gets its
+own dispatch of each (and in prefill its own sort, of slot k alone in a stack of one).
+Every expert kernel finds its expert through the ids buffer moe_router writes (prefill: through moe_sort's tiles,
+built from those ids), so expert streaming can remap ids to cache slots there before they run.
 """
 
 from __future__ import annotations
@@ -38,13 +44,17 @@ from engine.kernels.matmul import (
 )
 from engine.kernels.moe import (
     MOE_COMBINE,
+    MOE_GEMM,
     MOE_MATVEC,
     MOE_MATVEC_Q8,
     MOE_ROUTER,
+    MOE_SORT,
     combine_plan,
     expert_plan,
     expert_q8_plan,
+    grouped_plan,
     router_plan,
+    sort_plan,
 )
 
 
@@ -94,6 +104,7 @@ class MoeFfn(Block):
         self._topk = router_plan(experts, top_k, self.shared, norm_topk_prob, T)
         self._combine = combine_plan(dim, self.slots, T)
         self.plans = {i: self._layer_plans(i) for i in self.layers}
+        self.grouped = {i: self._grouped_plans(i) for i in self.layers} if T > 1 else {}
         self._router_mv = {i: matvec_plan(dim, n_logits, **format_knobs(self.fmt[i, "router"])) for i in self.layers}
         self._router_tokens = {i: expert_plan(dim, n_logits, 1, T, 1, **format_knobs(self.fmt[i, "router"]))
                                if T > 1 else None for i in self.layers}
@@ -116,6 +127,21 @@ class MoeFfn(Block):
                                                    **format_knobs(self.fmt[i, "shared_gate_up"])), "x", "act"),
                     ("shared_down", expert_plan(Fs, D, 1, T, x_slot=True, x_stride=stride, **one,
                                                 **format_knobs(self.fmt[i, "shared_down"])), "act", "y")]
+        return out
+
+    def _grouped_plans(self, i: int) -> list[tuple]:
+        """Prefill passes of layer i: per sort, (sort key ("routed" or "shared"), sort_plan, [(stack, grouped_plan,
+        input, output) for the expert passes over that sort's pairs])."""
+        T = self.max_tokens
+        out = []
+        for stack, (c, grid), src, dst in self.plans[i]:
+            key = "shared" if stack.startswith("shared_") else "routed"
+            if not out or out[-1][0] != key:
+                out.append((key, sort_plan(c["EXPERTS"], self.slots, T, slot0=c["SLOT0"], n_slots=grid[2]), []))
+            out[-1][2].append((stack, grouped_plan(
+                c["K"], c["N"], c["EXPERTS"], T, self.slots, n_slots=grid[2], gate_up=c["GATE_UP"],
+                x_slot=c["X_SLOT"], x_stride=c["X_STRIDE"], y_stride=c["Y_STRIDE"], bits=c["BITS"], zero=c["ZERO"],
+                affine=c["AFFINE"], group=c["GROUP"]), src, dst))
         return out
 
     # ---- plan --------------------------------------------------------------------------------------------
@@ -149,6 +175,11 @@ class MoeFfn(Block):
         T = self.max_tokens
         sizes = dict(logits=T * (self.E + self.shared), ids=T * self.slots, weights=T * self.slots,
                      act=T * self.slots * self.act_stride, y=T * self.slots * self.D)
+        for key in ("routed", "shared"):  # prefill's pairs sorted by expert and their tiles, at the largest layer's
+            sorts = [sp for i in self.grouped for k, sp, _ in self.grouped[i] if k == key]
+            if sorts:
+                sizes |= {f"order-{key}": max(T * c["NSLOTS"] for c, _, _ in sorts),
+                          f"tiles-{key}": 4 * max(v for _, _, v in sorts)}
         out += [BufferNeed.buffer(f"moe.{name}", 4 * count) for name, count in sizes.items()]
         if self.ar.int8:  # the slots' activations in int8 for the 4-bit down passes
             act = self.slots * self.act_stride
@@ -218,6 +249,14 @@ class MoeFfn(Block):
                             for stack, plan, src, dst in self.plans[i]]
             if self.ar.int8:
                 p["experts_q8"] = self._int8_passes(i, bound, ws, act_q8, act_q8_meta)
+            p["grouped"] = []
+            for key, sp, passes in self.grouped.get(i, []):
+                order, tiles = made[f"moe.order-{key}"], made[f"moe.tiles-{key}"]
+                p["grouped"].append(bound(MOE_SORT, sp[:2], dict(ids=self.ids, order=order, tiles=tiles, step=st),
+                                          f"{c}.sort-{key}"))
+                p["grouped"] += [bound(MOE_GEMM, plan, dict(x=buf[src], order=order, tiles=tiles, w=w[stack][0],
+                                                            s=w[stack][1], y=buf[dst]), f"{c}.{stack}-grouped")
+                                 for stack, plan, src, dst in passes]
             p["combine"] = bound(MOE_COMBINE, self._combine, dict(y=self.y, weights=self.weights, out=out, step=st),
                                  f"{c}.combine")
             self.passes[i] = p
@@ -265,14 +304,18 @@ class MoeFfn(Block):
             per_token(passes["router_tokens"])
         pipe, bg, _ = passes["topk"]
         rec.dispatch(pipe, bg, *fold_grid(T))
-        int8 = passes.get("experts_q8") if T == 1 else None
-        for j, pass_ in enumerate(passes["experts"]):
-            if int8 and int8[j]:
-                for p in int8[j]:
-                    if p:
-                        rec.dispatch(p[0], p[1], *p[2][1])
-            else:
-                per_token(pass_)
+        if T > 1:  # sorts and grouped GEMMs: grids are fixed, workgroups past a sort's tile count leave at once
+            for pipe, bg, plan in passes["grouped"]:
+                rec.dispatch(pipe, bg, *plan[1])
+        else:
+            int8 = passes.get("experts_q8")
+            for j, pass_ in enumerate(passes["experts"]):
+                if int8 and int8[j]:
+                    for p in int8[j]:
+                        if p:
+                            rec.dispatch(p[0], p[1], *p[2][1])
+                else:
+                    per_token(pass_)
         pipe, bg, plan = passes["combine"]
         rec.dispatch(pipe, bg, *fold_grid(-(-T * self.D // 4 // plan[0]["WG"])))
 
