@@ -1,9 +1,11 @@
-// Expert matvec for MoE decode (one token) on 4-bit experts with int8 activations: moe_matvec.wgsl's routing
-// (the slot in grid z, the expert id read from the GPU) with matvec_q8's arithmetic (matvec_q8_body.wgsl), each
+// Expert matvec for MoE decode (one token) on 4-bit or MLX 3-bit experts with int8 activations: moe_matvec.wgsl's
+// routing (the slot in grid z, the expert id read from the GPU) with matvec_q8's arithmetic (matvec_q8_body.wgsl), each
 // subgroup owning ROWS outputs (BLOCKS of them per workgroup, as matvec_sg.wgsl). x comes quantized: the norm's
 // int8 row for gate_up, or one quantize_q8 row per slot for down (X_SLOT).
-// Constants: K, N, EXPERTS, WG, ROWS, BLOCKS, GATE_UP, ZERO, AFFINE, GROUP, SLOTS, SLOT0, X_SLOT, Y_STRIDE.
-// Bindings: 0 xq u32[rows, K / 4] as vec4, 1 ids u32[SLOTS] (read), 2 w u32[EXPERTS, MATS·N, K / 8],
+// Constants: K, N, EXPERTS, WG, ROWS, BLOCKS, GATE_UP, BITS (4, or 3: rows of 3K/32 words, one bitstream each),
+//   ZERO, AFFINE, GROUP, SLOTS, SLOT0, X_SLOT, Y_STRIDE.
+// Streaming contract (issue 20): the expert is read from ids only; weights are expert e of the stacked w and s.
+// Bindings: 0 xq u32[rows, K / 4] as vec4, 1 ids u32[SLOTS] (read), 2 w u32[EXPERTS, MATS·N, K·BITS/32],
 //   3 s f16[EXPERTS, MATS·N, K / GROUP (, 2)], 4 y f32[SLOTS, Y_STRIDE] (write; row = slot),
 //   5 xm vec2<f32>[rows, K / 32]. Grid: (ceil(N / (ROWS · BLOCKS)), 1, slots in this dispatch).
 #import reduce

@@ -217,12 +217,12 @@ def test_combine(gpu, rng):
 DIMS = dict(E=8, top_k=2, D=128, F=64)
 
 
-def random_moe(rng, E, D, F, shared, shared_fmt="mlx4"):
+def random_moe(rng, E, D, F, shared, shared_fmt="mlx4", routed_fmt="mlx4"):
     """MoE weights in our layouts as MlxCheckpoint.moe_weights keys them (router 8-bit like MLX's)."""
     w = {"gate": random_weight(rng, (E, D), "mlx8", 0.03),
-         "switch_mlp.gate_proj": random_weight(rng, (E, F, D), "mlx4"),
-         "switch_mlp.up_proj": random_weight(rng, (E, F, D), "mlx4"),
-         "switch_mlp.down_proj": random_weight(rng, (E, D, F), "mlx4", 0.03)}
+         "switch_mlp.gate_proj": random_weight(rng, (E, F, D), routed_fmt),
+         "switch_mlp.up_proj": random_weight(rng, (E, F, D), routed_fmt),
+         "switch_mlp.down_proj": random_weight(rng, (E, D, F), routed_fmt, 0.03)}
     if shared:
         w |= {"shared_expert.gate_proj": random_weight(rng, (shared, D), shared_fmt),
               "shared_expert.up_proj": random_weight(rng, (shared, D), shared_fmt),
@@ -385,10 +385,11 @@ def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: i
     return xq, xm, codes * np.repeat(scales.astype(np.float64), 32, axis=1)
 
 
+@pytest.mark.parametrize("fmt", ["mlx4", "mlx3"])
 @pytest.mark.parametrize("gate_up", [True, False])
-def test_expert_matvec_int8(gpu, rng, gate_up):
+def test_expert_matvec_int8(gpu, rng, gate_up, fmt):
     E, slots, K, N = 6, 3, 192, 37
-    w = random_weight(rng, (E, 2 * N if gate_up else N, K), "mlx4")
+    w = random_weight(rng, (E, 2 * N if gate_up else N, K), fmt)
     ids = rng.permutation(E)[:slots]
     if gate_up:  # one x row for every slot
         xq, xm, x_hat = quantized_rows(gpu, rng.standard_normal((1, K)).astype(np.float32))
@@ -396,7 +397,7 @@ def test_expert_matvec_int8(gpu, rng, gate_up):
     else:  # a row per slot, K + 32 floats apart
         xq, xm, xs = quantized_rows(gpu, rng.standard_normal((slots, K)).astype(np.float32), K + 32)
     consts, grid = expert_q8_plan(K, N, E, slots, gpu.subgroup_size, gate_up=gate_up, x_slot=not gate_up,
-                                  **format_knobs("mlx4"))
+                                  **format_knobs(fmt))
     y = poisoned(gpu, "y", (slots, N))
     run(gpu, "moe_matvec_q8", consts, [xq, gpu.upload("ids", ids.astype(np.uint32)),
                                         gpu.upload("w", w["q_weight"].view(np.uint32)), gpu.upload("s", w["q_scale"]),
@@ -418,6 +419,23 @@ def test_moe_block_int8_decode(gpu, rng, shared):
     got, dispatches = record_moe_block(gpu, block, ws, x)
     # one quantize for x, one for each down's slot rows
     assert dispatches == block.dispatches_per_token() == f32_block.dispatches_per_token() + (2 if shared == F else 3)
-    assert "moe_matvec_q8" in [p[1][0].label for p in block.passes[0]["experts_q8"] if p]
+    assert "moe_matvec_q8" in [pipe.label for pipe, _, _ in block.passes[0]["decode"]]
     ref = transformers_moe(weights, E, top_k, D, F, shared)(x)
+    assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()
+
+
+def test_moe_block_int8_decode_3bit_experts(gpu, rng):
+    """Qwen3.6's 3-bit build in miniature: 3-bit routed experts beside a 4-bit shared expert of the same width (its
+    own passes). Every expert pass runs in int8, and one quantize serves both down passes."""
+    E, top_k, D, F = DIMS.values()
+    weights = random_moe(rng, E, D, F, F, routed_fmt="mlx3")
+    x = rng.standard_normal((1, D)).astype(np.float32)
+    f32_block, _ = moe_block(gpu, [weights], top_k, max_tokens=4)
+    block, ws = moe_block(gpu, [weights], top_k, max_tokens=4, int8=True)
+    assert not block.stacked[0]
+    got, dispatches = record_moe_block(gpu, block, ws, x)
+    assert dispatches == block.dispatches_per_token() == f32_block.dispatches_per_token() + 2  # x's and act's quantize
+    labels = [pipe.label for pipe, _, _ in block.passes[0]["decode"]]
+    assert labels.count("moe_matvec_q8") == 4 and "moe_matvec" not in labels
+    ref = reference_moe(weights, x, top_k, True)
     assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()

@@ -239,6 +239,16 @@ def test_int8_decode(gpu):
     assert_recorded_count(model.runtime)
 
 
+def test_int8_decode_3bit_experts(gpu):
+    """The 3-bit build's default decode: its 3-bit routed experts and 4-bit shared expert in int8 (moe_matvec_q8),
+    each step close to the full forward, whose prefill runs the experts as f32 grouped GEMMs (moe_gemm)."""
+    model = load_model(cached_mlx("q3exp"), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48)
+    rt = model.runtime
+    assert "moe_matvec" not in rt.dispatched_kernels() and "moe_gemm" in rt.dispatched_kernels(8)
+    assert_int8_decode_steps_match_the_full_forward(model, outliers=1)
+    assert_recorded_count(rt)
+
+
 @pytest.mark.slow
 def test_gpu_resident_greedy_decode_matches_full_forward(mlx_model):
     mlx_model.runtime.reset()

@@ -247,8 +247,9 @@ class MoeFfn(Block):
             p["experts"] = [bound(MOE_MATVEC, plan, dict(x=buf[src], ids=self.ids, w=w[stack][0], s=w[stack][1],
                                                          y=buf[dst], step=st), f"{c}.{stack}")
                             for stack, plan, src, dst in self.plans[i]]
-            if self.ar.int8:
-                p["experts_q8"] = self._int8_passes(i, bound, ws, act_q8, act_q8_meta)
+            one_token = [(pipe, bg, (c, (grid[0], 1, grid[2]))) for pipe, bg, (c, grid) in p["experts"]]
+            p["decode"] = (self._int8_passes(i, bound, ws, act_q8, act_q8_meta, one_token) if self.ar.int8
+                           else one_token)
             p["grouped"] = []
             for key, sp, passes in self.grouped.get(i, []):
                 order, tiles = made[f"moe.order-{key}"], made[f"moe.tiles-{key}"]
@@ -261,30 +262,49 @@ class MoeFfn(Block):
                                  f"{c}.combine")
             self.passes[i] = p
 
-    def _int8_passes(self, i: int, bound, ws, act_q8, act_q8_meta) -> list:
-        """Per expert pass: (quantize pass or None, moe_matvec_q8 pass), or None to keep the f32 pass (non-4-bit)."""
-        out, x_ready = [], self.ar.norm_int8  # x's int8 copy is made once: the down passes quantize other scratch
-        for stack, (c, grid), src, dst in self.plans[i]:
-            if c["BITS"] != 4:
-                out.append(None)
-                continue
-            qplan = expert_q8_plan(c["K"], c["N"], c["EXPERTS"], c["SLOTS"], self.ar.subgroup_size,
-                                   slot0=c["SLOT0"], n_slots=grid[2], gate_up=c["GATE_UP"], x_slot=c["X_SLOT"],
-                                   y_stride=c["Y_STRIDE"], zero=c["ZERO"], affine=c["AFFINE"], group=c["GROUP"])
-            label = f"layers.{i}.moe.{stack}"
-            if src == "x":  # gate_up on x: the norm's int8 row, or quantize it here
-                xq, xm = ws.x_q8, ws.x_q8_meta
-                quant = None if x_ready else bound(QUANTIZE_Q8, quantize_q8_plan(c["K"]), dict(
-                    x=ws.hidden, xq=xq, xm=xm, step=ws.step), f"{label}.q8")
-                x_ready = True
-            else:  # down on each slot's activations: quantize those rows of act (X_STRIDE apart)
-                xq, xm = act_q8, act_q8_meta
-                quant = bound(QUANTIZE_Q8, quantize_q8_plan(c["K"], rows=grid[2], row0=c["SLOT0"],
-                                                            x_stride=c["X_STRIDE"]),
-                              dict(x=self.act, xq=xq, xm=xm, step=ws.step), f"{label}.q8")
-            w, s = self.w[i][stack]
-            out.append((quant, bound(MOE_MATVEC_Q8, qplan, dict(xq=xq, ids=self.ids, w=w, s=s,
-                                                                y=self.y if dst == "y" else self.act, xm=xm), label)))
+    def _int8_passes(self, i: int, bound, ws, act_q8, act_q8_meta, f32_passes: list) -> list:
+        """Layer i's decode expert dispatches in order, (pipeline, bind group, plan) each: every gate_up, then every
+        down. 4-bit and 3-bit stacks run moe_matvec_q8 (others keep their f32 pass): gate_up on the norm's int8 row
+        (or one quantize of x), down after a quantize of the slots' activations, one for all the down passes when
+        they share K (Qwen3.6's 3-bit experts beside the 4-bit shared one), else one per pass."""
+        passes = list(zip(self.plans[i], f32_passes, strict=True))
+        int8 = {stack: c["BITS"] in (3, 4) for (stack, (c, _), _, _), _ in passes}
+        downs = [(c, grid) for (stack, (c, grid), src, _), _ in passes if src == "act" and int8[stack]]
+        one_quant = len({c["K"] for c, _ in downs}) == 1
+        out, x_ready, act_ready = [], self.ar.norm_int8, False  # x's int8 row: the norm's, or quantized once here
+        for want_src in ("x", "act"):
+            for (stack, (c, grid), src, dst), f32_pass in passes:
+                if src != want_src:
+                    continue
+                if not int8[stack]:
+                    out.append(f32_pass)
+                    continue
+                label = f"layers.{i}.moe.{stack}"
+                if src == "x":
+                    xq, xm = ws.x_q8, ws.x_q8_meta
+                    if not x_ready:
+                        out.append(bound(QUANTIZE_Q8, quantize_q8_plan(c["K"]), dict(
+                            x=ws.hidden, xq=xq, xm=xm, step=ws.step), f"{label}.q8"))
+                        x_ready = True
+                else:  # the slots' activations, rows X_STRIDE apart in act
+                    xq, xm = act_q8, act_q8_meta
+                    if not act_ready:
+                        if one_quant:
+                            row0 = min(d["SLOT0"] for d, _ in downs)
+                            rows = max(d["SLOT0"] + g[2] for d, g in downs) - row0
+                        else:
+                            row0, rows = c["SLOT0"], grid[2]
+                        out.append(bound(QUANTIZE_Q8, quantize_q8_plan(c["K"], rows=rows, row0=row0,
+                                                                       x_stride=c["X_STRIDE"]),
+                                         dict(x=self.act, xq=xq, xm=xm, step=ws.step), f"{label}.q8"))
+                        act_ready = one_quant
+                qplan = expert_q8_plan(c["K"], c["N"], c["EXPERTS"], c["SLOTS"], self.ar.subgroup_size,
+                                       slot0=c["SLOT0"], n_slots=grid[2], gate_up=c["GATE_UP"], x_slot=c["X_SLOT"],
+                                       y_stride=c["Y_STRIDE"], bits=c["BITS"], zero=c["ZERO"], affine=c["AFFINE"],
+                                       group=c["GROUP"])
+                w, s = self.w[i][stack]
+                out.append(bound(MOE_MATVEC_Q8, qplan, dict(xq=xq, ids=self.ids, w=w, s=s,
+                                                            y=self.y if dst == "y" else self.act, xm=xm), label))
         return out
 
     # ---- record ------------------------------------------------------------------------------------------
@@ -308,14 +328,8 @@ class MoeFfn(Block):
             for pipe, bg, plan in passes["grouped"]:
                 rec.dispatch(pipe, bg, *plan[1])
         else:
-            int8 = passes.get("experts_q8")
-            for j, pass_ in enumerate(passes["experts"]):
-                if int8 and int8[j]:
-                    for p in int8[j]:
-                        if p:
-                            rec.dispatch(p[0], p[1], *p[2][1])
-                else:
-                    per_token(pass_)
+            for pipe, bg, plan in passes["decode"]:
+                rec.dispatch(pipe, bg, *plan[1])
         pipe, bg, plan = passes["combine"]
         rec.dispatch(pipe, bg, *fold_grid(-(-T * self.D // 4 // plan[0]["WG"])))
 

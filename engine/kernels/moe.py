@@ -65,9 +65,9 @@ def expert_q8_plan(K: int, N: int, experts: int, slots: int, subgroup_size: int,
                    rows: int | None = None, wg: int = MATVEC_SG_WG, bits: int = 4, zero: int = 0, affine: bool = True,
                    group: int = 64):
     """Constants and grid for shaders/moe_matvec_q8.wgsl (decode, one token) over slots [slot0, slot0 + n_slots):
-    matvec_q8's constants plus the routing ones."""
+    matvec_q8's constants plus the routing ones; 4-bit stacks or MLX 3-bit ones (read as stored)."""
     consts, _ = matvec_q8_plan(K, N, subgroup_size, gate_up=gate_up, rows=rows, wg=wg, bits=bits, zero=zero,
-                               affine=affine, group=group)
+                               affine=affine, group=group, three_bit=True)
     n_slots = slots - slot0 if n_slots is None else n_slots
     y_stride = y_stride or N
     if y_stride < N or not 0 < slot0 + n_slots <= slots:
