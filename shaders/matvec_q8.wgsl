@@ -22,6 +22,6 @@
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let group_id = wid.y * nwg.x + wid.x;
     for (var blk = lane.sg_id; blk < BLOCKS; blk += lane.n_sg) {
-        q8_block((group_id * BLOCKS + blk) * ROWS, 0u, 0u, 0u, lane);
+        q8_block((group_id * BLOCKS + blk) * ROWS, 0u, 0u, 0u, lane, BITS == 3u, 0u, 0u);
     }
 }

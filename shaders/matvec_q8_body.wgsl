@@ -14,16 +14,16 @@ const SPG: u32 = select(1u, 2u, AFFINE);     // f16 per group: scale, or (scale,
 const MATS: u32 = select(1u, 2u, GATE_UP);
 const WROWS: u32 = ROWS * MATS;
 const NIB: u32 = 0x0F0F0F0Fu;
-const THREE: bool = BITS == 3u;
 const EVEN3: u32 = 0x1C71C7u;                // 3-bit fields at bits 0, 6, 12, 18 of a 24-bit run of 8 codes
 
-// Chunk c of weight row `row`: the vec4 of a 4-bit row, or the three words of a 3-bit row's chunk in .xyz.
-fn chunk_words(row: u32, c: u32) -> vec4<u32> {
-    if (THREE) {
-        let b = (row * CHUNKS + c) * 3u;
+// Chunk c of weight row `row` of the rows starting at u32 `wbase` of w (a multiple of 4): the vec4 of a 4-bit row,
+// or with `three` the three words of a 3-bit row's chunk in .xyz.
+fn chunk_words(row: u32, c: u32, three: bool, wbase: u32) -> vec4<u32> {
+    if (three) {
+        let b = wbase + (row * CHUNKS + c) * 3u;
         return vec4<u32>(w[b / 4u][b % 4u], w[(b + 1u) / 4u][(b + 1u) % 4u], w[(b + 2u) / 4u][(b + 2u) % 4u], 0u);
     }
-    return w[row * CHUNKS + c];
+    return w[wbase / 4u + row * CHUNKS + c];
 }
 
 // Fields at bits 0, 6, 12, 18 (3 bits each) moved to bytes 0..3.
@@ -55,8 +55,9 @@ fn dot32(v: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> i32 {
 fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 
 // Outputs first .. first + ROWS of the matrix whose weight rows start at row0 (gate rows, then up rows with
-// GATE_UP), from int8 activation row xrow, written to y[y_base + first + i]. Call from subgroup-uniform flow.
-fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane) {
+// GATE_UP), from int8 activation row xrow, written to y[y_base + first + i]. The rows are 3-bit with `three` (else
+// 4-bit) and counted from u32 wbase of w and f16 sbase of s. Call from subgroup-uniform flow.
+fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane, three: bool, wbase: u32, sbase: u32) {
     var row: array<u32, WROWS>;  // rows past N are clamped to N - 1: read, summed, never written
     for (var i = 0u; i < WROWS; i++) { row[i] = row0 + (i / ROWS) * N + min(first + i % ROWS, N - 1u); }
     var acc = array<f32, WROWS>();
@@ -65,8 +66,8 @@ fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane) {
         var scales: array<f32, WROWS>;
         var mins: array<f32, WROWS>;
         for (var i = 0u; i < WROWS; i++) {
-            words[i] = chunk_words(row[i], c);
-            let si = (row[i] * GROUPS + c / CPG) * SPG;
+            words[i] = chunk_words(row[i], c, three, wbase);
+            let si = sbase + (row[i] * GROUPS + c / CPG) * SPG;
             scales[i] = f32(s[si]);
             if (AFFINE) { mins[i] = f32(s[si + 1u]); }
         }
@@ -77,7 +78,7 @@ fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane) {
         let qsum = i32(m.y);
         for (var i = 0u; i < WROWS; i++) {
             var d: i32;
-            if (THREE) { d = dot32_3(words[i], a, b); } else { d = dot32(words[i], a, b); }
+            if (three) { d = dot32_3(words[i], a, b); } else { d = dot32(words[i], a, b); }
             if (AFFINE) {
                 acc[i] += m.x * (scales[i] * f32(d) + mins[i] * m.y);
             } else {

@@ -425,17 +425,47 @@ def test_moe_block_int8_decode(gpu, rng, shared):
 
 
 def test_moe_block_int8_decode_3bit_experts(gpu, rng):
-    """Qwen3.6's 3-bit build in miniature: 3-bit routed experts beside a 4-bit shared expert of the same width (its
-    own passes). Every expert pass runs in int8, and one quantize serves both down passes."""
+    """Qwen3.6's 3-bit build in miniature: 3-bit routed experts beside a 4-bit shared expert of the same width, stored
+    after the routed stack: int8 decode runs routed and shared slots in one moe_matvec_q8 dispatch per stack (as many
+    dispatches as the f32 block's separate passes: the two quantizes replace the shared expert's two), prefill binds
+    the shared rows as a stack of one."""
     E, top_k, D, F = DIMS.values()
     weights = random_moe(rng, E, D, F, F, routed_fmt="mlx3")
     x = rng.standard_normal((1, D)).astype(np.float32)
     f32_block, _ = moe_block(gpu, [weights], top_k, max_tokens=4)
     block, ws = moe_block(gpu, [weights], top_k, max_tokens=4, int8=True)
-    assert not block.stacked[0]
+    assert not block.stacked[0] and block.mixed[0] and not f32_block.mixed[0]
     got, dispatches = record_moe_block(gpu, block, ws, x)
-    assert dispatches == block.dispatches_per_token() == f32_block.dispatches_per_token() + 2  # x's and act's quantize
+    assert dispatches == block.dispatches_per_token() == f32_block.dispatches_per_token() == 7
     labels = [pipe.label for pipe, _, _ in block.passes[0]["decode"]]
-    assert labels.count("moe_matvec_q8") == 4 and "moe_matvec" not in labels
+    assert labels == ["quantize_q8", "moe_matvec_q8", "quantize_q8", "moe_matvec_q8"]
     ref = reference_moe(weights, x, top_k, True)
     assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()
+    rows = rng.standard_normal((3, D)).astype(np.float32)  # prefill: grouped GEMMs, the shared rows bound as a view
+    got, _ = record_moe_block(gpu, block, ws, rows)
+    assert_close(got, reference_moe(weights, rows, top_k, True))
+
+
+def test_expert_matvec_int8_3bit_stack_with_4bit_expert_after_it(gpu, rng):
+    # moe_matvec_q8 with MIXED_W/MIXED_S: slots routed to 3-bit experts and the shared slot (id E) to the 4-bit rows
+    # stored after the stack at 256-byte-aligned offsets; a bad id clamps to that last expert.
+    E, K, N = 5, 128, 24
+    routed, shared = random_weight(rng, (E, 2 * N, K), "mlx3"), random_weight(rng, (2 * N, K), "mlx4")
+    wr, sr = -(-routed["q_weight"].size // 64) * 64, -(-routed["q_scale"].size // 128) * 128
+    w = np.zeros(wr + shared["q_weight"].size, np.uint32)
+    s = np.zeros(sr + shared["q_scale"].size, np.float16)
+    w[:routed["q_weight"].size], w[wr:] = routed["q_weight"].reshape(-1), shared["q_weight"].reshape(-1)
+    s[:routed["q_scale"].size], s[sr:] = routed["q_scale"].reshape(-1), shared["q_scale"].reshape(-1)
+    ids = np.array([3, 0, 0xFFFFFFFF, E], np.uint32)
+    xq, xm, x_hat = quantized_rows(gpu, rng.standard_normal((1, K)).astype(np.float32))
+    consts, grid = expert_q8_plan(K, N, E + 1, 4, gpu.subgroup_size, gate_up=True, mixed=(wr, sr),
+                                  **format_knobs("mlx3"))
+    y = poisoned(gpu, "y", (4, N))
+    run(gpu, "moe_matvec_q8", consts, [xq, gpu.upload("ids", ids), gpu.upload("w", w), gpu.upload("s", s), y, xm],
+        grid)
+    dense = np.concatenate([values(routed), values(shared)[None]])[[3, 0, E, E]]
+    full = np.einsum("k,snk->sn", x_hat[0], dense)
+    ref = silu(full[:, :N]) * full[:, N:]
+    np.testing.assert_allclose(read(gpu, y, (4, N)), ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    with pytest.raises(ValueError, match="3-bit stack"):
+        expert_q8_plan(K, N, E + 1, 4, 32, mixed=(wr, sr), **format_knobs("mlx4"))

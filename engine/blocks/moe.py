@@ -17,10 +17,12 @@ Dispatches per forward of T rows:
   4. moe_gemm gate_up over every expert's tiles -> act [T, SLOTS, F]
   5. moe_gemm down -> y [T, SLOTS, D]
   then moe_combine: out = Σ_s weights[t, s]·y[t, s] (each token sums its slots in slot order: deterministic).
-Decode with int8 arithmetic runs the 4-bit expert passes as moe_matvec_q8: gate_up on the norm's int8 row, down
-after one quantize_q8 of the slots' activations. The shared expert is stacked as expert E of the routed stacks when
-its width and formats match theirs (Qwen3.6), so the expert passes run it in the same dispatch; otherwise it gets its
-own dispatch of each (and in prefill its own sort, of slot k alone in a stack of one).
+Decode with int8 arithmetic runs the 4-bit and 3-bit expert passes as moe_matvec_q8: gate_up on the norm's int8
+row, down after one quantize_q8 of the slots' activations. The shared expert is stacked as expert E of the routed
+stacks when its width and formats match theirs (Qwen3.6 4-bit), so the expert passes run it in the same dispatch;
+otherwise it gets its own dispatch of each (and in prefill its own sort, of slot k alone in a stack of one). A 4-bit
+shared expert beside 3-bit routed stacks of its width (Qwen3.6 3-bit) is stored after the 3-bit stack ("mixed"):
+int8 decode runs it as expert E of moe_matvec_q8 (MIXED_W/MIXED_S), the other passes bind its rows as a view.
 Every expert kernel finds its expert through the ids buffer moe_router writes (prefill: through moe_sort's tiles,
 built from those ids), so expert streaming can remap ids to cache slots there before they run.
 """
@@ -100,6 +102,7 @@ class MoeFfn(Block):
                                                      (f["shared_gate_up"], f["shared_down"]))
             else:
                 self.stacked[i] = False
+        self.mixed = {i: self._joins_mixed(i) for i in self.layers}
         T, n_logits = self.max_tokens, experts + self.shared
         self._topk = router_plan(experts, top_k, self.shared, norm_topk_prob, T)
         self._combine = combine_plan(dim, self.slots, T)
@@ -110,6 +113,26 @@ class MoeFfn(Block):
                                if T > 1 else None for i in self.layers}
         self.w: dict[int, dict] = {}
         self._held: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+
+    def _joins_mixed(self, i: int) -> bool:
+        """Whether layer i stores its 4-bit shared expert after its 3-bit routed stacks (Qwen3.6's 3-bit build), so
+        that int8 decode runs routed and shared slots in one moe_matvec_q8 dispatch per stack; the shared expert's
+        f32 and prefill passes bind its rows there as a stack of one."""
+        if not (self.shared and not self.stacked[i] and self.ar.int8 and self.F == self.Fs):
+            return False
+        pairs = (("gate_up", "shared_gate_up"), ("down", "shared_down"))
+        knobs = lambda p: (FORMATS[self.fmt[i, p]][k] for k in ("zero", "affine", "group"))  # noqa: E731
+        return all(FORMATS[self.fmt[i, r]]["bits"] == 3 and FORMATS[self.fmt[i, sh]]["bits"] == 4
+                   and tuple(knobs(r)) == tuple(knobs(sh)) for r, sh in pairs)
+
+    def _mixed_layout(self, i: int, stack: str) -> tuple[int, int, int, int]:
+        """A mixed stack's sizes: (routed u32 words padded to 256 bytes, routed f16 scales padded likewise, shared
+        u32 words, shared f16 scales); the shared rows start at the padded offsets (bindable views)."""
+        n, k = (2 * self.F, self.D) if stack == "gate_up" else (self.D, self.F)
+        group = FORMATS[self.fmt[i, stack]]["group"]
+        pad = lambda v, unit: -(-v // unit) * unit  # noqa: E731
+        return (pad(self.E * n * k * 3 // 32, 64), pad(self.E * n * (k // group) * 2, 128), n * k // 8,
+                n * (k // group) * 2)
 
     def _layer_plans(self, i: int) -> list[tuple]:
         """Expert passes of layer i: (stack, expert_plan, input ("x" or "act"), output ("act" or "y")), every gate_up
@@ -167,6 +190,12 @@ class MoeFfn(Block):
         out = []
         for i in self.layers:
             for name, (tag, n_exp, n, k) in self._stacks(i).items():
+                if self.mixed[i] and name != "router":  # routed and shared rows in one buffer each (_mixed_layout)
+                    if name in ("gate_up", "down"):
+                        wr, sr, wsh, ssh = self._mixed_layout(i, name)
+                        out += [BufferNeed.upload(f"layers.{i}.moe.{name}.w", 4 * (wr + wsh)),
+                                BufferNeed.upload(f"layers.{i}.moe.{name}.s", 2 * (sr + ssh))]
+                    continue
                 shapes = packed_shapes(tag, n, k)
                 w_shape, w_dtype = shapes[_weight_key(tag)]
                 out.append(BufferNeed.upload(f"layers.{i}.moe.{name}.w", n_exp * array_bytes(w_shape, w_dtype)))
@@ -207,9 +236,29 @@ class MoeFfn(Block):
         stacks = {"router": _join(parts["router"], parts.get("shared_gate"), axis=0),
                   "gate_up": _join(parts["gate_up"], one("shared_gate_up") if self.stacked[i] else None, axis=0),
                   "down": _join(parts["down"], one("shared_down") if self.stacked[i] else None, axis=0)}
+        if self.mixed[i]:
+            return {"router": self._upload(gpu, f"layers.{i}.moe.router", stacks["router"]),
+                    **self._upload_mixed(gpu, i, parts, "gate_up"), **self._upload_mixed(gpu, i, parts, "down")}
         if self.shared and not self.stacked[i]:
             stacks |= {"shared_gate_up": one("shared_gate_up"), "shared_down": one("shared_down")}
         return {name: self._upload(gpu, f"layers.{i}.moe.{name}", arrays) for name, arrays in stacks.items()}
+
+    def _upload_mixed(self, gpu, i: int, parts: dict, stack: str) -> dict:
+        """A 3-bit routed stack and the 4-bit shared expert after it (_mixed_layout): the stack's (w, s) buffers,
+        and the shared expert's as views into them."""
+        wr, sr, wsh, ssh = self._mixed_layout(i, stack)
+        shared = "shared_" + stack
+        w, s = np.zeros(wr + wsh, np.uint32), np.zeros(sr + ssh, np.float16)
+        routed_w = parts[stack]["q_weight"].reshape(-1).view(np.uint32)
+        routed_s = parts[stack]["q_scale"].reshape(-1)
+        w[:routed_w.size], w[wr:] = routed_w, parts[shared]["q_weight"].reshape(-1).view(np.uint32)
+        s[:routed_s.size], s[sr:] = routed_s, parts[shared]["q_scale"].reshape(-1)
+        label = f"layers.{i}.moe.{stack}"
+        for a in (w, s):
+            if a.nbytes > gpu.max_binding:
+                raise GpuError(f"{label} needs a {a.nbytes}-byte binding; this GPU allows {gpu.max_binding}")
+        wb, sb = gpu.upload(f"{label}.w", w), gpu.upload(f"{label}.s", s)
+        return {stack: (wb, sb), shared: ((wb, 4 * wr, 4 * wsh), (sb, 2 * sr, 2 * ssh))}
 
     def _upload(self, gpu, label: str, arrays: dict[str, np.ndarray]):
         """(weight buffer, scale buffer) for a packed array set; f16 weights get a dummy scale buffer."""
@@ -268,6 +317,8 @@ class MoeFfn(Block):
         (or one quantize of x), down after a quantize of the slots' activations, one for all the down passes when
         they share K (Qwen3.6's 3-bit experts beside the 4-bit shared one), else one per pass."""
         passes = list(zip(self.plans[i], f32_passes, strict=True))
+        if self.mixed[i]:  # the shared slot joins the routed dispatches (expert E: the 4-bit rows after the stack)
+            passes = [p for p in passes if not p[0][0].startswith("shared_")]
         int8 = {stack: c["BITS"] in (3, 4) for (stack, (c, _), _, _), _ in passes}
         downs = [(c, grid) for (stack, (c, grid), src, _), _ in passes if src == "act" and int8[stack]]
         one_quant = len({c["K"] for c, _ in downs}) == 1
@@ -291,17 +342,21 @@ class MoeFfn(Block):
                     if not act_ready:
                         if one_quant:
                             row0 = min(d["SLOT0"] for d, _ in downs)
-                            rows = max(d["SLOT0"] + g[2] for d, g in downs) - row0
+                            end = self.slots if self.mixed[i] else max(d["SLOT0"] + g[2] for d, g in downs)
+                            rows = end - row0
                         else:
                             row0, rows = c["SLOT0"], grid[2]
                         out.append(bound(QUANTIZE_Q8, quantize_q8_plan(c["K"], rows=rows, row0=row0,
                                                                        x_stride=c["X_STRIDE"]),
                                          dict(x=self.act, xq=xq, xm=xm, step=ws.step), f"{label}.q8"))
                         act_ready = one_quant
-                qplan = expert_q8_plan(c["K"], c["N"], c["EXPERTS"], c["SLOTS"], self.ar.subgroup_size,
-                                       slot0=c["SLOT0"], n_slots=grid[2], gate_up=c["GATE_UP"], x_slot=c["X_SLOT"],
+                experts, n_slots, mixed = c["EXPERTS"], grid[2], (0, 0)
+                if self.mixed[i]:
+                    experts, n_slots, mixed = self.E + 1, self.slots, self._mixed_layout(i, stack)[:2]
+                qplan = expert_q8_plan(c["K"], c["N"], experts, c["SLOTS"], self.ar.subgroup_size,
+                                       slot0=c["SLOT0"], n_slots=n_slots, gate_up=c["GATE_UP"], x_slot=c["X_SLOT"],
                                        y_stride=c["Y_STRIDE"], bits=c["BITS"], zero=c["ZERO"], affine=c["AFFINE"],
-                                       group=c["GROUP"])
+                                       group=c["GROUP"], mixed=mixed)
                 w, s = self.w[i][stack]
                 out.append(bound(MOE_MATVEC_Q8, qplan, dict(xq=xq, ids=self.ids, w=w, s=s,
                                                             y=self.y if dst == "y" else self.act, xm=xm), label))

@@ -63,16 +63,21 @@ def expert_plan(K: int, N: int, experts: int, T: int, slots: int, *, slot0: int 
 def expert_q8_plan(K: int, N: int, experts: int, slots: int, subgroup_size: int, *, slot0: int = 0,
                    n_slots: int | None = None, gate_up: bool = False, x_slot: bool = False, y_stride: int | None = None,
                    rows: int | None = None, wg: int = MATVEC_SG_WG, bits: int = 4, zero: int = 0, affine: bool = True,
-                   group: int = 64):
+                   group: int = 64, mixed: tuple[int, int] = (0, 0)):
     """Constants and grid for shaders/moe_matvec_q8.wgsl (decode, one token) over slots [slot0, slot0 + n_slots):
-    matvec_q8's constants plus the routing ones; 4-bit stacks or MLX 3-bit ones (read as stored)."""
+    matvec_q8's constants plus the routing ones; 4-bit stacks or MLX 3-bit ones (read as stored). `mixed`: (u32
+    offset in w, f16 offset in s) of a 4-bit last expert stored after a 3-bit stack, or (0, 0)."""
+    if mixed[0] and (bits != 3 or mixed[0] % 4 or experts < 2):
+        raise ValueError(f"a 4-bit expert after the stack needs a 3-bit stack and a u32 offset that is a multiple of "
+                         f"4; got BITS={bits}, offset {mixed[0]}, {experts} experts")
     consts, _ = matvec_q8_plan(K, N, subgroup_size, gate_up=gate_up, rows=rows, wg=wg, bits=bits, zero=zero,
                                affine=affine, group=group, three_bit=True)
     n_slots = slots - slot0 if n_slots is None else n_slots
     y_stride = y_stride or N
     if y_stride < N or not 0 < slot0 + n_slots <= slots:
         raise ValueError(f"bad stride or slots: Y_STRIDE={y_stride}, slots {slot0}+{n_slots} of {slots}")
-    consts |= dict(EXPERTS=experts, SLOTS=slots, SLOT0=slot0, X_SLOT=x_slot, Y_STRIDE=y_stride)
+    consts |= dict(EXPERTS=experts, SLOTS=slots, SLOT0=slot0, X_SLOT=x_slot, Y_STRIDE=y_stride, MIXED_W=mixed[0],
+                   MIXED_S=mixed[1])
     return consts, (-(-N // (consts["ROWS"] * consts["BLOCKS"])), 1, n_slots)
 
 
