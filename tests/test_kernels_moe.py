@@ -255,8 +255,8 @@ def transformers_moe(weights, E, top_k, D, F, shared):
 def run_block(gpu, weights, x, top_k, norm=True, max_tokens=8):
     block, ws = moe_block(gpu, [weights], top_k, norm, max_tokens)
     out, dispatches = record_moe_block(gpu, block, ws, x)
-    # T rows take a decode token's dispatches plus one moe_sort per group of stacks (routed; the shared apart)
-    assert dispatches == block.dispatches_per_token() + (len(block.grouped[0]) if len(x) > 1 else 0)
+    # T > 1 rows: router, top-k, the sorts and grouped GEMMs, combine
+    assert dispatches == (3 + len(block.passes[0]["grouped"]) if len(x) > 1 else block.dispatches_per_token())
     return block, out
 
 
@@ -469,3 +469,21 @@ def test_expert_matvec_int8_3bit_stack_with_4bit_expert_after_it(gpu, rng):
     np.testing.assert_allclose(read(gpu, y, (4, N)), ref, rtol=0, atol=2e-5 * np.abs(ref).max())
     with pytest.raises(ValueError, match="3-bit stack"):
         expert_q8_plan(K, N, E + 1, 4, 32, mixed=(wr, sr), **format_knobs("mlx4"))
+
+
+@pytest.mark.parametrize("routed_fmt,shared", [("mlx4", 64), ("mlx3", 64), ("mlx4", 128)])
+def test_moe_block_int8_prefill(gpu, rng, routed_fmt, shared):
+    """Prefill rows through the int8 grouped GEMMs (moe_gemm_q8): x quantized once, every pair's activations once
+    (per down pass where their K differ), within the int8 rounding of the float64 reference."""
+    E, top_k, D, F = DIMS.values()
+    weights = random_moe(rng, E, D, F, shared, routed_fmt=routed_fmt)
+    x = rng.standard_normal((5, D)).astype(np.float32)
+    block, ws = moe_block(gpu, [weights], top_k, max_tokens=8, int8=True, int8_prefill=True)
+    got, dispatches = record_moe_block(gpu, block, ws, x)
+    labels = [pipe.label for pipe, _, _, _ in block.passes[0]["grouped"]]
+    quantizes = 1 + (1 if shared == F else 2)  # x; the pairs' activations (twice when the shared width differs)
+    assert labels.count("quantize_q8") == quantizes and "moe_gemm" not in labels
+    assert labels.count("moe_gemm_q8") == (2 if block.stacked[0] else 4)
+    assert dispatches == 3 + len(labels)
+    ref = reference_moe(weights, x, top_k, True)
+    assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from engine.kernels.matmul import format_knobs
-from engine.kernels.moe import grouped_plan, max_tiles, sort_plan
+from engine.kernels.moe import grouped_plan, grouped_q8_plan, max_tiles, sort_plan
 from tests.helpers import poisoned, read, run, step_uniform
 from tests.test_kernels_moe import assert_close, random_weight, silu, values
 
@@ -137,3 +137,45 @@ def test_grouped_plan_validates():
         grouped_plan(64, 8, 4, 4, 2, x_stride=32)
     with pytest.raises(ValueError, match="tiles exceed"):
         grouped_plan(64, 8, 64, 70000, 9, tm=4)
+
+
+@pytest.mark.parametrize("fmt", ["mlx4", "mlx3", "q4f16_1"])
+@pytest.mark.parametrize("gate_up", [True, False])
+def test_grouped_gemm_int8_matches_float64(gpu, rng, fmt, gate_up):
+    # moe_gemm_q8 on int8 activations (quantize_q8's rows, dequantized for the reference): the sums are exact in
+    # int32 per chunk, so only f32 rounding of the scaled partial sums remains.
+    from tests.test_kernels_moe import quantized_rows
+
+    E, T, slots, n_slots, K, N = 5, 11, 3, 2, 256, 37
+    rows = T + 2
+    rows_n = 2 * N if gate_up else N
+    if fmt == "q4f16_1":
+        w = {"q_weight": rng.integers(0, 2**32, size=(E, rows_n, K // 8), dtype=np.uint32),
+             "q_scale": rng.uniform(0.005, 0.02, size=(E, rows_n, K // 32)).astype(np.float16)}
+        q = (w["q_weight"][..., None] >> (4 * np.arange(8, dtype=np.uint32))) & 15
+        dense = (q.reshape(E, rows_n, K).astype(np.float64) - 7) * np.repeat(w["q_scale"], 32, -1)
+    else:
+        w = random_weight(rng, (E, rows_n, K), fmt)
+        dense = values(w)
+    ids = np.stack([rng.permutation(E)[:slots] for _ in range(rows)])
+    if gate_up:  # x row = token
+        xq, xm, x_hat = quantized_rows(gpu, rng.standard_normal((rows, K)).astype(np.float32))
+        xs = x_hat[:, None, :].repeat(slots, 1)
+    else:  # x row = pair
+        xq, xm, x_hat = quantized_rows(gpu, rng.standard_normal((rows * slots, K)).astype(np.float32))
+        xs = x_hat.reshape(rows, slots, K)
+    consts, grid, vec4s = sort_plan(E, slots, rows, n_slots=n_slots, tm=4, wg=16)
+    order = gpu.upload("order", np.zeros(rows * n_slots, np.uint32))
+    tiles = gpu.upload("tiles", np.zeros((vec4s, 4), np.uint32))
+    run(gpu, "moe_sort", consts, [gpu.upload("ids", ids.astype(np.uint32)), order, tiles, step_uniform(gpu, T)],
+        grid)
+    consts, grid = grouped_q8_plan(K, N, E, rows, slots, n_slots=n_slots, gate_up=gate_up, x_slot=not gate_up,
+                                   y_stride=N + 4, tm=4, **format_knobs(fmt))
+    y = poisoned(gpu, "y", (rows, slots, N + 4))
+    run(gpu, "moe_gemm_q8", consts, [xq, order, tiles, gpu.upload("w", w["q_weight"].view(np.uint32)),
+                                     gpu.upload("s", w["q_scale"]), y, xm], grid)
+    out = read(gpu, y, (rows, slots, N + 4))
+    full = np.einsum("tsk,tsnk->tsn", xs, dense[ids])
+    ref = (silu(full[..., :N]) * full[..., N:] if gate_up else full)[:T, :n_slots]
+    np.testing.assert_allclose(out[:T, :n_slots, :N], ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    assert np.isnan(out[T:]).all() and np.isnan(out[:, n_slots:]).all() and np.isnan(out[..., N:]).all()

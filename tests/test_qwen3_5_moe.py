@@ -250,6 +250,16 @@ def test_int8_decode_3bit_experts(gpu):
     assert_recorded_count(rt)
 
 
+@pytest.mark.parametrize("variant", ["q4", "q3exp"])
+def test_int8_prefill_grouped_experts_match_int8_decode_steps(gpu, variant):
+    """int8 prefill forced (the real Qwen3.6's default, dim ≥ 2048): the experts of a chunk run as int8 grouped GEMMs
+    (moe_gemm_q8); each int8 decode step after a prefix stays within the int8 tolerance of the full forward."""
+    model = load_model(cached_mlx(variant), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, q8_prefill=True)
+    kernels = model.runtime.dispatched_kernels(8)
+    assert "moe_gemm_q8" in kernels and "moe_gemm" not in kernels and "moe_sort" in kernels
+    assert_int8_decode_steps_match_the_full_forward(model, outliers=1)
+
+
 @pytest.mark.slow
 def test_gpu_resident_greedy_decode_matches_full_forward(mlx_model):
     mlx_model.runtime.reset()

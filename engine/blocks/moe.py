@@ -47,6 +47,7 @@ from engine.kernels.matmul import (
 from engine.kernels.moe import (
     MOE_COMBINE,
     MOE_GEMM,
+    MOE_GEMM_Q8,
     MOE_MATVEC,
     MOE_MATVEC_Q8,
     MOE_ROUTER,
@@ -55,6 +56,7 @@ from engine.kernels.moe import (
     expert_plan,
     expert_q8_plan,
     grouped_plan,
+    grouped_q8_plan,
     router_plan,
     sort_plan,
 )
@@ -152,20 +154,24 @@ class MoeFfn(Block):
                                                 **format_knobs(self.fmt[i, "shared_down"])), "act", "y")]
         return out
 
-    def _grouped_plans(self, i: int) -> list[tuple]:
-        """Prefill passes of layer i: per sort, (sort key ("routed" or "shared"), sort_plan, [(stack, grouped_plan,
-        input, output) for the expert passes over that sort's pairs])."""
+    def _grouped_plans(self, i: int) -> dict:
+        """Prefill passes of layer i: {"sorts": [(key ("routed" or "shared"), sort_plan)], "passes": [(stack, key,
+        kernel, plan, input, output)] every gate_up before every down}. 4-bit and 3-bit stacks take int8 activations
+        (moe_gemm_q8) with int8 prefill, other stacks the f32 moe_gemm."""
         T = self.max_tokens
-        out = []
+        sorts, gate_ups, downs = {}, [], []
         for stack, (c, grid), src, dst in self.plans[i]:
             key = "shared" if stack.startswith("shared_") else "routed"
-            if not out or out[-1][0] != key:
-                out.append((key, sort_plan(c["EXPERTS"], self.slots, T, slot0=c["SLOT0"], n_slots=grid[2]), []))
-            out[-1][2].append((stack, grouped_plan(
-                c["K"], c["N"], c["EXPERTS"], T, self.slots, n_slots=grid[2], gate_up=c["GATE_UP"],
-                x_slot=c["X_SLOT"], x_stride=c["X_STRIDE"], y_stride=c["Y_STRIDE"], bits=c["BITS"], zero=c["ZERO"],
-                affine=c["AFFINE"], group=c["GROUP"]), src, dst))
-        return out
+            sorts.setdefault(key, sort_plan(c["EXPERTS"], self.slots, T, slot0=c["SLOT0"], n_slots=grid[2]))
+            fmt = dict(bits=c["BITS"], zero=c["ZERO"], affine=c["AFFINE"], group=c["GROUP"])
+            shape = dict(n_slots=grid[2], gate_up=c["GATE_UP"], x_slot=c["X_SLOT"], y_stride=c["Y_STRIDE"])
+            if self.ar.int8_prefill and c["BITS"] in (3, 4):
+                kernel, plan = MOE_GEMM_Q8, grouped_q8_plan(c["K"], c["N"], c["EXPERTS"], T, self.slots, **shape, **fmt)
+            else:
+                kernel, plan = MOE_GEMM, grouped_plan(c["K"], c["N"], c["EXPERTS"], T, self.slots, **shape,
+                                                      x_stride=c["X_STRIDE"], **fmt)
+            (gate_ups if src == "x" else downs).append((stack, key, kernel, plan, src, dst))
+        return {"sorts": list(sorts.items()), "passes": gate_ups + downs}
 
     # ---- plan --------------------------------------------------------------------------------------------
     def tensors(self) -> dict:
@@ -205,11 +211,16 @@ class MoeFfn(Block):
         sizes = dict(logits=T * (self.E + self.shared), ids=T * self.slots, weights=T * self.slots,
                      act=T * self.slots * self.act_stride, y=T * self.slots * self.D)
         for key in ("routed", "shared"):  # prefill's pairs sorted by expert and their tiles, at the largest layer's
-            sorts = [sp for i in self.grouped for k, sp, _ in self.grouped[i] if k == key]
+            sorts = [sp for i in self.grouped for k, sp in self.grouped[i]["sorts"] if k == key]
             if sorts:
                 sizes |= {f"order-{key}": max(T * c["NSLOTS"] for c, _, _ in sorts),
                           f"tiles-{key}": 4 * max(v for _, _, v in sorts)}
         out += [BufferNeed.buffer(f"moe.{name}", 4 * count) for name, count in sizes.items()]
+        if any(k is MOE_GEMM_Q8 for i in self.grouped for _, _, k, _, src, _ in self.grouped[i]["passes"]
+               if src == "act"):  # every pair's activations in int8 for the int8 grouped down passes
+            act = T * self.slots * self.act_stride
+            out += [BufferNeed.buffer("moe-act-rows-int8", act),
+                    BufferNeed.buffer("moe-act-rows-int8-scales", act // 32 * 8)]
         if self.ar.int8:  # the slots' activations in int8 for the 4-bit down passes
             act = self.slots * self.act_stride
             out += [BufferNeed.buffer("moe-act-int8", act), BufferNeed.buffer("moe-act-int8-scales", act // 32 * 8)]
@@ -299,17 +310,41 @@ class MoeFfn(Block):
             one_token = [(pipe, bg, (c, (grid[0], 1, grid[2]))) for pipe, bg, (c, grid) in p["experts"]]
             p["decode"] = (self._int8_passes(i, bound, ws, act_q8, act_q8_meta, one_token) if self.ar.int8
                            else one_token)
-            p["grouped"] = []
-            for key, sp, passes in self.grouped.get(i, []):
-                order, tiles = made[f"moe.order-{key}"], made[f"moe.tiles-{key}"]
-                p["grouped"].append(bound(MOE_SORT, sp[:2], dict(ids=self.ids, order=order, tiles=tiles, step=st),
-                                          f"{c}.sort-{key}"))
-                p["grouped"] += [bound(MOE_GEMM, plan, dict(x=buf[src], order=order, tiles=tiles, w=w[stack][0],
-                                                            s=w[stack][1], y=buf[dst]), f"{c}.{stack}-grouped")
-                                 for stack, plan, src, dst in passes]
+            p["grouped"] = self._grouped_passes(i, bound, ws, made) if i in self.grouped else []
             p["combine"] = bound(MOE_COMBINE, self._combine, dict(y=self.y, weights=self.weights, out=out, step=st),
                                  f"{c}.combine")
             self.passes[i] = p
+
+    def _grouped_passes(self, i: int, bound, ws, made: dict) -> list:
+        """Layer i's prefill expert dispatches in order, (pipeline, bind group, plan, rows) each: the sorts, every
+        gate_up, every down; with int8 passes one quantize_q8 of the chunk's x rows before the gate_ups and one of
+        every pair's activations before the downs (one per down pass where their K differ). `rows`: None (the
+        plan's grid) or what a quantize's grid rows are per token (1 for x, SLOTS for the pairs)."""
+        c, w, g = f"layers.{i}.moe", self.w[i], self.grouped[i]
+        out = []
+        for key, sp in g["sorts"]:
+            out.append((*bound(MOE_SORT, sp[:2], dict(ids=self.ids, order=made[f"moe.order-{key}"],
+                                                      tiles=made[f"moe.tiles-{key}"], step=ws.step),
+                               f"{c}.sort-{key}"), None))
+        buf = {"x": ws.hidden, "act": self.act, "y": self.y}
+        quantized = {"x": None, "act": None}  # K of the rows quantized last
+        for stack, key, kernel, plan, src, dst in g["passes"]:
+            order, tiles = made[f"moe.order-{key}"], made[f"moe.tiles-{key}"]
+            if kernel is MOE_GEMM:
+                out.append((*bound(kernel, plan, dict(x=buf[src], order=order, tiles=tiles, w=w[stack][0],
+                                                      s=w[stack][1], y=buf[dst]), f"{c}.{stack}-grouped"), None))
+                continue
+            K = plan[0]["K"]
+            xq, xm = ((ws.rows_q8, ws.rows_q8_meta) if src == "x"
+                      else (made["moe-act-rows-int8"], made["moe-act-rows-int8-scales"]))
+            if quantized[src] != K:
+                qplan = quantize_q8_plan(K, x_stride=None if src == "x" else self.act_stride)
+                out.append((*bound(QUANTIZE_Q8, qplan, dict(x=buf[src], xq=xq, xm=xm, step=ws.step),
+                                   f"{c}.{stack}-rows-q8"), 1 if src == "x" else self.slots))
+                quantized[src] = K
+            out.append((*bound(kernel, plan, dict(xq=xq, order=order, tiles=tiles, w=w[stack][0], s=w[stack][1],
+                                                  y=buf[dst], xm=xm), f"{c}.{stack}-grouped"), None))
+        return out
 
     def _int8_passes(self, i: int, bound, ws, act_q8, act_q8_meta, f32_passes: list) -> list:
         """Layer i's decode expert dispatches in order, (pipeline, bind group, plan) each: every gate_up, then every
@@ -380,8 +415,8 @@ class MoeFfn(Block):
         pipe, bg, _ = passes["topk"]
         rec.dispatch(pipe, bg, *fold_grid(T))
         if T > 1:  # sorts and grouped GEMMs: grids are fixed, workgroups past a sort's tile count leave at once
-            for pipe, bg, plan in passes["grouped"]:
-                rec.dispatch(pipe, bg, *plan[1])
+            for pipe, bg, plan, rows in passes["grouped"]:
+                rec.dispatch(pipe, bg, *(plan[1] if rows is None else (plan[1][0], rows * T)))
         else:
             for pipe, bg, plan in passes["decode"]:
                 rec.dispatch(pipe, bg, *plan[1])

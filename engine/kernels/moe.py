@@ -5,7 +5,7 @@ of the slots."""
 from __future__ import annotations
 
 from engine.kernels import MAX_GROUPS_PER_DIM, declare, fold_grid
-from engine.kernels.matmul import MATVEC_SG_WG, WORKGROUP_BYTES, _format_consts, matvec_q8_plan
+from engine.kernels.matmul import GEMM_Q8_KC, MATVEC_SG_WG, WORKGROUP_BYTES, _format_consts, matvec_q8_plan
 
 MOE_ROUTER = declare("moe_router", writes=("ids", "weights"))
 MOE_MATVEC = declare("moe_matvec", writes=("y",))
@@ -13,6 +13,7 @@ MOE_MATVEC_Q8 = declare("moe_matvec_q8", writes=("y",))
 MOE_COMBINE = declare("moe_combine", writes=("out",))
 MOE_SORT = declare("moe_sort", writes=("order", "tiles"))
 MOE_GEMM = declare("moe_gemm", writes=("y",))
+MOE_GEMM_Q8 = declare("moe_gemm_q8", writes=("y",))
 ROUTER_WG = 64
 # Expert matvec shape, measured on the H200 at Qwen3.6 sizes (ROWS 1/2/4/8/16, WG ≤ 32/64): 4 rows and at most
 # 32 threads gave the lowest time per layer (BENCH.md).
@@ -127,5 +128,37 @@ def grouped_plan(K: int, N: int, experts: int, T: int, slots: int, *, n_slots: i
         raise ValueError(f"{tiles} tiles exceed {MAX_GROUPS_PER_DIM} workgroups per dimension: use smaller chunks")
     consts = dict(K=K, N=N, EXPERTS=experts, TM=tm, TN=tn, GATE_UP=gate_up, SLOTS=slots, X_SLOT=x_slot,
                   X_STRIDE=x_stride, Y_STRIDE=y_stride, **fmt)
+    x, z = fold_grid(-(-N // tn))
+    return consts, (x, tiles, z)
+
+
+def grouped_q8_plan(K: int, N: int, experts: int, T: int, slots: int, *, n_slots: int | None = None,
+                    gate_up: bool = False, x_slot: bool = False, y_stride: int | None = None, tm: int = GROUPED_TM,
+                    tn: int | None = None, kc: int | None = None, bits: int = 4, zero: int = 0, affine: bool = True,
+                    group: int = 64):
+    """Constants and grid for shaders/moe_gemm_q8.wgsl (int8 activations, 4-bit or MLX 3-bit stacks): the pairs of
+    n_slots slots of up to T tokens, sorted by moe_sort with the same TM."""
+    if bits not in (3, 4):
+        raise ValueError(f"moe_gemm_q8 reads 4-bit codes or 3-bit rows, got BITS={bits}")
+    fmt = _format_consts(K, bits, zero, affine, group, three_bit=True)
+    n_slots = slots if n_slots is None else n_slots
+    tn = tn or (GROUPED_TN // 2 if gate_up else GROUPED_TN)
+    wn = tn * (2 if gate_up else 1)
+    chunks = K // 32
+    kc = kc or next(c for c in (GEMM_Q8_KC, 2, 1) if chunks % c == 0)
+    lds = kc * (tm + wn) * (48 if affine else 40) + 4 * tm
+    if tm % 4 or tn % 4 or tm < 4 or tn < 4 or (tm // 4) * (wn // 4) > 256 or lds > WORKGROUP_BYTES:
+        raise ValueError(f"TM={tm}, TN={tn}, KC={kc}: need multiples of 4, ≤ 256 threads and ≤ {WORKGROUP_BYTES} "
+                         f"bytes of workgroup memory (got {lds})")
+    if kc < 1 or chunks % kc:
+        raise ValueError(f"KC={kc} must divide the {chunks} chunks of K={K}")
+    y_stride = y_stride or N
+    if y_stride < N:
+        raise ValueError(f"Y_STRIDE={y_stride} is narrower than N={N}")
+    tiles = max_tiles(experts, max(T, 1) * n_slots, tm)
+    if tiles > MAX_GROUPS_PER_DIM:
+        raise ValueError(f"{tiles} tiles exceed {MAX_GROUPS_PER_DIM} workgroups per dimension: use smaller chunks")
+    consts = dict(K=K, N=N, EXPERTS=experts, TM=tm, TN=tn, KC=kc, GATE_UP=gate_up, SLOTS=slots, X_SLOT=x_slot,
+                  Y_STRIDE=y_stride, **fmt)
     x, z = fold_grid(-(-N // tn))
     return consts, (x, tiles, z)
