@@ -7,7 +7,11 @@ import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from engine.errors import ModelFormatError
+from engine.formats.files import read_json
+
 THEMES = ("system", "light", "dark")
+MAX_PREFS_BYTES = 1 << 20  # a handful of short fields; anything bigger is not ours
 
 
 @dataclass
@@ -28,16 +32,17 @@ class AppPrefs:
 
 
 def load_prefs(path: Path) -> AppPrefs:
-    """Each bad or missing value falls back to its default; an unreadable file is kept aside as .bad."""
+    """Each bad or missing value falls back to its default; an unreadable file (too big, too deep, not JSON,
+    not an object) is kept aside as .bad, never overwritten by the defaults saved later."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        return AppPrefs()
-    except (OSError, ValueError):
+        data = read_json(path, "the app preferences", default=None, max_bytes=MAX_PREFS_BYTES)
+    except (ModelFormatError, OSError):
         try:
             os.replace(path, path.with_name(path.name + ".bad"))
         except OSError:
             pass
+        return AppPrefs()
+    if data is None:
         return AppPrefs()
     prefs = AppPrefs()
     for f in fields(AppPrefs):
