@@ -33,3 +33,20 @@ def test_catalog_shapes_map_to_llama_cpp_archs(shape, arch, params):
     if arch in ("qwen35", "qwen35moe"):  # 3 GDN layers for each full-attention one, as llama.cpp's default
         n_gdn = sum(f"blk.{i}.ssm_a" in g.expected(cfg) for i in range(cfg["layers"]))
         assert n_gdn == cfg["layers"] * 3 // 4
+
+
+def test_compare_report_pairs_our_numbers_with_llama_bench_at_the_same_depth():
+    from bench.compare_llamacpp import markdown, summarize
+
+    rows = [dict(n_prompt=512, n_gen=0, n_depth=0, flash_attn=fa, avg_ts=100.0 + fa) for fa in (0, 1)]
+    rows += [dict(n_prompt=0, n_gen=128, n_depth=512, flash_attn=fa, avg_ts=50.0 + fa) for fa in (0, 1)]
+    peer = summarize(rows)
+    assert peer == {"pp512_fa0": 100.0, "pp512_fa1": 101.0, "tg128_d512_fa0": 50.0, "tg128_d512_fa1": 51.0}
+    report = {"depth": 512, "shapes": {"qwen3.6-35b-a3b-4bit": {
+        "arch": "qwen35moe", "llama_cpp": peer, "ours": {"decode_tok_s": 102.0, "prefill_tok_s": 50.5},
+        "ours_beside": {"decode_tok_s": 25.5}, "ours_beside_shape": "qwen3.6-35b-a3b-3bit"}}}
+    md = markdown(report)
+    assert "| qwen3.6-35b-a3b-4bit decode tg128 @ 512 tok/s | 102.0 | 50.0 | 51.0 | 2.00× |" in md
+    assert "| qwen3.6-35b-a3b-4bit prefill pp512 tok/s | 50.5 | 100.0 | 101.0 | 0.50× |" in md
+    assert "| qwen3.6-35b-a3b-3bit decode tg128 @ 512 tok/s | 25.5 | 50.0 | 51.0 | 0.50× |" in md
+    assert "qwen35moe" in md
