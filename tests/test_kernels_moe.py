@@ -360,6 +360,16 @@ def test_two_layers_share_scratch(gpu, rng):
     assert_close(out, reference_moe(w2, reference_moe(w1, x, top_k, True), top_k, True))
 
 
+def test_moe_block_names_a_chunk_too_large_for_its_slots():
+    from engine.blocks.linear import Arithmetic
+    from engine.blocks.moe import MoeFfn
+    from engine.errors import UnsupportedModelError
+
+    ar = Arithmetic(int8=True, int8_prefill=True, norm_int8=True, subgroup_rows=True, subgroup_size=32)
+    with pytest.raises(UnsupportedModelError, match="prefill_chunk ≤ 3855"):
+        MoeFfn(128, 64, 16, 64, 64, (0,), {}, ar, 4096)  # 17 slots × 4096 rows
+
+
 def test_moe_block_refuses_too_many_tokens(gpu, rng):
     E, top_k, D, F = DIMS.values()
     block, _ = moe_block(gpu, [random_moe(rng, E, D, F, 0)], top_k, max_tokens=2)

@@ -34,7 +34,7 @@ import numpy as np
 from engine.blocks import Block, BufferNeed, array_bytes
 from engine.blocks.linear import Arithmetic, matrix_tensors
 from engine.errors import GpuError, UnsupportedModelError
-from engine.kernels import fold_grid
+from engine.kernels import MAX_GROUPS_PER_DIM, fold_grid
 from engine.kernels.matmul import (
     FORMATS,
     MATVEC_INT4,
@@ -106,6 +106,9 @@ class MoeFfn(Block):
                 self.stacked[i] = False
         self.mixed = {i: self._joins_mixed(i) for i in self.layers}
         T, n_logits = self.max_tokens, experts + self.shared
+        if T * self.slots > MAX_GROUPS_PER_DIM:  # a prefill quantizes every (token, slot) row in one grid column
+            raise UnsupportedModelError(f"prefill_chunk={T} with {self.slots} expert slots per token is more rows than "
+                                        f"a dispatch holds; use prefill_chunk ≤ {MAX_GROUPS_PER_DIM // self.slots}")
         self._topk = router_plan(experts, top_k, self.shared, norm_topk_prob, T)
         self._combine = combine_plan(dim, self.slots, T)
         self.plans = {i: self._layer_plans(i) for i in self.layers}
