@@ -224,7 +224,7 @@ class MoeFfn(Block):
             act = T * self.slots * self.act_stride
             out += [BufferNeed.buffer("moe-act-rows-int8", act),
                     BufferNeed.buffer("moe-act-rows-int8-scales", act // 32 * 8)]
-        if self.ar.int8:  # the slots' activations in int8 for the 4-bit down passes
+        if self.ar.int8:  # the slots' activations in int8 for the decode down passes
             act = self.slots * self.act_stride
             out += [BufferNeed.buffer("moe-act-int8", act), BufferNeed.buffer("moe-act-int8-scales", act // 32 * 8)]
         return out
