@@ -42,3 +42,12 @@ def test_round_trip(tmp_path):
     prefs = AppPrefs(theme="dark", context=4096, offline=True)
     save_prefs(prefs, tmp_path / "sub" / "app.json")
     assert load_prefs(tmp_path / "sub" / "app.json") == prefs
+
+
+def test_software_notice_adapters_round_trip_and_bad_lists_fall_back(tmp_path):
+    path = tmp_path / "app.json"
+    save_prefs(AppPrefs(software_notice_shown=["Vulkan|llvmpipe|Mesa"]), path)
+    assert load_prefs(path).software_notice_shown == ["Vulkan|llvmpipe|Mesa"]
+    for bad in ("Vulkan|llvmpipe|Mesa", [1, 2], [["x"]], None):
+        path.write_text(json.dumps({"software_notice_shown": bad, "theme": "dark"}))
+        assert load_prefs(path) == AppPrefs(theme="dark")  # the notice shows again; nothing else is lost

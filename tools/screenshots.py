@@ -1,8 +1,9 @@
 """Screenshots of the app's main states for the README, taken from the real window (run under Xvfb):
 
-    xvfb-run -a -s "-screen 0 1280x900x24" python3 tools/screenshots.py docs/
+    xvfb-run -a -s "-screen 0 1280x900x24" python3 tools/screenshots.py docs/ [NAME ...]
 
-Uses a throwaway data folder with the demo model (installed if missing) and real replies from it.
+NAME picks some of the shots (empty, chat, downloading, settings, software-adapter); none: all. Uses a throwaway
+data folder with the demo model (installed if missing) and real replies from it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 
-def main(out: Path) -> None:
+def main(out: Path, only: set[str] | None = None) -> None:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -55,6 +56,11 @@ def main(out: Path) -> None:
 
     store = ConversationStore(home / "chats.sqlite3")
     settings = ChatSettings(max_tokens=160, sampling=SamplingParams(temperature=0.3, top_p=0.9), seed=7)
+    if only is None or "software-adapter" in only:
+        software_adapter(home, store, settings, wait, shot)
+    if only is not None and not only - {"software-adapter"}:
+        store.close()
+        return
     w = MainWindow(store, settings, AppPrefs(context=2048), home / "app.json", ["[0] this machine's GPU"], None)
     w.resize(1200, 800)
     w.show()
@@ -80,5 +86,24 @@ def main(out: Path) -> None:
     store.close()
 
 
+def software_adapter(home, store, settings, wait, shot) -> None:
+    """The first launch on a software GPU: the notice, the loaded demo marked in the picker, the status line. The
+    adapter is this machine's when it is a software one, else a stand-in named like Mesa's lavapipe."""
+    from app.prefs import AppPrefs
+    from app.window import MainWindow
+    from engine.gpu import AdapterInfo, pick_adapter
+
+    real = pick_adapter()
+    adapter = real if real.software else AdapterInfo(0, "llvmpipe (LLVM 15.0.6, 256 bits)", "Vulkan", "CPU",
+                                                      "Mesa 22.3.6", [], {})
+    w = MainWindow(store, settings, AppPrefs(context=2048), home / "app-software.json", [adapter.summary()], None,
+                   adapter=adapter)
+    w.resize(1200, 800)
+    w.show()
+    wait(lambda: w.facts is not None)
+    shot(w, "screenshot-software-adapter.png")
+    w.close()
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs"))
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs"), set(sys.argv[2:]) or None)

@@ -23,18 +23,29 @@ stacks when its width and formats match theirs (Qwen3.6 4-bit), so the expert pa
 otherwise it gets its own dispatch of each (and in prefill its own sort, of slot k alone in a stack of one). A 4-bit
 shared expert beside 3-bit routed stacks of its width (Qwen3.6 3-bit) is stored after the 3-bit stack ("mixed"):
 int8 decode runs it as expert E of moe_matvec_q8 (MIXED_W/MIXED_S), the other passes bind its rows as a view.
-Every expert kernel finds its expert through the ids buffer moe_router writes (prefill: through moe_sort's tiles,
-built from those ids), so expert streaming can remap ids to cache slots there before they run.
+Every expert kernel finds its expert through the ids buffer it binds (prefill: through moe_sort's tiles, built from
+those ids), so expert streaming can remap ids to cache slots there before they run.
+With `cache_slots` (a MoE model over its weights budget) the routed stacks hold that many experts (plus the stacked
+shared expert) and the rest stream from host memory: engine/blocks/expert_cache.py. The contract every expert pass
+keeps: it addresses expert weights only through the ids buffer it binds, `self.expert_ids` (the router's ids when
+resident; host-written slots [T, SLOTS] u32 when streaming, the stacked shared expert at slot `cache_slots`), over a
+stack of `stack_experts(i)` experts; a prefill chunk in batches runs the grouped passes once per batch with down
+into y_batch (`grouped_batch`), whose rows of the batch's experts the select copies into y. Each grouped output row is
+computed alone, so streamed and resident prefills give the same bits. Streaming never joins a 3-bit stack with a
+4-bit shared expert (its cache slots are whole routed experts).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine.blocks import Block, BufferNeed, array_bytes
+from engine.blocks import Block, BufferNeed, array_bytes, destroy_buffers
+from engine.blocks.expert_cache import ExpertStream
 from engine.blocks.linear import Arithmetic, matrix_tensors
 from engine.errors import GpuError, UnsupportedModelError
+from engine.gpu import PlanRecorder
 from engine.kernels import MAX_GROUPS_PER_DIM, fold_grid
+from engine.kernels.expert_cache import EXPERT_SELECT, select_plan
 from engine.kernels.matmul import (
     FORMATS,
     MATVEC_INT4,
@@ -85,7 +96,8 @@ class MoeFfn(Block):
     name = "moe"
 
     def __init__(self, dim: int, experts: int, top_k: int, ffn: int, shared_ffn: int, layers: tuple[int, ...],
-                 formats: dict[str, str], ar: Arithmetic, chunk: int, norm_topk_prob: bool = True):
+                 formats: dict[str, str], ar: Arithmetic, chunk: int, norm_topk_prob: bool = True,
+                 cache_slots: int | None = None, policy: str = "lfu"):
         self.D, self.E, self.F, self.Fs, self.top_k = dim, experts, ffn, shared_ffn, top_k
         self.layers, self.ar, self.max_tokens = tuple(layers), ar, max(chunk, 1)
         self.shared = shared_ffn > 0
@@ -104,7 +116,13 @@ class MoeFfn(Block):
                                                      (f["shared_gate_up"], f["shared_down"]))
             else:
                 self.stacked[i] = False
-        self.mixed = {i: self._joins_mixed(i) for i in self.layers}
+        self.mixed = {i: cache_slots is None and self._joins_mixed(i) for i in self.layers}
+        self.stream = None
+        if cache_slots is not None:
+            if not top_k <= cache_slots < experts:
+                raise ValueError(f"an expert cache needs {top_k}..{experts - 1} slots, got {cache_slots}")
+            self.stream = ExpertStream(experts, cache_slots, top_k, self.slots, self.max_tokens, self.layers, policy,
+                                       self.routed_part_bytes())
         T, n_logits = self.max_tokens, experts + self.shared
         if T * self.slots > MAX_GROUPS_PER_DIM:  # a prefill quantizes every (token, slot) row in one grid column
             raise UnsupportedModelError(f"prefill_chunk={T} with {self.slots} expert slots per token is more rows than "
@@ -126,9 +144,11 @@ class MoeFfn(Block):
         if not (self.shared and not self.stacked[i] and self.ar.int8 and self.F == self.Fs):
             return False
         pairs = (("gate_up", "shared_gate_up"), ("down", "shared_down"))
-        knobs = lambda p: (FORMATS[self.fmt[i, p]][k] for k in ("zero", "affine", "group"))  # noqa: E731
-        return all(FORMATS[self.fmt[i, r]]["bits"] == 3 and FORMATS[self.fmt[i, sh]]["bits"] == 4
-                   and tuple(knobs(r)) == tuple(knobs(sh)) for r, sh in pairs)
+        fmt = {p: FORMATS.get(self.fmt[i, p]) for pair in pairs for p in pair}  # None: a format outside FORMATS
+        if None in fmt.values():
+            return False
+        knobs = lambda p: tuple(fmt[p][k] for k in ("zero", "affine", "group"))  # noqa: E731
+        return all(fmt[r]["bits"] == 3 and fmt[sh]["bits"] == 4 and knobs(r) == knobs(sh) for r, sh in pairs)
 
     def _mixed_layout(self, i: int, stack: str) -> tuple[int, int, int, int]:
         """A mixed stack's sizes: (routed u32 words padded to 256 bytes, routed f16 scales padded likewise, shared
@@ -142,9 +162,9 @@ class MoeFfn(Block):
     def _layer_plans(self, i: int) -> list[tuple]:
         """Expert passes of layer i: (stack, expert_plan, input ("x" or "act"), output ("act" or "y")), every gate_up
         before its down."""
-        E, F, Fs, D, T, stride = self.E, self.F, self.Fs, self.D, self.max_tokens, self.act_stride
+        F, Fs, D, T, stride = self.F, self.Fs, self.D, self.max_tokens, self.act_stride
         routed = dict(slots=self.slots, n_slots=self.slots if self.stacked[i] else self.top_k)
-        experts = E + self.stacked[i]
+        experts = self.stack_experts(i)
         out = [("gate_up", expert_plan(D, F, experts, T, gate_up=True, y_stride=stride, **routed,
                                        **format_knobs(self.fmt[i, "gate_up"])), "x", "act"),
                ("down", expert_plan(F, D, experts, T, x_slot=True, x_stride=stride, **routed,
@@ -177,6 +197,31 @@ class MoeFfn(Block):
         return {"sorts": list(sorts.items()), "passes": gate_ups + downs}
 
     # ---- plan --------------------------------------------------------------------------------------------
+    def stack_experts(self, i: int) -> int:
+        """Experts in layer i's routed GPU stacks: every one, or the cache's slots (+ the stacked shared expert)."""
+        return (self.stream.slots if self.stream else self.E) + self.stacked[i]
+
+    def routed_part_bytes(self) -> dict[tuple[str, str], int]:
+        """(stack, "w" | "s") -> bytes of one routed expert's part in the GPU layout (the first MoE layer's formats;
+        the cache needs every layer's to match)."""
+        out = {}
+        for i in self.layers:
+            mine = {}
+            for stack, (n, k) in (("gate_up", (2 * self.F, self.D)), ("down", (self.D, self.F))):
+                shapes = packed_shapes(self.fmt[i, stack], n, k)
+                mine[stack, "w"] = array_bytes(*shapes[_weight_key(self.fmt[i, stack])])
+                if "q_scale" in shapes:
+                    mine[stack, "s"] = array_bytes(*shapes["q_scale"])
+            if out and mine != out:
+                raise UnsupportedModelError(f"layer {i}: its routed experts' formats differ from layer "
+                                            f"{self.layers[0]}'s; an expert cache needs them alike")
+            out = mine
+        return out
+
+    def routed_expert_bytes(self) -> int:
+        """GPU bytes of one routed expert of every MoE layer together."""
+        return sum(self.routed_part_bytes().values()) * len(self.layers)
+
     def tensors(self) -> dict:
         out = {}
         for i in self.layers:
@@ -188,8 +233,8 @@ class MoeFfn(Block):
         """Layer i's GPU stacks: name -> (format, experts in the stack, N, K)."""
         E, F, Fs, D = self.E, self.F, self.Fs, self.D
         out = {"router": (self.fmt[i, "router"], 1, E + self.shared, D),
-               "gate_up": (self.fmt[i, "gate_up"], E + self.stacked[i], 2 * F, D),
-               "down": (self.fmt[i, "down"], E + self.stacked[i], D, F)}
+               "gate_up": (self.fmt[i, "gate_up"], self.stack_experts(i), 2 * F, D),
+               "down": (self.fmt[i, "down"], self.stack_experts(i), D, F)}
         if self.shared and not self.stacked[i]:
             out |= {"shared_gate_up": (self.fmt[i, "shared_gate_up"], 1, 2 * Fs, D),
                     "shared_down": (self.fmt[i, "shared_down"], 1, D, Fs)}
@@ -219,6 +264,8 @@ class MoeFfn(Block):
                 sizes |= {f"order-{key}": max(T * c["NSLOTS"] for c, _, _ in sorts),
                           f"tiles-{key}": 4 * max(v for _, _, v in sorts)}
         out += [BufferNeed.buffer(f"moe.{name}", 4 * count) for name, count in sizes.items()]
+        if self.stream:  # slot ids, the ids' readback, the batch rows and their mask, the upload staging
+            out += [*self.stream.needs(), BufferNeed.buffer("moe.y_batch", 4 * sizes["y"])]
         if any(k is MOE_GEMM_Q8 for i in self.grouped for _, _, k, _, src, _ in self.grouped[i]["passes"]
                if src == "act"):  # every pair's activations in int8 for the int8 grouped down passes
             act = T * self.slots * self.act_stride
@@ -247,6 +294,8 @@ class MoeFfn(Block):
 
     def _upload_layer(self, gpu, i: int, parts: dict[str, dict[str, np.ndarray]]) -> dict:
         one = lambda p: {k: a[None] for k, a in parts[p].items()}  # noqa: E731  (a stack of one expert)
+        if self.stream:
+            return self._cache_layer(gpu, i, parts, one)
         stacks = {"router": _join(parts["router"], parts.get("shared_gate"), axis=0),
                   "gate_up": _join(parts["gate_up"], one("shared_gate_up") if self.stacked[i] else None, axis=0),
                   "down": _join(parts["down"], one("shared_down") if self.stacked[i] else None, axis=0)}
@@ -263,10 +312,10 @@ class MoeFfn(Block):
         wr, sr, wsh, ssh = self._mixed_layout(i, stack)
         shared = "shared_" + stack
         w, s = np.zeros(wr + wsh, np.uint32), np.zeros(sr + ssh, np.float16)
-        routed_w = parts[stack]["q_weight"].reshape(-1).view(np.uint32)
-        routed_s = parts[stack]["q_scale"].reshape(-1)
-        w[:routed_w.size], w[wr:] = routed_w, parts[shared]["q_weight"].reshape(-1).view(np.uint32)
-        s[:routed_s.size], s[sr:] = routed_s, parts[shared]["q_scale"].reshape(-1)
+        flat = lambda part, key: np.asarray(parts[part][key]).reshape(-1)  # noqa: E731  (lazy joins read now)
+        routed_w, routed_s = flat(stack, "q_weight").view(np.uint32), flat(stack, "q_scale")
+        w[:routed_w.size], w[wr:] = routed_w, flat(shared, "q_weight").view(np.uint32)
+        s[:routed_s.size], s[sr:] = routed_s, flat(shared, "q_scale")
         label = f"layers.{i}.moe.{stack}"
         for a in (w, s):
             if a.nbytes > gpu.max_binding:
@@ -274,9 +323,37 @@ class MoeFfn(Block):
         wb, sb = gpu.upload(f"{label}.w", w), gpu.upload(f"{label}.s", s)
         return {stack: (wb, sb), shared: ((wb, 4 * wr, 4 * wsh), (sb, 2 * sr, 2 * ssh))}
 
+    def _cache_layer(self, gpu, i: int, parts: dict, one) -> dict:
+        """Streaming: the routed stacks stay on the host; their GPU stacks are cache slots (+ the shared expert in
+        the last slot, uploaded now); the router and a shared expert of its own are uploaded as usual."""
+        out = {"router": self._upload(gpu, f"layers.{i}.moe.router",
+                                      _join(parts["router"], parts.get("shared_gate"), axis=0))}
+        n = self.stack_experts(i)
+        for stack in ("gate_up", "down"):
+            bufs = []
+            for key, src in (("w", "q_weight" if "q_weight" in parts[stack] else "weight"), ("s", "q_scale")):
+                if (stack, key) not in self.stream.part_bytes:
+                    bufs.append(gpu.upload(f"layers.{i}.moe.{stack}.s", np.zeros(4, np.float16)))  # f16: unread
+                    continue
+                per = self.stream.part_bytes[stack, key]
+                if n * per > gpu.max_binding:
+                    raise GpuError(f"layers.{i}.moe.{stack} expert cache needs a {n * per}-byte binding; this GPU "
+                                   f"allows {gpu.max_binding}")
+                self.stream.keep_host(i, stack, key, parts[stack][src])
+                buf = gpu.buffer(f"layers.{i}.moe.{stack}.{key}", n * per)
+                if self.stacked[i]:
+                    shared = np.ascontiguousarray(parts[f"shared_{stack}"][src]).view(np.uint8).reshape(-1)
+                    gpu.write(buf, shared, offset=self.stream.slots * per)
+                bufs.append(buf)
+            out[stack] = tuple(bufs)
+        if self.shared and not self.stacked[i]:
+            out |= {name: self._upload(gpu, f"layers.{i}.moe.{name}", one(name))
+                    for name in ("shared_gate_up", "shared_down")}
+        return out
+
     def _upload(self, gpu, label: str, arrays: dict[str, np.ndarray]):
         """(weight buffer, scale buffer) for a packed array set; f16 weights get a dummy scale buffer."""
-        w = arrays.get("q_weight", arrays.get("weight"))
+        w = np.asarray(arrays.get("q_weight", arrays.get("weight")))  # a lazy join of mapped stacks: joined now
         for a in (w, arrays.get("q_scale")):
             if a is not None and a.nbytes > gpu.max_binding:
                 raise GpuError(f"{label} needs a {a.nbytes}-byte binding; this GPU allows {gpu.max_binding}")
@@ -285,11 +362,17 @@ class MoeFfn(Block):
 
     # ---- build -------------------------------------------------------------------------------------------
     def build(self, gpu, ws) -> None:
-        made = {n.label: n.allocate(gpu) for n in self.needs() if n.how != "upload"}
+        made = {n.label: n.allocate(gpu) for n in self.needs() if n.how != "upload" and "staging" not in n.label}
+        self._gpu = gpu
         self.logits, self.ids, self.weights = made["moe.logits"], made["moe.ids"], made["moe.weights"]
         self.act, self.y = made["moe.act"], made["moe.y"]
         act_q8, act_q8_meta = made.get("moe-act-int8"), made.get("moe-act-int8-scales")
         x, out, st = ws.hidden, ws.delta, ws.step
+        # The expert kernels read cache slots (host-written) when streaming, else the router's expert ids.
+        self.expert_ids = made["moe.slot_ids"] if self.stream else self.ids
+        if self.stream:
+            self.y_batch, self.rows_mask = made["moe.y_batch"], made["moe.rows_mask"]
+            self.stream.build(gpu, made["moe.ids_readback"])
 
         def bound(kernel, plan, buffers, label):
             pipe = gpu.pipeline(kernel, plan[0])
@@ -307,29 +390,35 @@ class MoeFfn(Block):
             p["topk"] = bound(MOE_ROUTER, self._topk, dict(logits=self.logits, ids=self.ids, weights=self.weights,
                                                            step=st), f"{c}.topk")
             buf = {"x": x, "act": self.act, "y": self.y}
-            p["experts"] = [bound(MOE_MATVEC, plan, dict(x=buf[src], ids=self.ids, w=w[stack][0], s=w[stack][1],
-                                                         y=buf[dst], step=st), f"{c}.{stack}")
+            p["experts"] = [bound(MOE_MATVEC, plan, dict(x=buf[src], ids=self.expert_ids, w=w[stack][0],
+                                                         s=w[stack][1], y=buf[dst], step=st), f"{c}.{stack}")
                             for stack, plan, src, dst in self.plans[i]]
+            if self.stream:  # a prefill chunk in batches of cached experts: down writes y_batch, then the select
+                p["select"] = bound(EXPERT_SELECT, select_plan(self.D, self.slots, self.max_tokens), dict(
+                    yb=self.y_batch, mask=self.rows_mask, y=self.y, step=st), f"{c}.select")
             one_token = [(pipe, bg, (c, (grid[0], 1, grid[2]))) for pipe, bg, (c, grid) in p["experts"]]
             p["decode"] = (self._int8_passes(i, bound, ws, act_q8, act_q8_meta, one_token) if self.ar.int8
                            else one_token)
-            p["grouped"] = self._grouped_passes(i, bound, ws, made) if i in self.grouped else []
+            p["grouped"] = self._grouped_passes(i, bound, ws, made, self.y) if i in self.grouped else []
+            if self.stream and i in self.grouped:
+                p["grouped_batch"] = self._grouped_passes(i, bound, ws, made, self.y_batch)
             p["combine"] = bound(MOE_COMBINE, self._combine, dict(y=self.y, weights=self.weights, out=out, step=st),
                                  f"{c}.combine")
             self.passes[i] = p
 
-    def _grouped_passes(self, i: int, bound, ws, made: dict) -> list:
+    def _grouped_passes(self, i: int, bound, ws, made: dict, y) -> list:
         """Layer i's prefill expert dispatches in order, (pipeline, bind group, plan, rows) each: the sorts, every
         gate_up, every down; with int8 passes one quantize_q8 of the chunk's x rows before the gate_ups and one of
         every pair's activations before the downs (one per down pass where their K differ). `rows`: None (the
-        plan's grid) or what a quantize's grid rows are per token (1 for x, SLOTS for the pairs)."""
+        plan's grid) or what a quantize's grid rows are per token (1 for x, SLOTS for the pairs). The sorts read
+        `expert_ids`; the down passes write `y`."""
         c, w, g = f"layers.{i}.moe", self.w[i], self.grouped[i]
         out = []
         for key, sp in g["sorts"]:
-            out.append((*bound(MOE_SORT, sp[:2], dict(ids=self.ids, order=made[f"moe.order-{key}"],
+            out.append((*bound(MOE_SORT, sp[:2], dict(ids=self.expert_ids, order=made[f"moe.order-{key}"],
                                                       tiles=made[f"moe.tiles-{key}"], step=ws.step),
                                f"{c}.sort-{key}"), None))
-        buf = {"x": ws.hidden, "act": self.act, "y": self.y}
+        buf = {"x": ws.hidden, "act": self.act, "y": y}
         quantized = {"x": None, "act": None}  # K of the rows quantized last
         for stack, key, kernel, plan, src, dst in g["passes"]:
             order, tiles = made[f"moe.order-{key}"], made[f"moe.tiles-{key}"]
@@ -396,7 +485,7 @@ class MoeFfn(Block):
                                        y_stride=c["Y_STRIDE"], bits=c["BITS"], zero=c["ZERO"], affine=c["AFFINE"],
                                        group=c["GROUP"], mixed=mixed)
                 w, s = self.w[i][stack]
-                out.append(bound(MOE_MATVEC_Q8, qplan, dict(xq=xq, ids=self.ids, w=w, s=s,
+                out.append(bound(MOE_MATVEC_Q8, qplan, dict(xq=xq, ids=self.expert_ids, w=w, s=s,
                                                             y=self.y if dst == "y" else self.act, xm=xm), label))
         return out
 
@@ -417,14 +506,75 @@ class MoeFfn(Block):
             per_token(passes["router_tokens"])
         pipe, bg, _ = passes["topk"]
         rec.dispatch(pipe, bg, *fold_grid(T))
-        if T > 1:  # sorts and grouped GEMMs: grids are fixed, workgroups past a sort's tile count leave at once
-            for pipe, bg, plan, rows in passes["grouped"]:
-                rec.dispatch(pipe, bg, *(plan[1] if rows is None else (plan[1][0], rows * T)))
+        if self.stream and hasattr(rec, "cut"):  # a streamed decode token captured in segments: the routing
+            rec.cut((self, layer))  # is read back at the cut, then the segment's experts read their slots
+            self._record_experts(rec, layer, T)
+        elif self.stream and not isinstance(rec, PlanRecorder):
+            self._stream_experts(rec, layer, T)
         else:
-            for pipe, bg, plan in passes["decode"]:
-                rec.dispatch(pipe, bg, *plan[1])
+            self._record_experts(rec, layer, T)
         pipe, bg, plan = passes["combine"]
         rec.dispatch(pipe, bg, *fold_grid(-(-T * self.D // 4 // plan[0]["WG"])))
+
+    def _record_experts(self, rec, layer: int, T: int, batch: bool = False) -> None:
+        """The expert dispatches of T rows: a decode token's list (int8 or f32, as build made it), else the sorts and
+        grouped GEMMs (grids fixed: workgroups past a sort's tile count leave at once); `batch`: the streamed batch
+        variant, down into y_batch."""
+        passes = self.passes[layer]
+        if T == 1:
+            for pipe, bg, plan in passes["decode"]:
+                rec.dispatch(pipe, bg, *plan[1])
+            return
+        for pipe, bg, plan, rows in passes["grouped_batch" if batch else "grouped"]:
+            rec.dispatch(pipe, bg, *(plan[1] if rows is None else (plan[1][0], rows * T)))
+
+    def resolve(self, rec, layer: int) -> None:
+        """At a streamed decode segment's cut: read the token's routing back and make its experts resident; the
+        next segment's expert passes read their slots."""
+        self._stream_experts(rec, layer, 1, record=False)
+
+    def _stream_experts(self, rec, layer: int, T: int, record: bool = True) -> None:
+        """The routing so far is submitted and read back; the experts it picked are made resident (batches of
+        them when a chunk's outnumber the slots) and the expert passes recorded reading their slots."""
+        st, S, k = self.stream, self.slots, self.top_k
+        rec.copy(self.ids, 0, st.readback, 0, T * S * 4)
+        rec.flush()
+        ids = st.read_ids(T)
+        if st.route is not None:
+            ids[:, :k] = st.route(layer, T)
+        np.minimum(ids[:, :k], self.E - 1, out=ids[:, :k])  # a bad id (NaN logits) reads a real expert, as resident
+        slot_ids = np.full((T, S), st.slots, np.uint32)  # the stacked shared expert's slot (unread otherwise)
+        smap, cache = st.maps[layer], self.w[layer]
+        parts = {(stack, key): cache[stack][j] for stack in ("gate_up", "down") for j, key in enumerate("ws")
+                 if (stack, key) in st.part_bytes}
+        batches = smap.batches(ids[:, :k].reshape(-1))
+        for b, experts in enumerate(batches):
+            where, loads = smap.assign(experts)
+            if loads:
+                st.upload(layer, parts, loads)
+            lut = np.full(self.E + 1, st.slots, np.uint32)  # expert -> its slot in this batch
+            lut[list(where)] = list(where.values())
+            chosen = np.isin(ids[:, :k], experts)
+            slot_ids[:, :k][chosen] = lut[np.minimum(ids[:, :k][chosen], self.E)]
+            self._gpu.write(self.expert_ids, slot_ids)
+            if len(batches) == 1:
+                if record:
+                    self._record_experts(rec, layer, T)
+                return
+            mask = np.zeros((T, S), np.uint32)
+            mask[:, :k] = chosen
+            if b == 0:
+                mask[:, k:] = 1  # the shared expert's rows come with the first batch
+            self._gpu.write(self.rows_mask, mask)
+            self._record_experts(rec, layer, T, batch=True)
+            pipe, bg, plan = self.passes[layer]["select"]
+            rec.dispatch(pipe, bg, *fold_grid(-(-T * S * self.D // 4 // plan[0]["WG"])))
+            rec.flush()  # the next batch's slots and ids are written after this one ran
+
+    def release(self) -> None:
+        super().release()
+        if self.stream:
+            destroy_buffers(vars(self.stream))
 
 
 def _join(first: dict, second: dict | None, axis: int) -> dict[str, np.ndarray]:
