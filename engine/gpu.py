@@ -345,3 +345,34 @@ class Recorder:
         self.pass_.end()
         self.gpu.queue.submit([self.encoder.finish()])
         self._keep.clear()
+
+
+class MapWait:
+    """A read mapping of a MAP_READ buffer, waited for with a cancel check: the wait for the GPU work queued before
+    it can be abandoned (Stop, close) without interrupting that work. An abandoned wait stays pending; settle()
+    it before the buffer is used again."""
+
+    def __init__(self, buf, size: int):
+        self.buf, self.size = buf, size
+        self.promise = buf.map_async(wgpu.MapMode.READ, 0, size)
+
+    def wait(self, cancel=None, poll_s: float = 0.01) -> bool:
+        """Block until mapped (True), or until `cancel` (a CancelToken) is set first (False)."""
+        # wgpu-native's per-device poll thread sets this event when the mapping lands (wgpu 0.32's GPUPromise).
+        event = getattr(self.promise, "_thread_event", None)
+        if cancel is not None and event is not None:
+            while not event.wait(poll_s):
+                if cancel.cancelled:
+                    return False
+        self.promise.sync_wait()
+        return True
+
+    def read(self) -> bytes:
+        data = bytes(self.buf.read_mapped(0, self.size))
+        self.buf.unmap()
+        return data
+
+    def settle(self) -> None:
+        """Finish an abandoned wait (the GPU work is long done by the next request) and unmap."""
+        self.promise.sync_wait()
+        self.buf.unmap()

@@ -4,6 +4,7 @@ byte-level tokenizer and chat template (tests/tiny_models.py)."""
 import numpy as np
 import pytest
 
+from engine.cancel import Cancelled, CancelToken
 from engine.cli import main as cli_main
 from engine.errors import ContextLimitError
 from engine.generate import stream_generate
@@ -129,6 +130,64 @@ def test_cancelled_reply_keeps_partial_text_and_a_consistent_cache(model):
     fresh = ChatSession(model, ChatSettings(max_tokens=50, sampling=SamplingParams()),
                         messages=[dict(m) for m in chat.messages[:-2]])
     assert tokens(e.response for e in follow) == tokens(e.response for e in fresh.send("go on"))
+
+
+def test_prefill_reports_progress_and_a_stop_during_it_leaves_a_cache_the_next_turn_reuses(model):
+    """Stop between prefill pieces: the reply is gone (nothing produced), the cache holds exactly the prompt tokens
+    it has state for, and answering again equals a fresh session token for token."""
+    rt = model.runtime
+    rt.reset()
+    settings = ChatSettings(max_tokens=12, sampling=SamplingParams())
+    token = CancelToken()
+    chat = ChatSession(model, settings, cancel=token, progress=True)
+    question = "tell me everything about " + "the quick brown fox " * 6
+    gen = chat.send(question)
+    seen = []
+    with pytest.raises(Cancelled):  # the cancel lands between pieces: Cancelled, never a token
+        for event in gen:
+            assert event.response is None and event.answer == ""
+            seen.append((event.progress.done, event.progress.total))
+            if event.progress.done >= 64:
+                token.cancel()
+    assert seen[0][0] == 0 and seen[-1][0] >= 64 and seen[-1][0] < seen[-1][1]
+    assert [d for d, _ in seen] == sorted({d for d, _ in seen})  # strictly increasing
+    assert chat.messages[-1] == {"role": "user", "content": question}
+    prompt = model.tokenizer.chat_prompt(chat.messages).ids
+    assert seen[-1][0] <= rt.n_cached < len(prompt) and rt.cached_ids == prompt[:rt.n_cached]
+
+
+def test_stopped_prefill_then_answer_equals_a_fresh_run(model):
+    rt = model.runtime
+    settings = ChatSettings(max_tokens=16, sampling=SamplingParams())
+
+    def stopped_chat() -> ChatSession:
+        rt.reset()
+        token = CancelToken()
+        chat = ChatSession(model, settings, cancel=token, progress=True)
+        with pytest.raises(Cancelled):
+            for event in chat.send("a long question " * 10):
+                if event.progress.done >= 32:
+                    token.cancel()
+        chat.cancel, chat.progress = None, False
+        return chat
+
+    chat = stopped_chat()
+    prompt = model.tokenizer.chat_prompt(chat.messages).ids
+    kept = rt.n_cached
+    assert 32 <= kept < len(prompt)
+    # The rest of the prompt read on top of what the stop kept gives the fresh run's logits (same rows, same
+    # kernels: bit for bit).
+    resumed = rt.logits(prompt[kept:])
+    rt.reset()
+    np.testing.assert_array_equal(resumed, rt.logits(prompt)[kept:])
+
+    chat = stopped_chat()
+    answer = list(chat.regenerate())
+    assert answer[-1].response.prompt_reused == kept  # the pieces read before the Stop were reused
+    rt.reset()
+    fresh = list(ChatSession(model, settings, [dict(m) for m in chat.messages[:-1]]).regenerate())
+    assert tokens(e.response for e in answer) == tokens(e.response for e in fresh)
+    assert chat.messages[-1]["content"] == "".join(e.answer for e in fresh)
 
 
 def test_cli_chat_runs_turns_and_commands(model, monkeypatch, capsys, tmp_path):
