@@ -80,9 +80,17 @@ def run_app(qt_args: list[str], auto_setup: bool = True, data_problem: str | Non
     if notice:
         window.show_error(*notice)
     try:
-        return app.exec()
+        code = app.exec()
     finally:
         store.close()
+    if window.exit_without_waiting:  # every message is saved and the store closed: do not wait on the GPU queue
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _adapters() -> list[str]:
