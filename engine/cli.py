@@ -99,47 +99,37 @@ def _chat_settings(args, model):
     return settings
 
 
-def _print_reply(events) -> object:
-    """Stream a reply: thinking to stderr (dimmed on a terminal), the answer to stdout; returns the last event."""
-    dim, end = ("\033[2m", "\033[0m") if sys.stderr.isatty() else ("", "")
-    last, thinking = None, False
-    for e in events:
-        if e.thinking:
-            print(f"{dim}{e.thinking}{end}", end="", file=sys.stderr, flush=True)
-            thinking = True
-        if e.answer:
-            if thinking:
-                print(file=sys.stderr)
-                thinking = False
-            print(e.answer, end="", flush=True)
-        last = e
-    print()
-    return last
-
-
 def _stats(r) -> str:
+    from engine.durations import human_duration
+
     reused = f", {r.prompt_reused} reused" if r.prompt_reused else ""
+    ttft = f"{r.ttft_s * 1000:.0f} ms" if r.ttft_s < 1 else human_duration(r.ttft_s)
     return (f"[{r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s, time to first token "
-            f"{r.ttft_s * 1000:.0f} ms, prompt {r.prompt_tokens} tokens{reused}, context {r.context_used}/"
+            f"{ttft}, prompt {r.prompt_tokens} tokens{reused}, context {r.context_used}/"
             f"{r.context_limit}, finish: {r.finish_reason}]")
 
 
 def cmd_generate(args) -> None:
+    from engine.cancel import Cancelled, CancelToken
+    from engine.cli_reply import ctrl_c_cancels, print_completion, print_reply
     from engine.model import load_model
     from engine.session import ChatSession
 
     model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress,
                        q8_decode=not args.exact_decode)
     settings = _chat_settings(args, model)
-    if args.raw or model.tokenizer is None or not model.tokenizer.chat_templates:
-        last = None
-        for r in model.generate(args.prompt, max_tokens=settings.max_tokens, sampling=settings.sampling):
-            print(r.text, end="", flush=True)
-            last = r
-        print()
-    else:
-        last = _print_reply(ChatSession(model, settings).send(args.prompt))
-        last = last.response if last else None
+    token = CancelToken()
+    try:
+        with ctrl_c_cancels(token):  # Ctrl-C stops at the next prefill piece or token
+            if args.raw or model.tokenizer is None or not model.tokenizer.chat_templates:
+                last = print_completion(model.generate(args.prompt, max_tokens=settings.max_tokens,
+                                                       sampling=settings.sampling, cancel=token, progress=True))
+            else:
+                last = print_reply(ChatSession(model, settings, cancel=token, progress=True).send(args.prompt))
+                last = last.response if last else None
+    except Cancelled:
+        print("(stopped)", file=sys.stderr)
+        raise KeyboardInterrupt from None  # exit status 130, as for any interrupted command
     if last:
         print(_stats(last), file=sys.stderr)
 
@@ -149,12 +139,14 @@ Ctrl-C stops a reply; Ctrl-D or /quit leaves."""
 
 
 def cmd_chat(args) -> None:
+    from engine.cancel import Cancelled, CancelToken
+    from engine.cli_reply import ctrl_c_cancels, print_reply
     from engine.model import load_model
     from engine.session import ChatSession
 
     model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress,
                        q8_decode=not args.exact_decode)
-    chat = ChatSession(model, _chat_settings(args, model))
+    chat = ChatSession(model, _chat_settings(args, model), progress=True)
     print(f"{model.path.name}: context {model.runtime.max_context} tokens. {CHAT_HELP}", file=sys.stderr)
     while True:
         try:
@@ -189,13 +181,17 @@ def cmd_chat(args) -> None:
         if reply is None:
             continue
         gen = None
+        chat.cancel = CancelToken()
         try:
-            gen = chat.regenerate() if reply == "regen" else chat.send(line)
-            last = _print_reply(gen)
-        except KeyboardInterrupt:
+            with ctrl_c_cancels(chat.cancel):  # Ctrl-C stops the reply, even while the prompt is read
+                gen = chat.regenerate() if reply == "regen" else chat.send(line)
+                last = print_reply(gen)
+        except (Cancelled, KeyboardInterrupt) as e:
             if gen is not None:
                 gen.close()
-            print("\n(stopped)", file=sys.stderr)
+            if isinstance(e, KeyboardInterrupt):  # a second Ctrl-C may have cut a GPU submission short
+                model.runtime.reset()
+            print("(stopped)", file=sys.stderr)
             continue
         except (ValueError, ZeroTVMError) as e:
             print(f"error: {e}", file=sys.stderr)

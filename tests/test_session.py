@@ -216,3 +216,50 @@ def test_cli_chat_reports_a_full_context_and_carries_on(model, monkeypatch, caps
     err = capsys.readouterr().err
     assert "error: the conversation needs" in err and "context holds 128" in err
     assert err.count("finish:") == 1
+
+
+def test_cli_ctrl_c_while_the_prompt_is_read_stops_that_reply_and_the_chat_goes_on(model, monkeypatch, capsys,
+                                                                                     tmp_path):
+    import signal
+
+    from engine import cli_reply
+
+    monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
+    lines = iter(["tell me " + "about the fox " * 8, "short", "/quit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    update = cli_reply.PrefillMeter.update
+    pressed = []
+
+    def press_ctrl_c_once(meter, done, total, seconds):
+        if done and not pressed:  # between two pieces of the first prompt
+            pressed.append(done)
+            signal.raise_signal(signal.SIGINT)
+        update(meter, done, total, seconds)
+
+    monkeypatch.setattr(cli_reply.PrefillMeter, "update", press_ctrl_c_once)
+    args = ["chat", str(model.path), "--max-tokens", "4", "--temperature", "0", "--context", "256"]
+    assert cli_main(args) == 0
+    err = capsys.readouterr().err
+    assert pressed and err.count("(stopped)") == 1 and err.count("finish:") == 1  # "short" was answered
+
+
+def test_cli_prefill_meter_shows_reading_progress_on_a_terminal(monkeypatch):
+    import io
+
+    from engine import cli_reply
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(cli_reply, "SHOW_AFTER_S", 0.0)
+    out = Terminal()
+    meter = cli_reply.PrefillMeter(out)
+    meter.update(0, 480, 0.0)
+    meter.update(120, 480, 4.0)
+    meter.finish()
+    text = out.getvalue()
+    assert "reading your message… 0/480 tokens" in text
+    assert "reading your message… 120/480 tokens · 30 tok/s · about 12 s left" in text
+    assert text.endswith("\r\033[K")  # the line makes way for the answer
+
