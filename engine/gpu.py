@@ -354,7 +354,10 @@ class MapWait:
 
     def __init__(self, buf, size: int):
         self.buf, self.size = buf, size
-        self.promise = buf.map_async(wgpu.MapMode.READ, 0, size)
+        # "READ_NOSYNC": wgpu-py otherwise submits an empty command buffer first (so mapped bytes are fresh), and that
+        # submit blocks while the queue is busy: a wait that must stay abandonable cannot afford it. Callers read
+        # these bytes only as a fence, never for their content.
+        self.promise = buf.map_async("READ_NOSYNC", 0, size)
 
     def wait(self, cancel=None, poll_s: float = 0.01) -> bool:
         """Block until mapped (True), or until `cancel` (a CancelToken) is set first (False)."""
@@ -367,10 +370,9 @@ class MapWait:
         self.promise.sync_wait()
         return True
 
-    def read(self) -> bytes:
-        data = bytes(self.buf.read_mapped(0, self.size))
+    def release(self) -> None:
+        """Unmap after a completed wait."""
         self.buf.unmap()
-        return data
 
     def settle(self) -> None:
         """Finish an abandoned wait (the GPU work is long done by the next request) and unmap."""

@@ -383,7 +383,7 @@ class Transformer:
                     if not wait.wait(cancel):
                         raise Cancelled
                     waits.pop(0)
-                    wait.read()
+                    wait.release()
                     fences.append(wait.buf)
                     quick = queue_ahead and time.perf_counter() - started < QUICK_PIECE_S
                     yield landed, total

@@ -1,8 +1,9 @@
 """Screenshots of the app's main states for the README, taken from the real window (run under Xvfb):
 
-    xvfb-run -a -s "-screen 0 1280x900x24" python3 tools/screenshots.py docs/
+    xvfb-run -a -s "-screen 0 1280x900x24" python3 tools/screenshots.py docs/ [prefill]
 
-Uses a throwaway data folder with the demo model (installed if missing) and real replies from it.
+(`prefill`: only the prompt-reading progress shot.) Uses a throwaway data folder with the demo model (installed if
+missing) and real replies from it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
 
 
-def main(out: Path) -> None:
+# A long message, so the prompt takes several prefill pieces to read.
+LONG_MESSAGE = ("Here are my meeting notes from this week. Please summarise them in five bullet points and list the "
+                "open questions at the end.\n\n" + "\n".join(
+                    f"- Day {d}: the team reviewed the release plan, agreed to move the beta by one week, asked design "
+                    f"for new onboarding screens, and found that the installer fails on machines without a GPU "
+                    f"driver; support tickets rose by {d * 7} percent." for d in range(1, 11)))
+
+
+def main(out: Path, only: str | None = None) -> None:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -59,12 +68,18 @@ def main(out: Path) -> None:
     w.resize(1200, 800)
     w.show()
     wait(lambda: w.facts is not None)
+    if only == "prefill":
+        prefill_shot(w, wait, shot)
+        w.close()
+        store.close()
+        return
     shot(w, "screenshot-empty.png")
     for question in ("What is the capital of France?", "Write a Python function that reverses a string."):
         w.input.setPlainText(question)
         w.on_send()
         wait(lambda: w.request == 0)
     shot(w, "screenshot-chat.png")
+    prefill_shot(w, wait, shot)
     w.on_download_progress({"key": "qwen3-4b-q4f16_1", "file": "params_shard_12.bin", "file_done": 21_000_000,
                             "file_total": 33_000_000, "done": 914_000_000,
                             "total": 2_285_014_203, "speed": 48_300_000, "eta_s": 28, "files_done": 12,
@@ -80,5 +95,16 @@ def main(out: Path) -> None:
     store.close()
 
 
+def prefill_shot(w, wait, shot) -> None:
+    """A long message being read: the reply shows "Reading your message… done/total tokens · rate" (then Stop)."""
+    w.start_new_chat()
+    w.input.setPlainText(LONG_MESSAGE)
+    w.on_send()
+    wait(lambda: "Reading your message" in w.chat.messages[-1].status.text()
+         and not w.chat.messages[-1].status.text().split("… ")[1].startswith("0/"))
+    shot(w, "screenshot-prefill.png")
+    w.stop()
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs"))
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs"), sys.argv[2] if len(sys.argv) > 2 else None)
