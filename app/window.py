@@ -104,6 +104,7 @@ class MainWindow(QMainWindow):
         self._reply_text = ["", ""]  # thinking, answer
         self._reply_progress: tuple[int, int, float] | None = None  # prompt tokens read, of total, seconds
         self._unanswered_slot = None  # the view's reply slot under a question that has no stored answer
+        self._reading_bar = False  # the progress row shows the prompt being read
         self._last_save = 0.0
         self._progress_timer = QTimer(self)
         self._progress_timer.setSingleShot(True)
@@ -412,7 +413,9 @@ class MainWindow(QMainWindow):
         self.progress_box.hide()
 
     def on_cancel(self) -> None:
-        if self.downloading_key:
+        if self._reading_bar:
+            self.stop()
+        elif self.downloading_key:
             self.downloads.worker.cancel()
         elif self.loading_key and self._load_token is not None:
             self._load_token.cancel()
@@ -593,11 +596,20 @@ class MainWindow(QMainWindow):
             rate = done / seconds
             text += f" · {rate:.0f} tok/s · about {human_duration((total - done) / rate)} left"
         self._reply_widget.set_status(text)
+        if not (self.downloading_key or self.loading_key):  # the bar row is free: a bar and Cancel there too
+            self._reading_bar = True
+            self.show_progress(text, done, total)
+
+    def _hide_reading(self) -> None:
+        if self._reading_bar:
+            self._reading_bar = False
+            self.hide_progress()
 
     def on_delta(self, request: int, thinking: str, answer: str) -> None:
         if request != self.request:
             return  # a stopped reply's late tokens
         self._progress_timer.stop()
+        self._hide_reading()
         self._reply_text[0] += thinking
         self._reply_text[1] += answer
         if not self._render_timer.isActive():
@@ -629,6 +641,7 @@ class MainWindow(QMainWindow):
     def finish_reply(self, stats: dict) -> None:
         self._render_timer.stop()
         self._progress_timer.stop()
+        self._hide_reading()
         self._render_reply()  # whatever arrived since the last frame
         self._save_reply(stats)
         if self._reply_widget is not None:

@@ -175,6 +175,7 @@ def test_stop_reaches_a_request_still_queued_and_never_a_later_one(qtbot, window
     """Before, every request id was 1 and the worker cleared the stop flag when the next request began."""
     script.blocking_s = 0.8  # A sits in work that cannot be interrupted; B queues behind it
     send(qtbot, window, "A")
+    qtbot.waitUntil(lambda: script.asked == ["A"], timeout=5000)  # A runs
     window.stop()
     send(qtbot, window, "B")
     window.stop()  # B is still queued
