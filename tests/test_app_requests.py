@@ -201,8 +201,9 @@ def test_a_reply_stopped_before_any_text_stores_nothing_and_offers_regenerate(qt
     qtbot.waitUntil(lambda: "Reading your message" in window.chat.messages[-1].status.text(), timeout=5000)
     status = window.chat.messages[-1].status.text()
     assert f"/{TOTAL} tokens" in status and "tok/s" in status
+    assert window.progress_box.isVisible() and window.progress_label.text() == status  # with a bar and Cancel
     qtbot.keyClick(window, Qt.Key.Key_Escape)  # Esc stops the prefill
-    assert window.request == 0
+    assert window.request == 0 and not window.progress_box.isVisible()
     settle(qtbot, window)
     assert stored(window) == [("user", "A")]  # no empty assistant row, no null stats
     slot = window.chat.messages[-1]
