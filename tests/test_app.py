@@ -131,6 +131,54 @@ def test_closing_while_a_reply_streams_takes_under_2_s_and_keeps_it(qtbot, data_
     assert stored[1]["content"] and stored[1]["content"] == w.chat.messages[-1].answer
 
 
+CLOSE_DURING_DECODE = """
+import sys, time
+from PySide6.QtCore import QTimer
+from app import main
+from app.window import MainWindow
+
+loaded, delta = MainWindow.on_loaded, MainWindow.on_delta
+
+def on_loaded(self, facts):
+    loaded(self, facts)
+    self.input.setPlainText("Tell me a long story about a dragon.")
+    self.on_send()
+
+def on_delta(self, *args):
+    delta(self, *args)
+    if not getattr(self, "closing", False) and self.chat.messages[-1].answer:
+        self.closing = True
+        print("closing", time.time(), flush=True)
+        QTimer.singleShot(0, self.close)  # as the close button would
+
+MainWindow.on_loaded, MainWindow.on_delta = on_loaded, on_delta
+sys.exit(main.main([]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_the_app_process_exits_within_2_s_of_a_close_during_decode_and_keeps_the_reply(data_dir):
+    from app.store import ConversationStore
+
+    proc = subprocess.Popen([sys.executable, "-c", CLOSE_DURING_DECODE], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        line = proc.stdout.readline()  # written just before the close
+        assert line.startswith("closing"), proc.stderr.read()[-2000:]
+        proc.wait(timeout=60)
+        exited = time.time()
+    finally:
+        proc.kill()
+    assert proc.returncode == 0
+    assert exited - float(line.split()[1]) < 2.0  # the issue measured ~28 s
+    store = ConversationStore(data_dir / "chats.sqlite3")
+    conv = store.list_conversations()[0]["id"]
+    stored = store.messages(conv)
+    store.close()
+    assert [m["role"] for m in stored] == ["user", "assistant"] and stored[1]["content"]
+
+
 @pytest.mark.slow
 @pytest.mark.gpu
 def test_chats_survive_a_restart(qtbot, data_dir):
