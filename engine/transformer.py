@@ -406,7 +406,7 @@ class Transformer:
         head_len = len(ids) - 1 if snapshot else len(ids)
         pieces, at, size = [], 0, min(first, self.chunk)
         while at < head_len:
-            pieces.append(ids[at:at + size])
+            pieces.append(ids[at:min(at + size, head_len)])
             at += len(pieces[-1])
             size = min(2 * size, self.chunk)
         if snapshot:
