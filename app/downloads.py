@@ -92,7 +92,7 @@ class DownloadWorker(QObject):
                                 "speed": speed, "eta_s": (total - done) / speed if speed else None,
                                 "files_done": 0, "files_total": 1})
 
-        return demo.install_demo(folder, on_progress=progress)
+        return demo.install_demo(folder, on_progress=progress, cancel=self._cancel)
 
     def _hub(self, e, folder):
         from engine.hub.download import download_model

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"zerotvm-chat: {problem}", file=sys.stderr)
     source = use_temporary_data_dir() if problem else None
     setup_logging(data_dir() / "logs")
+    from engine import get_version
+
+    logging.getLogger("zerotvm.app").info("zerotvm-chat %s started (pid %d)", get_version(), os.getpid())
     if args.self_test:
         from app.self_test import run_self_test
 
@@ -74,14 +78,18 @@ def run_app(qt_args: list[str], auto_setup: bool = True, data_problem: str | Non
     apply_theme(app, prefs.theme)
     store = open_store((source or data) / STORE_FILE)  # never fails: repaired, recovered or kept in memory
     settings, settings_problems = read_settings((source or data) / "settings.json")
-    window = MainWindow(store, settings, prefs, prefs_path, _adapters(), TokenStore(), auto_setup)
+    window = MainWindow(store, settings, prefs, prefs_path, _adapters(), TokenStore(), auto_setup,
+                        adapter=_chosen_adapter(prefs.adapter))
     window.show()
     notice = startup_notice(data_problem, store.notice, settings_problems)
     if notice:
         window.show_error(*notice)
+    closer = _close_on_signals(app, window)
     try:
         code = app.exec()
     finally:
+        if closer is not None:
+            closer.restore()
         store.close()
     if window.exit_without_waiting:  # every message is saved and the store closed: do not wait on the GPU queue
         import logging
@@ -93,6 +101,17 @@ def run_app(qt_args: list[str], auto_setup: bool = True, data_problem: str | Non
     return code
 
 
+def _close_on_signals(app, window):
+    """SIGTERM / SIGINT close the window like its close button (app/signals.py); only the main thread can."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    from app.signals import SignalCloser
+
+    return SignalCloser(app, window)
+
+
 def _adapters() -> list[str]:
     try:
         from engine.gpu import list_adapters
@@ -100,6 +119,16 @@ def _adapters() -> list[str]:
         return [a.summary() for a in list_adapters()]
     except Exception:  # the worker reports GPU problems when it loads a model
         return []
+
+
+def _chosen_adapter(choice: str):
+    """The adapter the engine worker will open (for the software-GPU notice), or None if none is usable."""
+    try:
+        from engine.gpu import pick_adapter
+
+        return pick_adapter(choice or None)
+    except Exception:  # the worker reports GPU problems when it loads a model
+        return None
 
 
 class TokenStore:

@@ -16,6 +16,10 @@ class ModelRow:
     load_path: Path | None  # what load_model takes once installed
     fit: object | None  # engine.memfit.FitReport
     label: str
+    fit_pending: bool = False  # the fit is being worked out off the GUI thread (quick_only)
+
+
+_NO_ESTIMATE: set[str] = set()  # entries whose estimate failed in fill_fits: not retried forever
 
 
 def _gb(n: int | None) -> str:
@@ -34,21 +38,46 @@ def install_state(e: CatalogEntry, models: Path | None) -> tuple[bool, Path | No
     return is_installed(folder), folder
 
 
-def model_rows(models: Path | None = None, context: int = 0) -> list[ModelRow]:
-    from engine.memfit import check_fit
+def model_rows(models: Path | None = None, context: int = 0, shared_memory: bool = False,
+               software: bool = False, decode_rate: float | None = None, quick_only: bool = False) -> list[ModelRow]:
+    """Every model with its install state and fit, as `zerotvm models` reports it. `shared_memory`: the GPU takes
+    system RAM (integrated or software); `software`: a software adapter, so the fit also gives the speed (from
+    `decode_rate`, the weight bytes/s measured there, when known). Cheap once memfit remembers the estimates;
+    `quick_only`: rows whose estimate is not remembered yet get fit None and fit_pending (see fill_fits)."""
+    from engine.memfit import check_fit, fit_is_quick
 
     rows = []
     for e in catalog.all_models():
         installed, path = install_state(e, models)
+        pending = (quick_only and e.runs and e.key not in _NO_ESTIMATE
+                   and not fit_is_quick(e, context or e.default_context))
+        fit = None
         try:
-            fit = check_fit(e, context or e.default_context)
+            if not pending:
+                fit = check_fit(e, context or e.default_context, shared_memory=shared_memory, software=software,
+                                decode_rate=decode_rate)
         except Exception:  # a fit estimate must never hide a model
             fit = None
         state = "installed" if installed else "not downloaded" if not e.is_local else "missing"
         parts = [e.name, _gb(e.total_bytes), state]
         if not e.runs:
             parts.append("coming soon")
-        elif fit is not None and fit.verdict in ("tight", "wont_fit"):
-            parts.append("tight fit" if fit.verdict == "tight" else "won't fit")
-        rows.append(ModelRow(e, installed, path, fit, " · ".join(parts)))
+        elif pending:
+            parts.append("checking fit…")
+        elif fit is not None:
+            parts.append(fit.summary)
+        rows.append(ModelRow(e, installed, path, fit, " · ".join(parts), pending))
     return rows
+
+
+def fill_fits(rows: list[ModelRow], context: int = 0) -> None:
+    """Work out the pending rows' estimates (slow: plans each model), so the next model_rows has them. Qt-free; the
+    window runs it on a background thread."""
+    from engine.memfit import check_fit
+
+    for row in rows:
+        if row.fit_pending:
+            try:
+                check_fit(row.entry, context or row.entry.default_context)
+            except Exception:  # shown as no fit, as model_rows does
+                _NO_ESTIMATE.add(row.entry.key)

@@ -25,7 +25,9 @@ class _Driver(QObject):
 
     @Slot(dict)
     def loaded(self, facts: dict) -> None:
-        print(f"loaded in {facts['load_seconds']:.1f} s on {facts['adapter']}", file=sys.stderr)
+        from engine.humanize import human_duration
+
+        print(f"loaded in {human_duration(facts['load_seconds'])} on {facts['adapter']}", file=sys.stderr)
         self.reply.emit(1, [{"role": "user", "content": QUESTION}],
                         {"max_tokens": 32, "sampling": {"temperature": 0.0}, "seed": 0}, CancelToken())
 

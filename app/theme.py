@@ -30,6 +30,7 @@ _STYLE = """
 #codeBlock {{ background: {code}; border-radius: 6px; }}
 #thinking {{ color: {muted}; font-style: italic; }}
 #messageStatus, #codeLanguage, #placeholder {{ color: {muted}; }}
+#notice {{ background: {notice}; border: 1px solid {notice_border}; border-radius: 6px; }}
 """
 
 
@@ -46,6 +47,8 @@ def apply_theme(app: QApplication, theme: str) -> None:
     for role, color in (_DARK if dark else _LIGHT).items():
         palette.setColor(role, QColor(color))
     app.setPalette(palette)
-    colors = (dict(user="#2b3a55", assistant="#2a2b2e", code="#111214", muted="#9aa0a6") if dark
-              else dict(user="#dde8fb", assistant="#ffffff", code="#f2f3f5", muted="#6e7781"))
+    colors = (dict(user="#2b3a55", assistant="#2a2b2e", code="#111214", muted="#9aa0a6", notice="#3b3317",
+                   notice_border="#8a6d1f") if dark
+              else dict(user="#dde8fb", assistant="#ffffff", code="#f2f3f5", muted="#6e7781", notice="#fff5d6",
+                        notice_border="#d4a72c"))
     app.setStyleSheet(_STYLE.format(**colors))

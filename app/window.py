@@ -29,12 +29,13 @@ from PySide6.QtWidgets import (
 from app.chat_view import ChatView
 from app.downloads import DownloadThread
 from app.model_list import ModelRow, model_rows
+from app.notice import Notice
 from app.prefs import AppPrefs, save_prefs
 from app.sidebar import ConversationList
 from app.store import ConversationStore
 from app.worker import WorkerThread
 from engine.cancel import CancelToken
-from engine.durations import human_duration
+from engine.humanize import human_duration
 from engine.sampling import SamplingParams
 from engine.settings import save_settings, settings_to_dict
 
@@ -66,12 +67,7 @@ def _size(n: float) -> str:
 
 
 def _eta(seconds) -> str:
-    if seconds is None:
-        return "—"
-    seconds = int(seconds)
-    if seconds >= 3600:
-        return f"{seconds // 3600} h {seconds % 3600 // 60} min"
-    return f"{seconds // 60}:{seconds % 60:02d}"
+    return "—" if seconds is None else human_duration(seconds)
 
 
 class MainWindow(QMainWindow):
@@ -80,10 +76,14 @@ class MainWindow(QMainWindow):
     request_unload = Signal()
     request_download = Signal(dict, str)
     request_manage = Signal(dict, str, str)
+    fits_ready = Signal()  # the background fit estimates are done: refresh the picker
 
     def __init__(self, store: ConversationStore, settings, prefs: AppPrefs, prefs_path: Path,
-                 adapters: list[str], token_store=None, auto_setup: bool = True):
+                 adapters: list[str], token_store=None, auto_setup: bool = True, adapter=None):
+        """`adapter`: the engine.gpu.AdapterInfo the worker will open (None: not known); a software one gets a
+        notice, once per adapter, and the picker's fit gives speeds."""
         super().__init__()
+        self.adapter_info = adapter
         self.setWindowTitle("Zero-TVM")
         self.store, self.settings, self.prefs, self.prefs_path = store, settings, prefs, prefs_path
         self.adapters, self.token_store = adapters, token_store
@@ -118,6 +118,10 @@ class MainWindow(QMainWindow):
         self._render_timer.timeout.connect(self._render_reply)
         self._build()
         self._connect()
+        self.engine.worker.reply_done.connect(self._note_speed)
+        self._fit_thread = None
+        self.fits_ready.connect(self._on_fits_ready)
+        self._show_software_notice()
         self.refresh_models()
         self.refresh_conversations()
         if auto_setup:
@@ -190,13 +194,17 @@ class MainWindow(QMainWindow):
         split.setStretchFactor(1, 1)
         split.setSizes([220, 780])
 
+        self.notice_box = QVBoxLayout()  # the software-adapter notice goes here when there is one
+        self.notice: Notice | None = None
+
         central = QWidget()
         column = QVBoxLayout(central)
         column.addLayout(top)
+        column.addLayout(self.notice_box)
         column.addWidget(self.progress_box)
         column.addWidget(split, 1)
         self.setCentralWidget(central)
-        self.status = QLabel("No model loaded")
+        self.status = QLabel("No model loaded. Pick one above and choose Load (or Download).")
         self.status.setAccessibleName("Status")
         self.statusBar().addWidget(self.status, 1)
         self.resize(1100, 760)
@@ -256,11 +264,12 @@ class MainWindow(QMainWindow):
 
     def refresh_models(self, select: str | None = None) -> None:
         current = select or (self.selected().entry.key if self.selected() else self.prefs.last_model)
-        self.rows = model_rows(self.models_dir(), self.prefs.context)
+        self.rows = model_rows(self.models_dir(), self.prefs.context, quick_only=True, **self._fit_args())
+        self._estimate_fits()
         self.picker.blockSignals(True)
         self.picker.clear()
         for row in self.rows:
-            self.picker.addItem(row.label, row.entry.key)
+            self.picker.addItem(self.row_label(row), row.entry.key)
             if row.fit is not None:
                 self.picker.setItemData(self.picker.count() - 1, row.fit.message, Qt.ItemDataRole.ToolTipRole)
         self.picker.addItem("Add local model…", ADD_LOCAL)
@@ -268,6 +277,92 @@ class MainWindow(QMainWindow):
         self.picker.setCurrentIndex(max(found, 0))
         self.picker.blockSignals(False)
         self.update_action()
+
+    def _fit_args(self) -> dict:
+        """How this machine's adapter bears on a fit, as `zerotvm models` sees it."""
+        from engine.memfit import gpu_memory
+
+        a = self.adapter_info
+        software = bool(a is not None and a.software)
+        return dict(shared_memory=a is not None and gpu_memory(a).shared, software=software,
+                    decode_rate=self._measured_rate())
+
+    def _estimate_fits(self) -> None:
+        """Plan the models whose fit is not known yet on a background thread (it takes a moment per model); the
+        picker refreshes when it is done."""
+        pending = [r for r in self.rows if r.fit_pending]
+        if not pending or (self._fit_thread is not None and self._fit_thread.is_alive()):
+            return
+        import threading
+
+        from app.model_list import fill_fits
+
+        def work(context=self.prefs.context) -> None:
+            fill_fits(pending, context)
+            try:
+                self.fits_ready.emit()  # queued to the GUI thread
+            except RuntimeError:  # the window is gone
+                pass
+
+        self._fit_thread = threading.Thread(target=work, name="fit-estimates", daemon=True)
+        self._fit_thread.start()
+
+    def _on_fits_ready(self) -> None:
+        self._fit_thread = None
+        if any(r.fit_pending for r in self.rows):
+            self.refresh_models()
+
+    def loaded_key(self) -> str | None:
+        return self.facts.get("key") if self.facts is not None else None
+
+    def row_label(self, row: ModelRow) -> str:
+        """The picker's text for a row: the model loaded now is marked, whichever one is selected."""
+        return f"● {row.label} · loaded" if row.entry.key == self.loaded_key() else row.label
+
+    def relabel_models(self) -> None:
+        """Move the "loaded" mark after a load or unload (without re-reading the models folder)."""
+        for i, row in enumerate(self.rows):
+            if self.picker.itemData(i) == row.entry.key:
+                self.picker.setItemText(i, self.row_label(row))
+
+    def idle_status(self) -> str:
+        """The status line for the state the app is in now, when nothing is running."""
+        if self.facts is None:
+            return "No model loaded. Pick one above and choose Load (or Download)."
+        text = f"{self.facts.get('title', self.facts['name'])} · context {self.facts['context']} tokens"
+        return text + (" · software GPU: slow" if self.adapter_info is not None and self.adapter_info.software
+                       else "")
+
+    def _show_software_notice(self) -> None:
+        """The plain word that the GPU is a software one, once per adapter (remembered in the app prefs)."""
+        a = self.adapter_info
+        if a is None or not a.software or a.key in self.prefs.software_notice_shown:
+            return
+        from engine.speed import SOFTWARE_NOTICE_TITLE, software_notice
+
+        self.notice = Notice(SOFTWARE_NOTICE_TITLE, software_notice(a.name, rate=self._measured_rate()))
+        self.notice_box.addWidget(self.notice)
+        self.prefs.software_notice_shown = [*self.prefs.software_notice_shown, a.key]
+        save_prefs(self.prefs, self.prefs_path)
+
+    def _measured_rate(self) -> float | None:
+        """Weight bytes/s a reply reached on this (software) adapter, once one has been measured."""
+        if self.adapter_info is None or not self.adapter_info.software:
+            return None
+        from engine.speed import measured_rate
+
+        return measured_rate(self.adapter_info.key, self.prefs_path.parent)
+
+    def _note_speed(self, _request: int, stats: dict) -> None:
+        """On a software GPU a finished reply's decode speed replaces the estimate in the picker (speeds.json)."""
+        row = self.row(self.loaded_key() or "")
+        if row is None or row.fit is None or self.adapter_info is None or not self.adapter_info.software:
+            return
+        from engine.speed import record_decode
+
+        if record_decode(self.adapter_info.key, row.fit.estimate.decode_bytes, int(stats.get("tokens") or 0),
+                         float(stats.get("tps") or 0), self.prefs_path.parent) is not None:
+            self.refresh_models()
 
     def selected(self) -> ModelRow | None:
         key = self.picker.currentData()
@@ -279,6 +374,7 @@ class MainWindow(QMainWindow):
     def update_action(self) -> None:
         row = self.selected()
         busy = self.downloading_key is not None or self.loading_key is not None
+        self._update_hint()
         if row is None:
             self.action.setText("Load")
             self.action.setEnabled(False)
@@ -293,6 +389,22 @@ class MainWindow(QMainWindow):
         self.manage.setEnabled(row.installed and not row.entry.is_local and not busy)
         self.verify_action.setEnabled(hub)
         self.remove_action.setEnabled(not loaded)  # unload before deleting the files it reads
+
+    def _update_hint(self) -> None:
+        """The message box's placeholder and the empty chat's line say what happens now."""
+        private = "Everything stays on this computer."
+        if self.facts is not None:
+            title = self.facts.get("title", "the model")
+            hint = f"Message {title} (Enter sends, Shift+Enter for a new line)"
+            empty = f"Ask {title} anything. {private}"
+        elif self.loading_key or self.downloading_key:
+            hint = "Type your message: Enter sends it as soon as the model has loaded"
+            empty = f"The model is {'loading' if self.loading_key else 'downloading'}; you can type your question now."
+        else:
+            hint = "No model loaded: pick one above and choose Load, then type your message here"
+            empty = f"Pick a model above and load it, then ask anything. {private}"
+        self.input.setPlaceholderText(hint)
+        self.chat.placeholder.setText(empty)
 
     def on_pick(self, _index: int) -> None:
         if self.picker.currentData() == ADD_LOCAL:
@@ -363,21 +475,34 @@ class MainWindow(QMainWindow):
             return
         self.downloading_key = row.entry.key
         self.show_progress(f"Downloading {row.entry.name}…", 0, 0)
+        self.status.setText(f"Downloading {row.entry.name}…")
         self.request_download.emit(row.entry.to_dict(), str(self.models_dir() or ""))
         self.update_action()
 
     def load(self, row: ModelRow, confirm: bool = True) -> None:
+        if row.fit_pending and row.fit is None:  # chosen before the background estimate arrived: work it out now
+            from engine.memfit import check_fit
+
+            try:
+                row.fit = check_fit(row.entry, self.prefs.context or row.entry.default_context, **self._fit_args())
+            except Exception:  # as model_rows: no estimate, no warning
+                row.fit = None
         fit = row.fit
-        if confirm and fit is not None and (fit.verdict in ("tight", "wont_fit") or fit.ram_warning):
-            box = QMessageBox(QMessageBox.Icon.Warning, "Memory is tight",
-                              f"{row.entry.name} may not fit on this computer.\n\n{fit.message}", parent=self)
+        if confirm and fit is not None and fit.load_anyway:
+            slow = fit.verdict == "too_slow"
+            box = QMessageBox(QMessageBox.Icon.Warning, "Too slow on this computer" if slow else "Memory is tight",
+                              f"{row.entry.name} {'would be too slow to use' if slow else 'may not fit'} on this "
+                              f"computer.\n\n{fit.message}", parent=self)
             load_anyway = box.addButton("Load anyway", QMessageBox.ButtonRole.AcceptRole)
             box.addButton(QMessageBox.StandardButton.Cancel)
             box.exec()
             if box.clickedButton() is not load_anyway:
                 return
         self.loading_key = row.entry.key
+        self.facts = None  # the worker lets the loaded model go before it reads the next one
+        self.relabel_models()
         self.show_progress(f"Loading {row.entry.name}…", 0, 0)
+        self.status.setText(f"Loading {row.entry.name}…")
         self._load_token = CancelToken()
         self.request_load.emit(str(row.load_path), self.prefs.context, self.prefs.exact_decode, self._load_token)
         self.update_action()
@@ -437,12 +562,14 @@ class MainWindow(QMainWindow):
         row = self.row(key)
         if row is not None and row.installed and row.entry.runs and self.facts is None:
             self.load(row)
+        elif row is not None:
+            self.status.setText(f"{row.entry.name} is downloaded. " + self.idle_status())
 
     def on_download_cancelled(self, key: str) -> None:
         self.downloading_key = None
         self._send_when_ready = False
         self.hide_progress()
-        self.status.setText("Download cancelled; it resumes where it stopped next time.")
+        self.status.setText("Download cancelled; it resumes where it stopped next time. " + self.idle_status())
         self.refresh_models(select=key)
 
     def on_download_failed(self, key: str, title: str, message: str) -> None:
@@ -450,6 +577,8 @@ class MainWindow(QMainWindow):
         self._send_when_ready = False
         self.hide_progress()
         self.refresh_models(select=key)
+        name = self.row(key).entry.name if self.row(key) else key
+        self.status.setText(f"Downloading {name} failed. " + self.idle_status())
         self.show_error(title, message)
 
     def on_load_progress(self, part: int, parts: int, done: float, total: float) -> None:
@@ -465,8 +594,9 @@ class MainWindow(QMainWindow):
         row = self.row(facts["key"] or "")
         name = row.entry.name if row else facts["name"]
         self.facts["title"] = name
-        self.status.setText(f"{name} · context {facts['context']} tokens · loaded in {facts['load_seconds']:.1f} s"
-                            f" · {facts['adapter']}")
+        self.status.setText(f"{self.idle_status()} · loaded in {human_duration(facts['load_seconds'])} · "
+                            f"{facts['adapter']}")
+        self.relabel_models()
         self.update_action()
         self.input.setFocus()
         if self._send_when_ready:
@@ -474,9 +604,12 @@ class MainWindow(QMainWindow):
             self.on_send()
 
     def on_unloaded(self) -> None:
+        cancelled = self.loading_key is not None  # a load stopped by Cancel ends here too
         self.facts, self.loading_key = None, None
+        self._send_when_ready = False
         self.hide_progress()
-        self.status.setText("No model loaded")
+        self.status.setText(("Loading cancelled. " if cancelled else "") + self.idle_status())
+        self.relabel_models()
         self.update_action()
 
     # ---- conversations ------------------------------------------------------------------------------------
@@ -694,10 +827,13 @@ class MainWindow(QMainWindow):
         self.start_reply()
 
     def on_failed(self, request: int, title: str, message: str) -> None:
-        if request == 0:  # a load
-            self.loading_key = None
+        if request == 0:  # a load: the worker let the previous model go too
+            row = self.row(self.loading_key or "")
+            self.facts, self.loading_key = None, None
             self._send_when_ready = False
             self.hide_progress()
+            self.status.setText(f"Could not load {row.entry.name if row else 'the model'}. " + self.idle_status())
+            self.relabel_models()
             self.update_action()
         elif request == self.request:
             if not any(self._reply_text) and self._reply_widget is not None:
@@ -795,12 +931,8 @@ def _stats_text(stats: dict) -> str:
         return reason or ""
     dropped = f" · {stats['dropped_turns']} oldest messages left out" if stats.get("dropped_turns") else ""
     return (f"{stats['tokens']} tokens · {stats.get('tps', 0):.1f} tok/s · first token "
-            f"{_short_duration(stats.get('ttft', 0))} · context {stats.get('context_used')}/"
-            f"{stats.get('context_limit')}{dropped}")
-
-
-def _short_duration(seconds: float) -> str:
-    return f"{1000 * seconds:.0f} ms" if seconds < 1 else human_duration(seconds)
+            f"{human_duration(stats.get('ttft', 0))} · context {stats.get('context_used')}/{stats.get('context_limit')}"
+            f"{dropped}")
 
 
 def _describe(e: Exception, what: str) -> tuple[str, str]:

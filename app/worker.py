@@ -74,6 +74,7 @@ class EngineWorker(QObject):
             self.model = load_model(path, gpu=self._device(), on_progress=progress, options=options)
             token.check()
             self.loaded.emit(self._facts(time.perf_counter() - started))
+            log.info("model loaded: %s", path)  # .ci/run waits for this line in the log
         except Cancelled:
             self._release()
             self.unloaded.emit()

@@ -10,9 +10,11 @@ back to back in one pass, best of 3 submissions (engine.bench.dispatch_seconds);
 the kernels read them; "× q4_0" is the type's GB/s over Q4_0's for the same kernel kind.
 
     python3 bench/kquant_probe.py [--tokens 512] [--reps 50] [--types q4_k,q6_k] [--variants] [--quick]
+                                  [--json out.json]
 """
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -153,6 +155,7 @@ def main() -> None:
     ap.add_argument("--types", default=",".join(["q4_0", *kquant.TYPES]), help="comma-separated tags")
     ap.add_argument("--variants", action="store_true", help="also time other ROWS / WG / tile settings")
     ap.add_argument("--quick", action="store_true", help="small matrices, T=70, 2 reps (a software-GPU smoke run)")
+    ap.add_argument("--json", help="also write the numbers to this file (per matrix, type and kernel kind)")
     args = ap.parse_args()
     tags = [t.strip() for t in args.types.split(",") if t.strip()]
     unknown = [t for t in tags if t != "q4_0" and t not in kquant.TYPES]
@@ -166,6 +169,8 @@ def main() -> None:
     print(f"{g.info.name}, subgroup {g.subgroup_size}: copy kernel {copy / 1e9:.0f} GB/s (read + write); "
           f"prefill T={T}", flush=True)
     failures = 0
+    report = {"gpu": g.info.name, "subgroup": g.subgroup_size, "copy_gbs": copy / 1e9, "tokens": T, "reps": reps,
+              "matrices": {}}
     for name, (K, N) in (QUICK if args.quick else MATRICES).items():
         rng = np.random.default_rng(0)
         x = rng.standard_normal((T, K)).astype(np.float32)
@@ -179,20 +184,24 @@ def main() -> None:
         print(f"\n{name} (N={N} outputs, K={K}); quantize_q8 of {T} rows {t_quant:.1f} us (not in the int8 GEMM "
               "times below)")
         print(f"  {'type':6s} {'bits/w':>6s}  " + "  ".join(f"{k:>28s}" for k in KINDS))
+        entry = report["matrices"][name] = {"K": K, "N": N, "quantize_us": t_quant, "types": {}}
         base = {}
         for tag in tags:
             wbufs, nbytes, W = random_weight(g, tag, N, K, rng)
             ks = kernels(g, tag, K, N, T, wbufs, io)
             bad = check(g, ks, quantize, W, x, T, N)
             cells = []
+            row = entry["types"][tag] = {"bits_per_weight": 8 * nbytes / (N * K), "bad": []}
             for kind, (pipe, bg, grid, _) in ks.items():
                 t = dispatch_seconds(g, pipe, bg, grid, reps)
                 gbs = nbytes / t / 1e9
                 base.setdefault(kind, gbs) if tag == "q4_0" else None
                 cells.append(f"{t * 1e6:8.1f} us {gbs:7.1f} GB/s {gbs / base[kind]:4.2f}x")
+                row[kind] = {"us": t * 1e6, "gbs": gbs, "x_q4_0": gbs / base[kind]}
             print(f"  {tag:6s} {8 * nbytes / (N * K):6.3f}  " + "  ".join(f"{c:>28s}" for c in cells), flush=True)
             for sentence in bad:
                 print(f"    BAD {tag}: {sentence}")
+            row["bad"] = list(bad)
             failures += len(bad)
             for kind, plan in VARIANTS if args.variants and tag != "q4_0" else []:
                 try:
@@ -213,6 +222,9 @@ def main() -> None:
                       f"(vs default {err:.1e} {verdict})")
             for buf in set(wbufs):
                 buf.destroy()
+    report["failures"] = failures
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2))
     if failures:
         sys.exit(f"{failures} kernel check(s) failed: the times above are not meaningful")
 

@@ -17,20 +17,60 @@ def cmd_gpus(args) -> None:
 
     adapters = list_adapters()
     try:
-        chosen = pick_adapter(args.adapter).index
-    except ZeroTVMError:
-        chosen = None
+        chosen, problem = pick_adapter(args.adapter), None
+    except ZeroTVMError as e:
+        chosen, problem = None, str(e)
     for a in adapters:
-        mark = "*" if a.index == chosen else " "
+        mark = "*" if chosen is not None and a.index == chosen.index else " "
         usable = "" if a.backend in GOOD_BACKENDS and "shader-f16" in a.features else "  (not usable)"
-        print(f"{mark} {a.summary()}{usable}")
+        software = "  (software GPU: runs on the processor)" if a.software else ""
+        print(f"{mark} {a.summary()}{software}{usable}")
         if args.verbose:
             print("    features:", ", ".join(a.features))
             keys = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
                     "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup")
             print("    limits:  ", ", ".join(f"{k}={a.limits.get(k)}" for k in keys))
     if chosen is None:
-        print("no usable adapter", file=sys.stderr)
+        print(f"No adapter chosen: {problem}", file=sys.stderr)
+    else:
+        _software_notice(chosen, sys.stdout)
+
+
+def _software_notice(adapter, file=None) -> None:
+    """The plain warning, once per command, when the adapter in use is a software one (stderr unless `file`)."""
+    if adapter is not None and adapter.software:
+        from engine.speed import SOFTWARE_NOTICE_TITLE, measured_rate, software_notice
+
+        text = software_notice(adapter.name, rate=measured_rate(adapter.key))
+        print(f"\n{SOFTWARE_NOTICE_TITLE}.\n{text}", file=file or sys.stderr)
+
+
+def _software_note(adapter, path: str) -> None:
+    """Before generate/chat loads a model on a software adapter: one line with the speed to expect from it."""
+    if adapter is None or not adapter.software:
+        return
+    from engine.humanize import human_rate
+    from engine.library import find_entry
+    from engine.memfit import estimate
+    from engine.speed import DEMO_DECODE_BYTES, measured_rate, software_tps
+
+    rate = measured_rate(adapter.key)
+    entry = find_entry(path)
+    decode_bytes = estimate(entry).decode_bytes if entry is not None and entry.runs else None
+    what = f"from {entry.name}" if decode_bytes else "from the demo model (bigger models are slower)"
+    tps = software_tps(decode_bytes or DEMO_DECODE_BYTES, rate=rate)
+    how = "measured on this computer" if rate else "a rough estimate"
+    print(f"Running on {adapter.name}, a software GPU (the processor does the graphics card's work): expect roughly "
+          f"{human_rate(tps)} {what} ({how}). `zerotvm gpus` says how to get full speed.", file=sys.stderr)
+
+
+def _chosen_adapter():
+    from engine.gpu import pick_adapter
+
+    try:
+        return pick_adapter()
+    except ZeroTVMError:
+        return None
 
 
 def cmd_convert(args) -> None:
@@ -50,10 +90,17 @@ def _progress(part: int, parts: int, path: str, done: int, total: int) -> None:
 
 
 def cmd_logits(args) -> None:
+    from engine.library import resolve_model
     from engine.model import load_model
 
-    ids = [int(t) for t in args.ids.split(",") if t.strip()]
-    model = load_model(args.model, max_context=args.context, on_progress=_progress)
+    try:
+        ids = [int(t) for t in args.ids.split(",") if t.strip()]
+    except ValueError:
+        raise ZeroTVMError(f"--ids must be whole numbers separated by commas, like 1,2,3 (got {args.ids!r})") from None
+    if not ids:
+        raise ZeroTVMError("--ids is empty; give at least one token id, like --ids 1,2,3")
+    model = load_model(resolve_model(args.model), max_context=args.context, on_progress=_progress,
+                       q8_decode=not args.exact_decode)
     logits = model.logits(ids)
     if args.out:
         np.save(args.out, logits)
@@ -66,11 +113,12 @@ def cmd_logits(args) -> None:
 
 
 def _resolve_model(name: str | None) -> str:
-    """The model argument, or the installed default (the demo model when nothing else is installed)."""
-    if name:
-        return name
-    from engine.library import default_model
+    """The model argument (a path or a catalog key), or the installed default (the demo model when nothing else is
+    installed)."""
+    from engine.library import default_model, resolve_model
 
+    if name:
+        return str(resolve_model(name))
     found = default_model()
     if found is None:
         raise ZeroTVMError("no model installed; run `zerotvm install-demo` to set up the small demo model "
@@ -100,12 +148,11 @@ def _chat_settings(args, model):
 
 
 def _stats(r) -> str:
-    from engine.durations import human_duration
+    from engine.humanize import human_duration
 
     reused = f", {r.prompt_reused} reused" if r.prompt_reused else ""
-    ttft = f"{r.ttft_s * 1000:.0f} ms" if r.ttft_s < 1 else human_duration(r.ttft_s)
     return (f"[{r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s, time to first token "
-            f"{ttft}, prompt {r.prompt_tokens} tokens{reused}, context {r.context_used}/"
+            f"{human_duration(r.ttft_s)}, prompt {r.prompt_tokens} tokens{reused}, context {r.context_used}/"
             f"{r.context_limit}, finish: {r.finish_reason}]")
 
 
@@ -115,8 +162,9 @@ def cmd_generate(args) -> None:
     from engine.model import load_model
     from engine.session import ChatSession
 
-    model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress,
-                       q8_decode=not args.exact_decode)
+    path = _resolve_model(args.model)
+    _software_note(_chosen_adapter(), path)
+    model = load_model(path, max_context=args.context, on_progress=_progress, q8_decode=not args.exact_decode)
     settings = _chat_settings(args, model)
     token = CancelToken()
     try:
@@ -144,8 +192,9 @@ def cmd_chat(args) -> None:
     from engine.model import load_model
     from engine.session import ChatSession
 
-    model = load_model(_resolve_model(args.model), max_context=args.context, on_progress=_progress,
-                       q8_decode=not args.exact_decode)
+    path = _resolve_model(args.model)
+    _software_note(_chosen_adapter(), path)
+    model = load_model(path, max_context=args.context, on_progress=_progress, q8_decode=not args.exact_decode)
     chat = ChatSession(model, _chat_settings(args, model), progress=True)
     print(f"{model.path.name}: context {model.runtime.max_context} tokens. {CHAT_HELP}", file=sys.stderr)
     while True:
@@ -205,16 +254,22 @@ def cmd_chat(args) -> None:
 def cmd_install_demo(args) -> None:
     from engine import demo
 
+    shown = []
+
     def progress(stage: str, done: int, total: int) -> None:
         pct = f"{100 * done / total:5.1f}%" if total else ""
         print(f"\r{stage:8s} {done / 2**20:6.1f}/{total / 2**20:.1f} MiB {pct}", end="", file=sys.stderr, flush=True)
+        shown.append(stage)
 
     folder = demo.demo_path().parent
     if demo.is_installed(folder):
         print(f"already installed: {demo.demo_path()}")
         return
-    path = demo.install_demo(on_progress=progress)
-    print(file=sys.stderr)
+    try:
+        path = demo.install_demo(on_progress=progress)
+    finally:
+        if shown:
+            print(file=sys.stderr)  # ends the progress line, also before an error's sentence
     print(f"installed {demo.TITLE}: {path}")
 
 
@@ -225,43 +280,38 @@ def _bytes(n: float | None) -> str:
 
 
 def cmd_models(args) -> None:
-    """The catalog and local models: installed state, download size and memory fit on this machine."""
-    from engine.catalog import all_models, install_dir
+    """The catalog and local models: installed state, download size and memory fit (and, on a software adapter,
+    speed) on this machine."""
+    from engine.catalog import all_models
+    from engine.library import catalog_state
     from engine.memfit import check_fit, gpu_memory
 
-    try:
-        from engine.gpu import pick_adapter
+    adapter = _chosen_adapter()
+    gpu = gpu_memory(adapter)
+    software = bool(adapter and adapter.software)
+    from engine.speed import measured_rate
 
-        gpu = gpu_memory(pick_adapter())
-    except ZeroTVMError:
-        gpu = gpu_memory(None)
+    rate = measured_rate(adapter.key) if software else None  # a reply the app timed here beats the estimate
     rows = []
     for e in all_models():
-        folder = install_dir(e)
-        if e.is_demo:
-            from engine import demo
-
-            state = "installed" if demo.is_installed(folder) else "-"
-        elif e.is_local:
-            state = "local" if folder.exists() else "missing"
-        else:
-            from engine.hub.state import is_installed, staging_dir
-
-            state = "installed" if is_installed(folder) else "partial" if staging_dir(folder).exists() else "-"
+        state, folder = catalog_state(e)
         context = args.context or e.default_context
-        fit = check_fit(e, context, shared_memory=gpu.shared)
+        fit = check_fit(e, context, shared_memory=gpu.shared, software=software, decode_rate=rate)
         rows.append({"key": e.key, "name": e.name, "size": e.total_bytes, "state": state, "runs": e.runs,
-                     "context": context, "fit": fit.verdict, "fit_message": fit.message,
+                     "context": context, "fit": fit.verdict, "fit_summary": fit.summary, "fit_message": fit.message,
+                     "tokens_per_s": round(fit.speed.tokens_per_s, 3) if fit.speed else None,
                      "ram_warning": bool(fit.ram_warning), "path": str(folder)})
     if args.json:
         print(json.dumps(rows, indent=2))
+        _software_notice(adapter)  # stderr: the JSON stays the catalog
         return
     print(f"{'key':28s} {'size':>9s}  {'state':10s} {'context':>7s}  fit")
     for r in rows:
         runs = "" if r["runs"] else "  (not runnable yet)"
-        print(f"{r['key']:28s} {_bytes(r['size']):>9s}  {r['state']:10s} {r['context']:7d}  {r['fit']}{runs}")
+        print(f"{r['key']:28s} {_bytes(r['size']):>9s}  {r['state']:10s} {r['context']:7d}  {r['fit_summary']}{runs}")
         if args.verbose or r["fit"] in ("tight", "wont_fit") or r["ram_warning"]:
             print(f"    {r['fit_message']}")
+    _software_notice(adapter)
 
 
 def cmd_download(args) -> None:
@@ -270,23 +320,25 @@ def cmd_download(args) -> None:
     from engine.catalog import all_models, install_dir, write_generation_defaults
     from engine.hub.download import default_dest, download_model
     from engine.hub.errors import DownloadCancelled
+    from engine.humanize import human_duration
 
     entry = next((e for e in all_models() if e.key == args.model), None)
     if entry is not None and entry.is_local:
-        raise ZeroTVMError(f"{args.model} is a local model; there is nothing to download")
+        raise ZeroTVMError(f"{entry.name} is a model you added from your own files; there is nothing to download")
     if entry is not None and entry.is_demo:
         cmd_install_demo(args)
         return
     if entry is None and "/" not in args.model:
         keys = ", ".join(e.key for e in all_models() if not e.is_local)
-        raise ZeroTVMError(f"no catalog model {args.model!r}; use a key ({keys}) or a Hugging Face repo id")
+        raise ZeroTVMError(f"no catalog model {args.model!r}; use one of these keys ({keys}) or a Hugging Face "
+                           "repo id like owner/name")
     repo = entry.repo if entry else args.model
     revision = args.revision or (entry.revision if entry else None) or "main"
     dest = install_dir(entry) if entry else default_dest(repo)
     cancel = threading.Event()
 
     def progress(p) -> None:
-        eta = f" ETA {int(p.eta_s) // 60}:{int(p.eta_s) % 60:02d}" if p.eta_s is not None else ""
+        eta = f" {human_duration(p.eta_s)} left" if p.eta_s is not None else ""
         speed = f" {p.speed / 1e6:6.1f} MB/s" if p.speed else ""
         print(f"\r[{p.files_done}/{p.files_total}] {p.file[-40:]:40s} {_bytes(p.done):>9s}/{_bytes(p.total)}"
               f"{speed}{eta}   ", end="", file=sys.stderr, flush=True)
@@ -309,12 +361,14 @@ def cmd_download(args) -> None:
 
 def cmd_remove(args) -> None:
     from engine import demo
-    from engine.catalog import all_models, install_dir, remove_local
+    from engine.catalog import install_dir, remove_local
     from engine.hub.state import remove_model
+    from engine.library import find_entry
 
-    entry = next((e for e in all_models() if e.key == args.model), None)
+    entry = find_entry(args.model)
     if entry is None:
-        raise ZeroTVMError(f"no model {args.model!r}; `zerotvm models` lists the keys")
+        raise ZeroTVMError(f"there is no catalog model with the key or path {args.model!r}; run `zerotvm models` to "
+                           "see the keys (a file you never added is not Zero-TVM's to delete)")
     if entry.is_local:
         remove_local(entry.key)
         print(f"forgot {entry.name} (its files at {entry.path} were left alone)")
@@ -329,12 +383,22 @@ def cmd_remove(args) -> None:
 def cmd_verify(args) -> None:
     """Re-hash a downloaded model's files against the Hub's sizes and sha256; damaged files are deleted so the
     next `zerotvm download` fetches only them."""
-    from engine.catalog import all_models, install_dir
-    from engine.hub.state import verify_installed
+    from engine.catalog import install_dir
+    from engine.hub.state import is_installed, staging_dir, verify_installed
+    from engine.library import find_entry
 
-    entry = next((e for e in all_models() if e.key == args.model), None)
-    if entry is None or entry.is_local or entry.is_demo:
-        raise ZeroTVMError(f"{args.model!r} is not a downloaded catalog model; `zerotvm models` lists the keys")
+    entry = find_entry(args.model)
+    if entry is None:
+        raise ZeroTVMError(f"there is no catalog model with the key or path {args.model!r}; run `zerotvm models` to "
+                           "see the keys")
+    if entry.is_local:
+        raise ZeroTVMError(f"{entry.name} came from your own files, so there are no Hub checksums to compare it with")
+    if entry.is_demo:
+        raise ZeroTVMError(f"{entry.name} is checked against its SHA-256 whenever it is installed; if it looks "
+                           "damaged, run `zerotvm remove smollm2-135m-demo` and then `zerotvm install-demo`")
+    if not is_installed(install_dir(entry)) and not staging_dir(install_dir(entry)).exists():
+        raise ZeroTVMError(f"{entry.name} is not downloaded, so there is nothing to verify; run `zerotvm download "
+                           f"{entry.key}` to get it")
 
     def progress(done: int, total: int) -> None:
         print(f"\rverifying {_bytes(done):>9s}/{_bytes(total)}", end="", file=sys.stderr, flush=True)
@@ -348,28 +412,41 @@ def cmd_verify(args) -> None:
 
 
 def cmd_token(args) -> None:
-    from engine.hub.token import clear_token, get_token, set_token
+    from engine.hub.token import clear_token, get_token, keyring_problem, set_token
 
+    env = " HF_TOKEN is set in the environment and is used instead." if os.environ.get("HF_TOKEN") else ""
     if args.action == "set":
         import getpass
 
         token = args.token or getpass.getpass("Hugging Face token (input hidden): ")
         set_token(token)
-        print("token saved in the system keyring")
+        print("Token saved in the system keyring.")
     elif args.action == "clear":
-        clear_token()
-        print("token removed from the system keyring")
+        problem = keyring_problem()
+        if problem:
+            print(f"Nothing to remove: {problem}, so no token can have been saved there.{env}")
+        elif clear_token():
+            print("Token removed from the system keyring.")
+        else:
+            print(f"Nothing to remove: no token is saved in the system keyring.{env}")
     else:
-        print("a token is saved in the system keyring" if get_token() else "no token saved")
+        problem = keyring_problem()
+        if problem:
+            print(f"No token saved: {problem}. Set the HF_TOKEN environment variable for gated models."
+                  if not env else f"No token saved: {problem}.{env}")
+        else:
+            print("A token is saved in the system keyring." if get_token() else f"No token saved.{env}")
 
 
 def cmd_prompt(args) -> None:
     from engine.chat import load_messages
+    from engine.library import resolve_model
     from engine.tokenizer import load_tokenizer
 
     thinking = None if args.thinking is None else args.thinking == "on"
-    prompt = load_tokenizer(args.model).chat_prompt(load_messages(args.messages), system=args.system,
-                                                    thinking=thinking)
+    path = resolve_model(args.model)
+    messages = load_messages(args.messages)  # a bad file is reported before the tokenizer is built
+    prompt = load_tokenizer(path).chat_prompt(messages, system=args.system, thinking=thinking)
     print(json.dumps(prompt.ids))
 
 
@@ -386,8 +463,8 @@ def _add_chat_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--max-tokens", type=int, help="longest reply in tokens (default 1024)")
     s.add_argument("--context", type=int, help="context window in tokens (default: the model's)")
     s.add_argument("--exact-decode", action="store_true",
-                   help="f32 activations in decode and prefill (slower); by default the 4-bit matrix products take "
-                        "int8 ones, as llama.cpp's")
+                   help="f32 activations in decode and prefill (slower); by default the 4-bit and K-quant matrix "
+                        "products take int8 ones, as llama.cpp's")
     s.add_argument("--temperature", type=float, help="0 = greedy")
     s.add_argument("--top-k", type=int)
     s.add_argument("--top-p", type=float)
@@ -398,6 +475,9 @@ def _add_chat_args(s: argparse.ArgumentParser) -> None:
     s.add_argument("--thinking", choices=["on", "off"], help="reasoning on/off for models that have it (Qwen3)")
     s.add_argument("--context-policy", choices=["refuse", "drop_oldest"],
                    help="when the chat outgrows the context: refuse (default) or leave the oldest turns out")
+
+
+MODEL_HELP = "catalog key (see `zerotvm models`), model folder or .gguf file"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -419,22 +499,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_convert)
 
     s = sub.add_parser("logits", help="teacher-forced float32 logits for every position")
-    s.add_argument("model")
+    s.add_argument("model", help=MODEL_HELP)
     s.add_argument("--ids", required=True, help="comma-separated token ids")
     s.add_argument("--context", type=int, help="context window in tokens (default: the model's; the KV cache is "
                                                "allocated for all of it)")
     s.add_argument("--out", help="save to this .npy file instead of printing")
+    s.add_argument("--exact-decode", action="store_true",
+                   help="f32 activations in every matrix product (to check a model against a float64 reference); "
+                        "by default the 4-bit and K-quant products take int8 ones, as llama.cpp's")
     s.set_defaults(func=cmd_logits)
 
     s = sub.add_parser("generate", help="answer one prompt (as a chat turn when the model has a chat template)")
-    s.add_argument("model", nargs="?", help="model folder or .gguf file (default: the installed model)")
+    s.add_argument("model", nargs="?", help=MODEL_HELP + " (default: the installed model)")
     s.add_argument("--prompt", required=True)
     s.add_argument("--raw", action="store_true", help="complete the text as is, without the chat template")
     _add_chat_args(s)
     s.set_defaults(func=cmd_generate)
 
     s = sub.add_parser("chat", help="interactive multi-turn chat in the terminal")
-    s.add_argument("model", nargs="?", help="model folder or .gguf file (default: the installed model)")
+    s.add_argument("model", nargs="?", help=MODEL_HELP + " (default: the installed model)")
     _add_chat_args(s)
     s.set_defaults(func=cmd_chat)
 
@@ -453,11 +536,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_download)
 
     s = sub.add_parser("remove", help="delete a downloaded model (local models are only forgotten)")
-    s.add_argument("model", help="catalog key")
+    s.add_argument("model", help="catalog key, or the path it is installed at")
     s.set_defaults(func=cmd_remove)
 
     s = sub.add_parser("verify", help="re-hash a downloaded model's files against the Hub's checksums")
-    s.add_argument("model", help="catalog key")
+    s.add_argument("model", help="catalog key, or the path it is installed at")
     s.set_defaults(func=cmd_verify)
 
     s = sub.add_parser("token", help="the Hugging Face token in the system keyring (for gated repos)")
@@ -466,7 +549,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_token)
 
     s = sub.add_parser("prompt", help="render a chat with the model's own template; print its token ids as JSON")
-    s.add_argument("model", help="model folder (tokenizer files and configs are enough) or .gguf file")
+    s.add_argument("model", help=MODEL_HELP + " (for a folder, tokenizer files and configs are enough)")
     s.add_argument("--messages", required=True, help='JSON file: [{"role": ..., "content": ...}, ...]')
     s.add_argument("--thinking", choices=["on", "off"], help="set enable_thinking (Qwen3 and alike)")
     s.add_argument("--system", help="system prompt (replaces a leading system message)")
@@ -495,8 +578,16 @@ def main(argv: list[str] | None = None) -> int:
     except ZeroTVMError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except (FileNotFoundError, NotADirectoryError, ValueError) as e:
+    except (FileNotFoundError, NotADirectoryError) as e:
+        what = f"there is no such file or folder: {e.filename}" if e.filename else str(e)  # not "[Errno 2] ..."
+        print(f"error: {what}; check the path and try again" if e.filename else f"error: {what}", file=sys.stderr)
+        return 2
+    except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # permissions, a full disk, a device gone: the system's own words, and the file
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"error: {e.strerror or e}{where}; check the file and the disk, then try again", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

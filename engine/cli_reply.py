@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from engine.cancel import CancelToken
-from engine.durations import human_duration
+from engine.humanize import human_duration
 
 SHOW_AFTER_S = 1.0  # a prompt read faster than this shows no progress
 LINE_EVERY_S = 5.0  # without a terminal, progress is a line at most this often

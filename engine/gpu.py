@@ -6,6 +6,7 @@ Everything that talks to wgpu directly lives here; models and kernels' host side
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +23,9 @@ READBACK = wgpu.BufferUsage.MAP_READ | wgpu.BufferUsage.COPY_DST
 # Backends we trust for compute; OpenGL lacks shader-f16 and subgroups.
 GOOD_BACKENDS = ("Vulkan", "Metal", "D3D12")
 _TYPE_RANK = {"DiscreteGPU": 0, "IntegratedGPU": 1, "VirtualGPU": 2, "CPU": 3}
+# Drivers that run "GPU" work on the processor. Some report adapter_type CPU; some (WARP, older SwiftShader) do not,
+# so the device and driver names are checked too.
+_SOFTWARE_NAMES = re.compile(r"lavapipe|llvmpipe|swiftshader|\bwarp\b|microsoft basic render", re.IGNORECASE)
 # Uploads stage their bytes in driver memory until the next queue submission; past this many pending bytes the
 # next upload first waits for them to land, so loading holds at most one window of staging copies.
 UPLOAD_WINDOW = 256 * 2**20
@@ -51,6 +55,27 @@ class AdapterInfo:
 
     def summary(self) -> str:
         return f"[{self.index}] {self.name} ({self.backend}, {self.adapter_type}, {self.driver})"
+
+    @property
+    def software(self) -> bool:
+        """A software adapter: the processor does the GPU's work (slow; see engine/speed.py)."""
+        return is_software_adapter(self)
+
+    @property
+    def key(self) -> str:
+        """Names this adapter across runs (indices can change when drivers are added)."""
+        return f"{self.backend}|{self.name}|{self.driver}"
+
+
+def is_software_adapter(info) -> bool:
+    """True for a CPU/software adapter (lavapipe, llvmpipe, SwiftShader, WARP, Microsoft Basic Render Driver).
+    `info`: an AdapterInfo, or wgpu's adapter info dict (adapter_type, device, vendor, description)."""
+    if isinstance(info, AdapterInfo):
+        kind, names = info.adapter_type, (info.name, info.driver)
+    else:
+        get = info.get
+        kind, names = get("adapter_type", ""), (get("device", ""), get("vendor", ""), get("description", ""))
+    return kind == "CPU" or any(_SOFTWARE_NAMES.search(str(n or "")) for n in names)
 
 
 def list_adapters() -> list[AdapterInfo]:
@@ -85,7 +110,9 @@ def pick_adapter(choice: str | int | None = None) -> AdapterInfo:
             hits = [a for a in usable if text.lower() in a.name.lower()]
         if not hits:
             names = "; ".join(a.summary() for a in adapters) or "none"
-            raise GpuError(f"no GPU adapter matches {text!r}. Adapters found: {names}")
+            raise GpuError(f"no GPU adapter matches {text!r} (adapters found: {names}); give one of their indices "
+                           "or names with --adapter or ZEROTVM_ADAPTER (the app: Settings → GPU), or leave it unset "
+                           "to pick the fastest")
         return hits[0]
     if not usable:
         seen = "; ".join(a.summary() for a in adapters) or "none"
@@ -93,7 +120,7 @@ def pick_adapter(choice: str | int | None = None) -> AdapterInfo:
             "no Vulkan/Metal/DX12 GPU adapter found (adapters seen: "
             f"{seen}). Install or update your GPU driver; on Linux install the Vulkan loader and driver."
         )
-    return min(usable, key=lambda a: (_TYPE_RANK.get(a.adapter_type, 9), a.index))
+    return min(usable, key=lambda a: (a.software, _TYPE_RANK.get(a.adapter_type, 9), a.index))
 
 
 _SUBGROUP_PROBE = """

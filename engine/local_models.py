@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from engine.catalog import CatalogEntry, kv_bytes_per_token, local_key, supported_runtime
-from engine.errors import ModelFormatError
+from engine.errors import ModelFormatError, UnsupportedModelError
 from engine.formats.files import read_json, whole_number
 from engine.formats.mlc import CHAT_CONFIG
 from engine.models import model_module, supported
@@ -69,9 +69,12 @@ def _gguf(path: Path) -> CatalogEntry:
     ckpt = GgufCheckpoint(path)
     cfg = ckpt.config  # raises, naming the file, for an architecture we cannot run
     spec = _spec(cfg["model_type"], cfg, f"{path} (general.architecture)")
-    formats = {name: "f16" if tag == "f32" else tag for name, tag in ckpt.formats().items()}
-    sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize
-             for shape, dtype in expected_tensors(spec, formats).values()]
+    formats = ckpt.runtime_formats()
+    try:
+        tensors = expected_tensors(spec, formats)
+    except UnsupportedModelError as e:  # e.g. a qkv of mixed types whose parts cannot be bound apart
+        raise UnsupportedModelError(f"{path}: {e}") from None
+    sizes = [int(np.prod(shape)) * np.dtype(dtype).itemsize for shape, dtype in tensors.values()]
     meta = ckpt.metadata
     # What engine/model.py samples with: the file's keys over llama.cpp's defaults.
     found = {k: meta[key] for k, key in _GGUF_SAMPLING.items() if key in meta}

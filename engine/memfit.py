@@ -10,23 +10,29 @@ Host RAM at load: the loaders stream one tensor at a time, so the peak is a base
 and the GPU driver) plus LOAD_COPIES of the largest tensor. On a GPU that shares system RAM (integrated,
 CPU, Apple silicon) the GPU bytes come out of RAM too. wgpu does not report how much memory a GPU has, so
 unless the caller knows, the GPU side of the verdict is "unknown".
+
+On a software adapter (engine/gpu.py is_software_adapter) the verdict also weighs speed: decode reads
+`decode_bytes` of weights per token, and engine/speed.py turns that into a rough tokens/s; every model is then at
+least "slow", and "too_slow" when an answer would take minutes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.blocks import DeviceTraits, array_bytes
+from engine.blocks import DeviceTraits, array_bytes, sum_needs
 from engine.catalog import CatalogEntry
-from engine.gpu import UPLOAD_WINDOW
+from engine.gpu import UPLOAD_WINDOW, AdapterInfo, is_software_adapter
+from engine.humanize import human_rate
 from engine.models import model_module
 from engine.models.base import DenseSpec
 from engine.runtime_options import RuntimeOptions
+from engine.speed import SpeedEstimate, software_speed
 from engine.sysmem import SystemMemory, system_memory
 from engine.transformer import RuntimePlan
 
 __all__ = ["MemoryEstimate", "FitReport", "GpuMemory", "estimate", "check_fit", "gpu_memory", "system_memory",
-           "SystemMemory"]
+           "SystemMemory", "SpeedEstimate"]
 
 GB = 1e9  # messages speak decimal GB, as disk and RAM sizes are sold
 TIGHT_MARGIN = 0.15  # "tight" = the need is within 15% of what is available
@@ -47,6 +53,7 @@ class MemoryEstimate:
     approximate: bool
     basis: str
     staging_bytes: int = 0  # upload staging the GPU holds at most while loading, on top of gpu_bytes
+    decode_bytes: int = 0  # weight bytes one decoded token reads (not the embedding table, only the routed experts)
 
     @property
     def gpu_bytes(self) -> int:
@@ -67,7 +74,7 @@ class GpuMemory:
 
 @dataclass(frozen=True)
 class FitReport:
-    verdict: str  # "ok" | "tight" | "wont_fit" | "unknown"
+    verdict: str  # "ok" | "unknown" | "slow" | "tight" | "too_slow" | "wont_fit" (the worse of memory and speed)
     gpu_needed: int
     ram_needed: int
     ram_available: int | None
@@ -76,6 +83,9 @@ class FitReport:
     ram_warning: bool  # the model's own RAM warning fired (Qwen3.6)
     load_anyway: bool  # the UI should offer "Load anyway" rather than a plain Load
     estimate: MemoryEstimate
+    memory_verdict: str = ""  # "ok" | "tight" | "wont_fit" | "unknown": memory alone
+    speed: SpeedEstimate | None = None  # on a software adapter: the decode speed to expect
+    summary: str = ""  # a short label: "fits (needs 2.6 GB)", "tight (...)", "does not fit (...)", speed after it
 
 
 def entry_spec(e: CatalogEntry) -> DenseSpec:
@@ -115,26 +125,77 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
     changes = {"max_context": ctx} | ({"prefill_chunk": prefill_chunk} if prefill_chunk else {})
     traits = traits or DeviceTraits.typical(max_binding)
     plan = RuntimePlan(spec, formats, RuntimeOptions.of(options, **changes), traits)
-    mem = plan.memory()
-    tensors = [array_bytes(shape, dtype) for shape, dtype in plan.tensors().values()]
+    needs = plan.needs()  # asked once: planning every buffer is the cost of an estimate
+    mem = sum_needs(needs)
     if entry is None:
+        tensors = [array_bytes(shape, dtype) for shape, dtype in plan.tensors().values()]
         weights, largest, approximate = mem["weights"], max(tensors), False
         basis = "the runtime's blocks: weights, KV cache, state and buffers as they allocate them"
     else:
         weights, largest, approximate = entry.weights_bytes, entry.largest_tensor_bytes, entry.weights_approximate
         basis = "the runtime's blocks planned from the catalog's dimensions; weights as the catalog records them"
-    uploaded = sum(n.bytes for n in plan.needs() if n.how == "upload")  # what goes through staging copies at all
-    staging = min(uploaded, max(UPLOAD_WINDOW, plan.largest_weight_buffer()))
+    uploaded = sum(n.bytes for n in needs if n.how == "upload")  # what goes through staging copies at all
+    largest_weight = max((n.bytes for n in needs if n.kind == "weights"), default=0)
+    staging = min(uploaded, max(UPLOAD_WINDOW, largest_weight))
+    decode = round(weights * _decode_share(plan, needs))  # the plan's share, applied to the recorded bytes
     return MemoryEstimate(plan.max_context, weights, mem["kv"], mem["state"], mem["scratch"],
-                          RAM_BASELINE_BYTES + LOAD_COPIES * largest, approximate, basis, staging)
+                          RAM_BASELINE_BYTES + LOAD_COPIES * largest, approximate, basis, staging, decode)
+
+
+def _decode_share(plan: RuntimePlan, needs: list) -> float:
+    """The fraction of the weight bytes a decoded token reads: all but the embedding table (one row of it) when the
+    head is its own matrix, and of a MoE stack only the top-k experts (plus the shared one stacked with them)."""
+    from engine.blocks.moe import MoeFfn
+
+    needs = [n for n in needs if n.kind == "weights"]
+    total = sum(n.bytes for n in needs)
+    moe = next((b for b in plan.blocks if isinstance(b, MoeFfn)), None)
+    own_head = any(n.label.startswith("lm_head.") for n in needs)
+    read = 0.0
+    for n in needs:
+        parts = n.label.split(".")
+        if own_head and parts[0] == "embed":
+            continue
+        if moe is not None and len(parts) > 3 and parts[2] == "moe" and parts[3] in ("gate_up", "down"):
+            stacked = int(moe.stacked.get(int(parts[1]), False))
+            read += n.bytes * (moe.top_k + stacked) / (moe.E + stacked)
+        else:
+            read += n.bytes
+    return read / total if total else 1.0
+
+
+_ESTIMATES: dict = {}  # check_fit's estimates: a picker refresh asks for every model again
+
+
+def _estimate_key(entry: CatalogEntry, context: int | None) -> tuple:
+    import json
+
+    return json.dumps(entry.to_dict(), sort_keys=True, default=str), context  # everything the estimate reads
+
+
+def _entry_estimate(entry: CatalogEntry, context: int | None) -> MemoryEstimate:
+    """estimate(entry, context), remembered."""
+    key = _estimate_key(entry, context)
+    if key not in _ESTIMATES:
+        if len(_ESTIMATES) > 256:
+            _ESTIMATES.clear()
+        _ESTIMATES[key] = estimate(entry, context)
+    return _ESTIMATES[key]
+
+
+def fit_is_quick(entry: CatalogEntry, context: int | None = None) -> bool:
+    """True when check_fit(entry, context) will not plan the model again (its estimate is remembered): the GUI
+    asks this and leaves the others to a background thread."""
+    return _estimate_key(entry, context) in _ESTIMATES
 
 
 def gpu_memory(adapter=None) -> GpuMemory:
     """What can be said about a GPU's memory: an AdapterInfo (engine.gpu), an adapter type string, or None."""
     kind = getattr(adapter, "adapter_type", adapter)
-    if kind in ("IntegratedGPU", "CPU"):
-        return GpuMemory(None, True, "this GPU shares system RAM" if kind == "IntegratedGPU"
-                         else "this is a software (CPU) adapter; it uses system RAM")
+    if kind == "CPU" or (isinstance(adapter, AdapterInfo) and is_software_adapter(adapter)):
+        return GpuMemory(None, True, "this is a software (CPU) adapter; it uses system RAM")
+    if kind == "IntegratedGPU":
+        return GpuMemory(None, True, "this GPU shares system RAM")
     return GpuMemory(None, False, "wgpu does not report how much memory this GPU has")
 
 
@@ -146,7 +207,7 @@ def _level(needed: int, available: int | None) -> str:
     return "tight" if needed > available * (1 - TIGHT_MARGIN) else "ok"
 
 
-_RANK = {"ok": 0, "unknown": 1, "tight": 2, "wont_fit": 3}
+_RANK = {"ok": 0, "unknown": 1, "slow": 2, "tight": 3, "too_slow": 4, "wont_fit": 5}
 
 
 def _gb(n: int | None) -> str:
@@ -155,51 +216,93 @@ def _gb(n: int | None) -> str:
     return f"{n / 1e6:.0f} MB" if n < 0.1 * GB else f"{n / GB:.1f} GB"
 
 
-def _sentence(text: str) -> str:
-    return text[:1].upper() + text[1:]
-
-
 def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMemory | None = None,
-              gpu_bytes_available: int | None = None, shared_memory: bool = False) -> FitReport:
+              gpu_bytes_available: int | None = None, shared_memory: bool = False, software: bool = False,
+              cores: int | None = None, decode_rate: float | None = None) -> FitReport:
     """Verdict for loading `entry` at `context`. `system`: RAM figures (default: asked of the OS).
     `gpu_bytes_available`: free GPU memory when the caller knows it. `shared_memory`: the GPU allocates from
     system RAM, so its bytes are added to the RAM needed. A model's RAM warning (ram_warning_bytes) fires when
-    available RAM is below it or unknown, and turns an "ok" into "tight"."""
-    est = estimate(entry, context)
+    available RAM is below it or unknown, and turns an "ok" into "tight". `software`: the adapter is a software one
+    (engine/gpu.py); the verdict then also says how slow decode will be: from `decode_rate` (weight bytes/s
+    measured there, engine/speed.py measured_rate) when known, else from `cores` (default: this machine's)."""
+    est = _entry_estimate(entry, context)
     system = system or system_memory()
     ram_needed = est.load_ram_bytes + (est.gpu_bytes if shared_memory else 0)
     ram_level = _level(ram_needed, system.available_bytes)
     gpu_available = None if shared_memory else gpu_bytes_available
     gpu_level = "ok" if shared_memory else _level(est.gpu_bytes, gpu_available)
-    verdict = max(ram_level, gpu_level, key=_RANK.__getitem__)
+    memory = max(ram_level, gpu_level, key=_RANK.__getitem__)
     warn = entry.ram_warning_bytes is not None and (
         system.available_bytes is None or system.available_bytes < entry.ram_warning_bytes)
-    if warn and verdict == "ok":
-        verdict = "tight"
-    message = _message(entry, est, verdict, ram_needed, system.available_bytes, gpu_available, shared_memory, warn)
+    if warn and memory == "ok":
+        memory = "tight"
+    speed = software_speed(est.decode_bytes, cores, decode_rate) if software else None
+    verdict = max(memory, speed.level, key=_RANK.__getitem__) if speed else memory
+    message = _message(entry, est, memory, ram_needed, system.available_bytes, gpu_available, shared_memory, warn)
+    if speed is not None:
+        message += " " + speed.message
+    # The figure that sets the verdict: the GPU's, the RAM estimate's, or the model's measured RAM need (warning).
+    if warn and _RANK[memory] > _RANK[max(ram_level, gpu_level, key=_RANK.__getitem__)]:
+        need, have, where = entry.ram_warning_bytes, system.available_bytes, "RAM"
+    elif not shared_memory and _RANK[gpu_level] >= _RANK[ram_level]:
+        need, have, where = est.gpu_bytes, gpu_available, "GPU memory"
+    else:
+        need, have, where = ram_needed, system.available_bytes, "RAM"
+    summary = _summary(memory, need, have, where, speed)
     return FitReport(verdict, est.gpu_bytes, ram_needed, system.available_bytes, gpu_available, message, warn,
-                     verdict in ("tight", "wont_fit") or warn, est)
+                     verdict in ("tight", "wont_fit", "too_slow") or warn, est, memory, speed, summary)
+
+
+def _summary(memory: str, need: int, have: int | None, where: str, speed: SpeedEstimate | None) -> str:
+    """The picker's and `zerotvm models`' short label, e.g. "fits (3.9 GB of GPU memory)" or "does not fit (needs
+    21.6 GB of RAM, 8.0 GB free)", then the speed on a software adapter."""
+    if memory == "unknown":
+        text = f"needs {_gb(need)} of {where} (free amount unknown)"
+    elif memory == "ok":
+        text = f"fits ({_gb(need)} of {where})"
+    else:
+        free = f", {_gb(have)} free" if have is not None else ""
+        text = f"{'tight' if memory == 'tight' else 'does not fit'} (needs {_gb(need)} of {where}{free})"
+    if speed is not None:
+        rate = human_rate(speed.tokens_per_s)
+        text += f" · too slow ({rate})" if speed.level == "too_slow" else f" · slow (about {rate})"
+    return text
+
+
+def _ram_consequence(entry) -> str:
+    """The catalog's RAM warning without its own "Needs about N GB" figure (the message states the need once)."""
+    import re
+
+    text = entry.ram_warning or ""
+    rest = re.sub(r"^Needs about [^()]*?(\([^)]*\))?\.\s*", "", text)
+    return rest if rest != text else text
 
 
 def _message(entry, est: MemoryEstimate, verdict, ram_needed, ram_available, gpu_available, shared, warn) -> str:
+    """One sentence of what the model needs and what is free, one of the verdict, then the model's own RAM
+    warning when it fires."""
     about = "about " if est.approximate else ""
-    parts = [
-        f"{entry.name} at {est.context} tokens needs {about}{_gb(est.gpu_bytes)} of GPU memory "
-        f"({_gb(est.weights_bytes)} weights, {_gb(est.kv_bytes + est.state_bytes)} context cache, "
-        f"{_gb(est.scratch_bytes)} working buffers)"
-        + (", taken from system RAM." if shared else f", and {_gb(ram_needed)} of free RAM while loading."),
-        _sentence(f"{_gb(ram_available)} of RAM is free") + (f" of the {_gb(ram_needed)} needed." if shared else "."),
-    ]
-    if not shared:
-        parts.append(f"The GPU has {_gb(gpu_available)} free." if gpu_available is not None
-                     else "The GPU does not report its memory size; make sure it has "
-                          f"{_gb(est.gpu_bytes)} free.")
-    parts.append({
+    parts = (f"{_gb(est.weights_bytes)} weights, {_gb(est.kv_bytes + est.state_bytes)} context cache, "
+             f"{_gb(est.scratch_bytes)} working buffers")
+    measured = entry.ram_warning_bytes if (entry.ram_warning_bytes or 0) > ram_needed else None
+    also = f" (in practice about {_gb(measured)} of free RAM)" if measured else ""
+    if shared:
+        need = (f"{entry.name} at {est.context} tokens needs {about}{_gb(ram_needed)} of free RAM{also}: "
+                f"{_gb(est.gpu_bytes)} for the model ({parts}; this GPU uses system RAM) and "
+                f"{_gb(est.load_ram_bytes)} more while loading")
+        have = f"{_gb(ram_available)} of RAM is free"
+    else:
+        need = (f"{entry.name} at {est.context} tokens needs {about}{_gb(est.gpu_bytes)} of GPU memory ({parts}) "
+                f"and {_gb(ram_needed)} of free RAM while loading{also}")
+        have = f"{_gb(ram_available)} of RAM is free" + (
+            f" and the GPU has {_gb(gpu_available)} free" if gpu_available is not None
+            else f"; the GPU does not report its memory size, so make sure it has {_gb(est.gpu_bytes)} free")
+    out = [f"{need}; {have}.", {
         "ok": "It should fit.",
         "tight": "It fits, but only just: close other apps first.",
         "wont_fit": "It will not fit. Try a shorter context or a smaller model.",
         "unknown": "Whether it fits is unknown.",
-    }[verdict])
+    }[verdict]]
     if warn:
-        parts.append(entry.ram_warning or f"This model needs about {_gb(entry.ram_warning_bytes)} of free RAM.")
-    return " ".join(parts)
+        out.append(_ram_consequence(entry) or f"This model needs about {_gb(entry.ram_warning_bytes)} of free RAM.")
+    return " ".join(out)

@@ -69,6 +69,9 @@ def _load(path: Path, gpu, on_progress, options: RuntimeOptions) -> Model:
         return _load_gguf(path, gpu, on_progress, options)
     from engine.formats.mlc import CHAT_CONFIG, MlcCheckpoint
 
+    if gguf := _folder_gguf(path, CHAT_CONFIG):  # a catalog GGUF build, downloaded into its own folder
+        return _load_gguf(gguf, gpu, on_progress, options, sampling_dir=path)
+
     if path.is_dir() and not (path / CHAT_CONFIG).exists() and (path / "config.json").is_file():
         return _load_mlx(path, gpu, on_progress, options)
 
@@ -94,19 +97,37 @@ def _runtime(spec: DenseSpec, gpu, weights, options: RuntimeOptions, **kw) -> Tr
     return Transformer(gpu or Gpu(), spec, weights, options=options, **kw)
 
 
-def _load_gguf(path: Path, gpu, on_progress, options: RuntimeOptions) -> Model:
+def _folder_gguf(path: Path, chat_config: str) -> Path | None:
+    """The one .gguf file of a folder that holds no MLC or Hugging Face config (None otherwise)."""
+    if not path.is_dir() or (path / chat_config).exists() or (path / "config.json").exists():
+        return None
+    found = [p for p in path.iterdir() if p.suffix.lower() == ".gguf" and p.is_file()]
+    if len(found) > 1:
+        raise ModelFormatError(f"{path}: holds {len(found)} .gguf files ({', '.join(p.name for p in found[:4])}); "
+                               "pass the one to load")
+    return found[0] if found else None
+
+
+def _load_gguf(path: Path, gpu, on_progress, options: RuntimeOptions, sampling_dir: Path | None = None) -> Model:
+    """`sampling_dir`: the folder a catalog build was downloaded into; its generation_config.json (the catalog's
+    defaults, engine.catalog.write_generation_defaults) wins over the file's general.sampling.* keys."""
     from engine.formats.gguf import GgufCheckpoint
 
     ckpt = GgufCheckpoint(path)
     cfg = ckpt.config
     spec, ckpt.table = _architecture(cfg["model_type"], cfg, f"{path} (GGUF metadata)")
-    # Matrices stored as F32/BF16 run through the f16 kernels (the only unquantized variant).
-    formats = {name: "f16" if tag == "f32" else tag for name, tag in ckpt.formats().items()}
-    spec.names = {c: c for c in expected_tensors(spec, formats)}
+    formats = ckpt.runtime_formats()
+    try:
+        spec.names = {c: c for c in expected_tensors(spec, formats)}
+    except UnsupportedModelError as e:  # e.g. a qkv of mixed types whose parts cannot be bound apart
+        raise UnsupportedModelError(f"{path}: {e}") from None
     # Before the upload, so a broken tokenizer fails fast; a file without one runs on token ids only.
     tokenizer = load_tokenizer(path) if "tokenizer.ggml.model" in ckpt.metadata else None
     runtime = _runtime(spec, gpu, _flatten(ckpt.load(on_progress=on_progress), formats), options, formats=formats)
-    return Model(runtime, tokenizer, path, cfg["model_type"], _gguf_sampling(ckpt.metadata))
+    sampling = _gguf_sampling(ckpt.metadata)
+    if sampling_dir is not None and (sampling_dir / "generation_config.json").is_file():
+        sampling = SamplingParams.from_generation_config(sampling_dir)
+    return Model(runtime, tokenizer, path, cfg["model_type"], sampling)
 
 
 def _load_mlx(path: Path, gpu, on_progress, options: RuntimeOptions) -> Model:
@@ -138,8 +159,10 @@ def _flatten(weights, formats: dict[str, str]) -> Iterator[tuple[str, np.ndarray
         if list(packed) == ["weight"] and len(packed.shape) == 1:
             yield name, packed["weight"]
             continue
+        tags = formats[name].split(",")
         for key, arr in packed.items():
-            if key == "weight" and formats[name] == "f16" and arr.dtype != np.float16:
+            part, _, array = key.rpartition(".")  # "weight", or "<part>.weight" in a matrix of mixed formats
+            if array == "weight" and tags[int(part or 0)] == "f16" and arr.dtype != np.float16:
                 arr = arr.astype(np.float16)
             yield f"{name}.{key}", arr
 

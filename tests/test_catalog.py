@@ -27,7 +27,7 @@ from engine.catalog import (
 from engine.errors import ModelFormatError
 from engine.formats.mlc import MlcCheckpoint
 from engine.transformer import expected_tensors
-from tests.helpers import DIMS, cached_tiny_hf, demo_gguf, make_model, spec_from_dims
+from tests.helpers import DIMS, cached_tiny_hf, demo_gguf, make_model, spec_from_dims, use_more_bits
 
 NOT_FOUND = "not found offline; the first download pins the commit the hub resolves"
 
@@ -50,7 +50,7 @@ def test_catalog_lists_the_issue_models(catalog):
     repos = {e.repo for e in catalog.values()}
     assert {"mlc-ai/Phi-3-mini-4k-instruct-q4f16_1-MLC", "mlc-ai/Qwen3-4B-q4f16_1-MLC",
             "mlc-ai/Qwen3.5-4B-q4f16_1-MLC", "lmstudio-community/Qwen3.6-35B-A3B-MLX-4bit",
-            "abgunaydin/Qwen3.6-35B-A3B-MLX-q3exp"} <= repos
+            "abgunaydin/Qwen3.6-35B-A3B-MLX-q3exp", *GGUF_BUILDS} <= repos
     assert [e.key for e in catalog.values() if e.is_demo] == ["smollm2-135m-demo"]
     assert len(catalog) == len(raw_catalog()["models"])  # keys unique (the loader also refuses duplicates)
 
@@ -114,6 +114,46 @@ def test_hybrid_mlc_weight_bytes_are_exact(catalog):
     # The shards store A_log / dt_bias as bf16 records: exactly the third-party download size.
     assert e.total_bytes == sum(n // 2 if k.endswith(("A_log", "dt_bias")) else n for k, n in sizes.items())
     assert not e.weights_approximate
+
+
+GGUF_BUILDS = {  # repo: (key, model_type, MLC sibling with the same architecture)
+    "Qwen/Qwen3-4B-GGUF": ("qwen3-4b-q4_k_m-gguf", "qwen3", "qwen3-4b-q4f16_1"),
+    "microsoft/Phi-3-mini-4k-instruct-gguf": ("phi3-mini-4k-q4_k_m-gguf", "phi3", "phi3-mini-4k-q4f16_1"),
+    "bartowski/Phi-3.5-mini-instruct-GGUF": ("phi3.5-mini-q4_k_m-gguf", "phi3", "phi3-mini-4k-q4f16_1"),
+    "bartowski/Llama-3.2-3B-Instruct-GGUF": ("llama3.2-3b-q4_k_m-gguf", "llama", None),
+}
+
+
+def q4_k_m_formats(e) -> dict[str, str]:
+    """The runtime formats of a Q4_K_M file of this architecture, by llama.cpp's llama_tensor_get_type (every matrix
+    here has rows of whole 256-blocks): Q4_K, Q6_K for the output (the tied embedding) and for attn_v / ffn_down of
+    the use_more_bits layers, Phi-3's fused attn_qkv Q5_K."""
+    d = e.dims
+    n = d["num_layers"]
+    out = {"embed": "q6_k" if d["tied_embeddings"] else "q4_k"} | ({} if d["tied_embeddings"] else {"lm_head": "q6_k"})
+    for i in range(n):
+        more = use_more_bits(i, n)
+        out[f"layers.{i}.qkv"] = "q5_k" if e.architecture == "phi3" else "q4_k,q4_k,q6_k" if more else "q4_k"
+        out[f"layers.{i}.o"] = out[f"layers.{i}.gate_up"] = "q4_k"
+        out[f"layers.{i}.down"] = "q6_k" if more else "q4_k"
+    return out
+
+
+def test_gguf_builds_are_pinned_single_files_of_the_q4_k_m_mix(catalog):
+    for repo, (key, model_type, sibling) in GGUF_BUILDS.items():
+        e = catalog[key]
+        assert (e.repo, e.format, e.architecture, e.runs, e.source) == (repo, "gguf", model_type, True, "huggingface")
+        assert len(e.files) == 1 and e.files[0].endswith(".gguf") and re.fullmatch(r"[0-9a-f]{64}", e.sha256)
+        assert e.revision and not e.size_approximate and e.weights_approximate
+        if sibling:
+            assert e.dims == catalog[sibling].dims
+        d = e.dims  # rows of whole 256-element blocks everywhere: no Q5_0 / Q8_0 fallback applies
+        assert all(k % 256 == 0 for k in (d["hidden_size"], d["ffn_dim"], d["num_heads"] * d["head_dim"]))
+        sizes = [int(np.prod(s)) * np.dtype(t).itemsize
+                 for s, t in expected_tensors(spec_from_dims(e), q4_k_m_formats(e)).values()]
+        assert (e.weights_bytes, e.largest_tensor_bytes) == (sum(sizes), max(sizes)), key
+        # The file is those tensors (norms as F32, twice their f16 upload) and its metadata: a tokenizer's few MB.
+        assert 0 < e.total_bytes - e.weights_bytes < 10_000_000, key
 
 
 def test_generation_defaults(catalog):

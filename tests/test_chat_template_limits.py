@@ -194,7 +194,6 @@ def test_the_app_worker_stops_and_closes_during_a_runaway_template(qtbot):
     from PySide6.QtCore import QObject, Signal
 
     from app.worker import WorkerThread
-
     from engine.cancel import CancelToken
 
     class Window(QObject):  # asks for replies the way app/window.py does: a queued signal

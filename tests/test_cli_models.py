@@ -16,7 +16,8 @@ from tests.helpers import no_connections
 def test_download_list_generate_offline_and_remove(gpu, tiny_repo, capsys):
     assert cli_main(["models", "--json"]) == 0
     before = {r["key"]: r for r in json.loads(capsys.readouterr().out)}
-    assert before[KEY]["state"] == "-" and before["qwen3-4b-q4f16_1"]["fit"] in ("ok", "tight", "wont_fit", "unknown")
+    assert before[KEY]["state"] == "-" and before["qwen3-4b-q4f16_1"]["fit"] in (
+        "ok", "tight", "wont_fit", "unknown", "slow", "too_slow")
 
     assert cli_main(["download", KEY]) == 0
     assert "(verified)" in capsys.readouterr().out
@@ -34,6 +35,8 @@ def test_download_list_generate_offline_and_remove(gpu, tiny_repo, capsys):
     assert attempts == [] and len(out) == 6
 
     assert cli_main(["verify", KEY]) == 0
+    assert "matches" in capsys.readouterr().out
+    assert cli_main(["verify", str(tiny_repo)]) == 0  # the installed path names the same model
     assert "matches" in capsys.readouterr().out
     shard = next(tiny_repo.glob("params_shard_*.bin"))
     data = bytearray(shard.read_bytes())
@@ -60,11 +63,11 @@ def test_download_errors_are_plain(tiny_repo, capsys, monkeypatch):
 
 
 def test_token_commands_use_the_keyring(memory_keyring, capsys):  # noqa: F811
-    assert cli_main(["token", "status"]) == 0 and "no token" in capsys.readouterr().out
+    assert cli_main(["token", "status"]) == 0 and capsys.readouterr().out == "No token saved.\n"
     assert cli_main(["token", "set", "hf_secret123"]) == 0
     out = capsys.readouterr()
     assert "hf_secret123" not in out.out + out.err
     assert memory_keyring.passwords[("zerotvm", "huggingface-token")] == "hf_secret123"
     assert cli_main(["token", "status"]) == 0 and "saved" in capsys.readouterr().out
     assert cli_main(["token", "clear"]) == 0
-    assert memory_keyring.passwords == {}
+    assert memory_keyring.passwords == {} and capsys.readouterr().out == "Token removed from the system keyring.\n"

@@ -20,7 +20,7 @@ from engine import chat_guard
 from engine.chat import ChatTemplate, ChatTemplateError
 from engine.errors import ModelFormatError
 from engine.tokenizer import Tokenizer
-from tests.helpers import write_tiny_tokenizer
+from tests.helpers import llama2_tokenizer_dir, llama3_tokenizer_dir, qwen3_tokenizer_dir, write_tiny_tokenizer
 
 WHERE = "/models/fuzzed/tokenizer_config.json"
 TIMEOUT_S = 0.3
@@ -135,6 +135,8 @@ BROKEN = ["{%", "}}", "{{ ", "{% endif %}", "{% if true %}", "(" * 50, "|tojson"
 
 def real_templates() -> list[str]:
     found = []
+    for fetch in (qwen3_tokenizer_dir, llama2_tokenizer_dir, llama3_tokenizer_dir):  # fetched once (skips offline)
+        fetch()
     for config in sorted(TOKENIZERS.glob("*/tokenizer_config.json")):
         value = json.loads(config.read_text()).get("chat_template")
         if isinstance(value, str):

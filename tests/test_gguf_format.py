@@ -7,9 +7,11 @@ downloaded.
 
 import numpy as np
 import pytest
+from gguf import GGML_QUANT_SIZES
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.formats import kquant
 from engine.formats.gguf import GgufCheckpoint, dequantize, pack_rows, unpermute_index
 from engine.kernels.matmul import format_knobs, matvec_plan
 from engine.packed import PackedWeight
@@ -18,6 +20,7 @@ from tests.helpers import (
     Q,
     gguf_tensors,
     hf_weights,
+    kquant_raw,
     llama_cpp_permute,
     make_model,
     poisoned,
@@ -216,18 +219,20 @@ def test_bf16_norms_widen_exactly(tmp_path, rng):
 
 
 # ---- errors ------------------------------------------------------------------------------------------
-def test_unsupported_quant_type_names_tensor_and_supported_types(tmp_path, rng):
-    dims = dict(DIMS, dim=256, ffn=256, head_dim=64)  # Q6_K blocks are 256 wide
+@pytest.mark.parametrize("qtype", [Q.IQ4_NL, Q.IQ2_XS, Q.TQ1_0], ids=lambda q: q.name)
+def test_unsupported_quant_type_names_tensor_and_supported_types(tmp_path, rng, qtype):
+    dims = dict(DIMS, dim=256, ffn=256, head_dim=64)  # whole blocks of every type (up to 256 elements)
     tensors = gguf_tensors("llama", hf_weights(rng, "llama", **dims), **dims)
-    # A Q6_K LM head, as llama-quantize writes by default: random blocks of the right size (210 B / 256).
-    tensors["output.weight"] = (rng.integers(0, 256, (80, 210), dtype=np.uint8), Q.Q6_K)
-    path = tmp_path / "k.gguf"
+    block, size = GGML_QUANT_SIZES[qtype]
+    tensors["output.weight"] = (rng.integers(0, 256, (80, 256 // block * size), dtype=np.uint8), qtype)
+    path = tmp_path / "iq.gguf"
     write_gguf(path, "llama", tensors, qtype=Q.F16, dims=dims)
     ckpt = GgufCheckpoint(path)
-    with pytest.raises(ModelFormatError, match=r"'output\.weight' is Q6_K.*Q4_0, Q4_1, Q8_0, F16") as e:
+    with pytest.raises(UnsupportedModelError, match=rf"'output\.weight' is {qtype.name}, which we cannot run .*"
+                                                    r"supported types: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, .*Q4_K_M") as e:
         list(ckpt.load(["embed", "lm_head"]))
     assert str(path) in str(e.value)
-    with pytest.raises(ModelFormatError, match="Q6_K"):
+    with pytest.raises(UnsupportedModelError, match=qtype.name):
         ckpt.formats()
     assert len(dict(ckpt.load(["embed"]))["embed"]["weight"]) == 80  # other weights still load
 
@@ -238,10 +243,73 @@ def test_missing_tensor_is_named(tmp_path, rng):
         list(GgufCheckpoint(path).load())
 
 
-def test_fused_parts_must_share_a_type(tmp_path, rng):
-    path, _, _ = make_model(tmp_path, rng, "llama", types={"blk.0.attn_k.weight": Q.Q8_0})
-    with pytest.raises(ModelFormatError, match=r"layers\.0\.qkv fuses .*'blk\.0\.attn_k\.weight' \(Q8_0\)"):
-        list(GgufCheckpoint(path).load(["layers.0.qkv"]))
+def test_fused_gate_up_parts_must_share_a_type(tmp_path, rng):
+    path, _, _ = make_model(tmp_path, rng, "llama", types={"blk.0.ffn_up.weight": Q.Q8_0})
+    with pytest.raises(ModelFormatError, match=r"layers\.0\.gate_up fuses .*'blk\.0\.ffn_up\.weight' \(Q8_0\)"):
+        list(GgufCheckpoint(path).load(["layers.0.gate_up"]))
+
+
+def test_qkv_of_mixed_types_keeps_each_part(tmp_path, rng):
+    # A Q4_K_M file's fallback layer: q and k in Q5_0, v in Q8_0 (rows of 64 are not a multiple of 256).
+    types = {"blk.0.attn_v.weight": Q.Q8_0}
+    path, w, stored = make_model(tmp_path, rng, "llama", qtype=Q.Q5_0, types=types)
+    ckpt = GgufCheckpoint(path)
+    assert ckpt.formats()["layers.0.qkv"] == "q5_0,q5_0,q8_0" and ckpt.formats()["layers.1.qkv"] == "q5_0"
+    qkv = dict(ckpt.load(["layers.0.qkv"]))["layers.0.qkv"]
+    assert sorted(qkv) == ["0.q_blocks", "0.q_d", "1.q_blocks", "1.q_d", "2.q_scale", "2.q_weight"]
+    assert qkv.shape == (128, 64) and qkv.sources == tuple(f"blk.0.attn_{x}.weight" for x in "qkv")
+    # HF row order back (llama's q/k permutation undone), each part as ggml dequantizes it
+    ref = np.concatenate([roundtrip(w[f"layers.0.{x}"], Q.Q8_0 if x == "v" else Q.Q5_0) for x in "qkv"])
+    np.testing.assert_array_equal(dequantize(qkv), ref)
+
+
+KQ_TYPES = [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.Q5_0, Q.Q5_1]
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "qwen3"])
+@pytest.mark.parametrize("qtype", KQ_TYPES, ids=lambda q: q.name)
+def test_kquant_weights_round_trip(tmp_path, rng, arch, qtype):
+    # Blocks as stored: random bytes with finite scales (gguf quantizes no K type); every weight dequantizes as
+    # ggml does, llama's q/k rows back in transformers' order.
+    dims = dict(DIMS, dim=256, ffn=256, head_dim=64)
+    tensors = {}
+    for name, arr in gguf_tensors(arch, hf_weights(rng, arch, **dims), **dims).items():
+        tensors[name] = (kquant_raw(rng, qtype, *arr.shape), qtype) if arr.ndim == 2 else arr
+    path = tmp_path / f"{arch}.gguf"
+    write_gguf(path, arch, tensors, dims=dims)
+    ckpt = GgufCheckpoint(path)
+    tag = kquant.TAGS[qtype]
+    assert {f for n, f in ckpt.formats().items() if not n.endswith("norm")} == {tag}
+    table = {w.name: w for w in ckpt.table}
+    for name, weight in ckpt.load():
+        if weight.format != tag:
+            continue
+        parts = []
+        for alt in table[name].gguf:
+            if all(p.name in tensors for p in alt):
+                for p in alt:
+                    rows = gguf_dequantize(tensors[p.name][0], qtype)
+                    if p.heads:  # stored row r is transformers' row unpermute_index[r]
+                        back = np.empty_like(rows)
+                        back[unpermute_index(len(rows), p.heads)] = rows
+                        rows = back
+                    parts.append(rows)
+                break
+        np.testing.assert_array_equal(dequantize(weight), np.concatenate(parts), err_msg=name)
+        assert sum(a.nbytes for a in weight.values()) == sum(tensors[s][0].nbytes for s in weight.sources)
+
+
+def test_damaged_kquant_scale_is_named(tmp_path, rng):
+    dims = dict(DIMS, dim=256, ffn=256, head_dim=64)
+    tensors = gguf_tensors("qwen3", hf_weights(rng, "qwen3", **dims), **dims)
+    raw = kquant_raw(rng, Q.Q4_K, 256, 256)
+    raw[3, 2:4] = np.array([np.nan], "<f2").view(np.uint8)  # row 3's first block: dmin NaN
+    tensors["blk.1.ffn_down.weight"] = (raw, Q.Q4_K)
+    path = tmp_path / "nan.gguf"
+    write_gguf(path, "qwen3", tensors, qtype=Q.Q8_0, dims=dims)
+    with pytest.raises(ModelFormatError, match=r"nan\.gguf: tensor 'blk\.1\.ffn_down\.weight': row 3 has a "
+                                               r"non-finite block scale"):
+        list(GgufCheckpoint(path).load(["layers.1.down"]))
 
 
 @pytest.mark.parametrize("extra,match", [
@@ -298,3 +366,13 @@ def test_unknown_canonical_name(tmp_path, rng):
     path, _, _ = make_model(tmp_path, rng, "phi3")
     with pytest.raises(ModelFormatError, match=r"no weight 'layers\.0\.qkv_proj'.*similar: layers\.0\.qkv"):
         list(GgufCheckpoint(path).load(["layers.0.qkv_proj"]))
+
+
+def test_mixed_qkv_whose_parts_cannot_be_bound_apart_is_refused(tmp_path, rng):
+    # DIMS: q is 64 rows, k 32, so v starts at column 96 of qkv (384 bytes, not a 256-byte binding offset)
+    from engine.catalog import add_local
+
+    path, _, _ = make_model(tmp_path, rng, "llama", qtype=Q.Q5_0, types={"blk.1.attn_v.weight": Q.Q8_0})
+    with pytest.raises(UnsupportedModelError, match=r"llama\.gguf: a matrix of parts in formats q5_0,q5_0,q8_0 "
+                                                    r"needs each part's first output column at a multiple of 64"):
+        add_local(path, tmp_path / "local.json")

@@ -138,3 +138,35 @@ def test_uploads_wait_for_their_staging_copies_past_one_window(gpu, monkeypatch)
     assert len(syncs) == 12 + 1
     assert all(gpu.read(b, np.uint32).tolist() == [i] * 100 for i, b in enumerate(bufs))
     assert gpu.read(big, np.uint32).tolist() == list(range(1000))
+
+
+@pytest.mark.parametrize("info,software", [
+    ({"adapter_type": "CPU", "device": "Some Vendor Device", "backend_type": "Vulkan"}, True),
+    ({"adapter_type": "CPU", "device": "llvmpipe (LLVM 15.0.6, 256 bits)", "description": "Mesa 22.3.6"}, True),
+    ({"adapter_type": "IntegratedGPU", "device": "lavapipe", "description": ""}, True),
+    ({"adapter_type": "Unknown", "device": "SwiftShader Device (Subzero)", "vendor": "Google"}, True),
+    ({"adapter_type": "DiscreteGPU", "device": "Microsoft Basic Render Driver", "backend_type": "D3D12"}, True),
+    ({"adapter_type": "Unknown", "device": "WARP", "description": "Microsoft WARP adapter"}, True),
+    ({"adapter_type": "DiscreteGPU", "device": "NVIDIA H200", "description": "565.57.01"}, False),
+    ({"adapter_type": "IntegratedGPU", "device": "Apple M2 Pro", "vendor": "apple"}, False),
+    ({"adapter_type": "DiscreteGPU", "device": "AMD Radeon RX 7900 XTX (RADV NAVI31)", "description": "Mesa"}, False),
+    ({"adapter_type": "IntegratedGPU", "device": "Intel(R) Iris(R) Xe Graphics (Warpath test rig)"}, False),
+])
+def test_software_adapters_are_recognised(info, software):
+    from engine.gpu import AdapterInfo, is_software_adapter
+
+    assert is_software_adapter(info) is software
+    as_info = AdapterInfo(0, info["device"], info.get("backend_type", "Vulkan"), info["adapter_type"],
+                          info.get("description", ""), [], {})
+    assert as_info.software is software
+
+
+def test_a_software_adapter_is_picked_last(monkeypatch):
+    import engine.gpu
+    from engine.gpu import AdapterInfo
+
+    fake = [AdapterInfo(0, "SwiftShader Device", "Vulkan", "IntegratedGPU", "", ["shader-f16"], {}),
+            AdapterInfo(1, "Intel(R) UHD Graphics 630", "Vulkan", "IntegratedGPU", "", ["shader-f16"], {})]
+    monkeypatch.setattr(engine.gpu, "list_adapters", lambda: fake)
+    monkeypatch.delenv("ZEROTVM_ADAPTER", raising=False)
+    assert pick_adapter().index == 1

@@ -48,7 +48,7 @@ def test_install_from_a_wheel_and_reject_a_tampered_one(tmp_path):
 
 
 def _rebuild_wheel(tmp_path):
-    # The fixture keeps only the extracted GGUF when pip ran in a temporary folder: zip it up again.
+    # The installer deletes the wheel once the model is extracted: zip the cached model up again.
     wheel = tmp_path / demo.WHEEL
     with zipfile.ZipFile(wheel, "w") as z:
         z.write(demo_gguf(), demo.MEMBER)

@@ -194,7 +194,7 @@ def test_qwen36_ram_warning(models):
     big_gpu = 200 * 10**9
     low = check_fit(q3, system=SystemMemory(32 * 10**9, 19 * 10**9), gpu_bytes_available=big_gpu)
     assert low.ram_warning and low.load_anyway and low.verdict == "tight"  # would be ok on the numbers alone
-    assert "20 GB" in low.message
+    assert "20.0 GB of free RAM" in low.message and low.summary == "tight (needs 20.0 GB of RAM, 19.0 GB free)"
     mid = SystemMemory(32 * 10**9, 22 * 10**9)
     assert not check_fit(q3, system=mid, gpu_bytes_available=big_gpu).ram_warning
     assert check_fit(q4, system=mid, gpu_bytes_available=big_gpu).ram_warning
@@ -229,3 +229,68 @@ def test_gpu_memory_is_unknown_unless_shared():
     discrete = gpu_memory(AdapterInfo(0, "GPU", "Vulkan", "DiscreteGPU", "", [], {}))
     assert discrete.total_bytes is None and not discrete.shared and "does not report" in discrete.note
     assert memfit.system_memory is system_memory  # re-exported for callers of memfit
+
+
+# ---- decode bytes and the software-adapter verdict ------------------------------------------------------------
+def test_decode_reads_all_weights_but_the_embedding_table_and_the_unrouted_experts(models):
+    # q4f16_1 stores 4 bits a weight plus an f16 scale per 32: 9/16 of a byte.
+    demo = estimate(models["smollm2-135m-demo"])  # tied: the table is also the head, read whole
+    assert demo.decode_bytes == demo.weights_bytes
+    phi3 = models["phi3-mini-4k-q4f16_1"]
+    d = phi3.dims
+    assert estimate(phi3).decode_bytes == phi3.weights_bytes - d["vocab_size"] * d["hidden_size"] * 9 // 16
+    q4 = models["qwen3.6-35b-a3b-mlx-4bit"]
+    d, moe = q4.dims, q4.dims["moe"]
+    plan_total = 19_498_264_576  # the plan's q4f16_1 weights for these dims (RuntimePlan.memory()["weights"])
+    assert memfit.RuntimePlan(memfit.entry_spec(q4), None, RuntimeOptions.of(None), DeviceTraits.typical(None)
+                              ).memory()["weights"] == plan_total
+    # The shared expert is stacked as expert 257 and always runs: 8 + 1 of 257 experts read per token.
+    stacks = d["num_layers"] * (moe["experts"] + 1) * 3 * d["hidden_size"] * d["ffn_dim"] * 9 // 16
+    embed = d["vocab_size"] * d["hidden_size"] * 9 // 16
+    read = plan_total - embed - stacks + stacks * (moe["top_k"] + 1) / (moe["experts"] + 1)
+    assert estimate(q4).decode_bytes == round(q4.weights_bytes * read / plan_total)
+
+
+def test_a_software_adapter_makes_every_model_slow_and_big_ones_too_slow(models):
+    from engine.speed import SOFTWARE_BYTES_PER_S_PER_CORE, TOO_SLOW_TPS
+
+    plenty = SystemMemory(256 * 10**9, 200 * 10**9)
+    demo = check_fit(models["smollm2-135m-demo"], system=plenty, shared_memory=True, software=True, cores=2)
+    tps = 2 * SOFTWARE_BYTES_PER_S_PER_CORE / demo.estimate.decode_bytes
+    assert demo.memory_verdict == "ok" and demo.verdict == "slow" and not demo.load_anyway
+    assert demo.speed.tokens_per_s == pytest.approx(tps) and tps >= TOO_SLOW_TPS
+    assert demo.summary == f"fits ({demo.ram_needed / 1e9:.1f} GB of RAM) · slow (about {tps:.1f} tokens/s)"
+    assert f"roughly {tps:.1f} tokens/s" in demo.message
+    big = check_fit(models["qwen3.6-35b-a3b-mlx-4bit"], system=plenty, shared_memory=True, software=True, cores=2)
+    assert big.memory_verdict == "ok" and big.verdict == "too_slow" and big.load_anyway  # never "ok"
+    assert "too slow to use" in big.message and big.summary.endswith(
+        f"too slow (one token every {big.estimate.decode_bytes / (2 * SOFTWARE_BYTES_PER_S_PER_CORE):.1f} s)")
+    # More cores, faster; past MAX_CORES no faster. Memory still wins when it is worse than speed.
+    many = check_fit(models["phi3-mini-4k-q4f16_1"], system=plenty, shared_memory=True, software=True, cores=64)
+    assert many.verdict == "slow" and many.speed.tokens_per_s == pytest.approx(
+        16 * SOFTWARE_BYTES_PER_S_PER_CORE / many.estimate.decode_bytes)
+    short = check_fit(models["smollm2-135m-demo"], system=SystemMemory(8 * 10**9, 10**8), shared_memory=True,
+                      software=True, cores=2)
+    assert short.verdict == "wont_fit" and short.summary.startswith("does not fit (needs ")
+    assert check_fit(models["smollm2-135m-demo"], system=plenty).speed is None  # a real GPU: no speed verdict
+
+
+def test_a_measured_rate_replaces_the_estimate(models, tmp_path):
+    from engine.speed import MIN_MEASURED_TOKENS, measured_rate, record_decode, software_notice
+
+    demo = models["smollm2-135m-demo"]
+    bytes_ = estimate(demo).decode_bytes
+    assert record_decode("Vulkan|llvmpipe|Mesa", bytes_, MIN_MEASURED_TOKENS - 1, 9.0, tmp_path) is None  # too short
+    assert measured_rate("Vulkan|llvmpipe|Mesa", tmp_path) is None
+    assert record_decode("Vulkan|llvmpipe|Mesa", bytes_, 40, 9.0, tmp_path) == bytes_ * 9.0
+    rate = measured_rate("Vulkan|llvmpipe|Mesa", tmp_path)
+    plenty = SystemMemory(256 * 10**9, 200 * 10**9)
+    fit = check_fit(demo, system=plenty, shared_memory=True, software=True, decode_rate=rate)
+    assert fit.speed.measured and fit.speed.tokens_per_s == pytest.approx(9.0)
+    assert "roughly 9.0 tokens/s (from the speed measured on this computer)" in fit.message
+    q4 = check_fit(models["qwen3-4b-q4f16_1"], system=plenty, shared_memory=True, software=True, decode_rate=rate)
+    assert q4.speed.tokens_per_s == pytest.approx(rate / q4.estimate.decode_bytes)  # the same bytes/s, more bytes
+    assert "measured on this computer" in software_notice("llvmpipe", rate=rate)
+    (tmp_path / "speeds.json").write_text("[" * 10_000)  # damaged: forgotten, and written afresh next time
+    assert measured_rate("Vulkan|llvmpipe|Mesa", tmp_path) is None
+    assert record_decode("Vulkan|llvmpipe|Mesa", bytes_, 40, 3.0, tmp_path) == bytes_ * 3.0

@@ -1,9 +1,9 @@
 """Screenshots of the app's main states for the README, taken from the real window (run under Xvfb):
 
-    xvfb-run -a -s "-screen 0 1280x900x24" python3 tools/screenshots.py docs/ [prefill]
+    xvfb-run -a -s "-screen 0 1280x900x24" python3 tools/screenshots.py docs/ [NAME ...]
 
-(`prefill`: only the prompt-reading progress shot.) Uses a throwaway data folder with the demo model (installed if
-missing) and real replies from it.
+NAME picks some of the shots (empty, chat, downloading, settings, software-adapter, prefill); none: all. Uses a
+throwaway data folder with the demo model (installed if missing) and real replies from it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ LONG_MESSAGE = ("Here are my meeting notes from this week. Please summarise them
                     f"driver; support tickets rose by {d * 7} percent." for d in range(1, 11)))
 
 
-def main(out: Path, only: str | None = None) -> None:
+def main(out: Path, only: set[str] | None = None) -> None:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -64,22 +64,30 @@ def main(out: Path, only: str | None = None) -> None:
 
     store = ConversationStore(home / "chats.sqlite3")
     settings = ChatSettings(max_tokens=160, sampling=SamplingParams(temperature=0.3, top_p=0.9), seed=7)
+    if only is None or "software-adapter" in only:
+        software_adapter(home, store, settings, wait, shot)
+    if only is not None and not only - {"software-adapter", "prefill"}:
+        if "prefill" in only:
+            w = MainWindow(store, settings, AppPrefs(context=2048), home / "app.json", [], None)
+            w.resize(1200, 800)
+            w.show()
+            wait(lambda: w.facts is not None)
+            prefill_shot(w, wait, shot)
+            w.close()
+        store.close()
+        return
     w = MainWindow(store, settings, AppPrefs(context=2048), home / "app.json", ["[0] this machine's GPU"], None)
     w.resize(1200, 800)
     w.show()
     wait(lambda: w.facts is not None)
-    if only == "prefill":
-        prefill_shot(w, wait, shot)
-        w.close()
-        store.close()
-        return
     shot(w, "screenshot-empty.png")
     for question in ("What is the capital of France?", "Write a Python function that reverses a string."):
         w.input.setPlainText(question)
         w.on_send()
         wait(lambda: w.request == 0)
     shot(w, "screenshot-chat.png")
-    prefill_shot(w, wait, shot)
+    if only is None or "prefill" in only:
+        prefill_shot(w, wait, shot)
     w.on_download_progress({"key": "qwen3-4b-q4f16_1", "file": "params_shard_12.bin", "file_done": 21_000_000,
                             "file_total": 33_000_000, "done": 914_000_000,
                             "total": 2_285_014_203, "speed": 48_300_000, "eta_s": 28, "files_done": 12,
@@ -95,6 +103,25 @@ def main(out: Path, only: str | None = None) -> None:
     store.close()
 
 
+def software_adapter(home, store, settings, wait, shot) -> None:
+    """The first launch on a software GPU: the notice, the loaded demo marked in the picker, the status line. The
+    adapter is this machine's when it is a software one, else a stand-in named like Mesa's lavapipe."""
+    from app.prefs import AppPrefs
+    from app.window import MainWindow
+    from engine.gpu import AdapterInfo, pick_adapter
+
+    real = pick_adapter()
+    adapter = real if real.software else AdapterInfo(0, "llvmpipe (LLVM 15.0.6, 256 bits)", "Vulkan", "CPU",
+                                                      "Mesa 22.3.6", [], {})
+    w = MainWindow(store, settings, AppPrefs(context=2048), home / "app-software.json", [adapter.summary()], None,
+                   adapter=adapter)
+    w.resize(1200, 800)
+    w.show()
+    wait(lambda: w.facts is not None)
+    shot(w, "screenshot-software-adapter.png")
+    w.close()
+
+
 def prefill_shot(w, wait, shot) -> None:
     """A long message being read: the reply shows "Reading your message… done/total tokens · rate" (then Stop)."""
     w.start_new_chat()
@@ -107,4 +134,4 @@ def prefill_shot(w, wait, shot) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs"), sys.argv[2] if len(sys.argv) > 2 else None)
+    main(Path(sys.argv[1] if len(sys.argv) > 1 else "docs"), set(sys.argv[2:]) or None)

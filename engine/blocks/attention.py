@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from engine.blocks import Block, BufferNeed, array_bytes, upload_weight
-from engine.blocks.linear import Arithmetic, Linear, matrix_bindings, matrix_tensors
+from engine.blocks.linear import Arithmetic, Linear, SplitLinear, matrix_bindings, matrix_tensors, split_tensors
 from engine.kernels.attention import (
     ATTENTION,
     ATTN_GATE,
@@ -35,6 +35,7 @@ class AttentionMixer(Block):
         self.layers, self.gated, self.ar, self.chunk, self.split_keys = tuple(layers), gated, ar, chunk, split_keys
         self.q_dim, self.kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         self.qkv_dim = self.q_dim + 2 * self.kv_dim
+        self.qkv_rows = (self.q_dim, self.kv_dim, self.kv_dim)
         self.qk_norm = gated or s.qk_norm
         self.n_pages = -(-max_context // PAGE)
         self.page_bytes = s.n_kv_heads * PAGE * s.head_dim * 2
@@ -46,7 +47,11 @@ class AttentionMixer(Block):
         self.lin = {}
         for i in self.layers:
             tag, o_tag = self.formats[i], self.o_formats[i]
-            self.lin[i] = {"qkv": Linear(s.dim, self.qkv_dim, tag, ar), "o": Linear(self.q_dim, s.dim, o_tag, ar)}
+            if "," in tag and not gated:  # q, k, v stored in different formats (a GGUF Q4_K_M file's Q6_K v)
+                qkv = SplitLinear(s.dim, self.qkv_rows, tag, ar)
+            else:
+                qkv = Linear(s.dim, self.qkv_dim, tag, ar)
+            self.lin[i] = {"qkv": qkv, "o": Linear(self.q_dim, s.dim, o_tag, ar)}
             if gated:
                 self.lin[i]["gate"] = Linear(s.dim, self.q_dim, tag, ar)
         self.w: dict[str, object] = {}
@@ -57,7 +62,10 @@ class AttentionMixer(Block):
         for i in self.layers:
             c = f"layers.{i}"
             rows = self.qkv_dim + self.q_dim if self.gated else self.qkv_dim
-            out |= matrix_tensors(f"{c}.{'c_attn' if self.gated else 'qkv'}", rows, s.dim, self.formats[i])
+            if "," in self.formats[i]:
+                out |= split_tensors(f"{c}.qkv", self.qkv_rows, s.dim, self.formats[i])
+            else:
+                out |= matrix_tensors(f"{c}.{'c_attn' if self.gated else 'qkv'}", rows, s.dim, self.formats[i])
             out |= matrix_tensors(f"{c}.o", s.dim, self.q_dim, self.o_formats[i])
             if self.qk_norm:
                 out[f"{c}.q_norm"] = out[f"{c}.k_norm"] = ((s.head_dim,), "float16")
@@ -68,7 +76,11 @@ class AttentionMixer(Block):
         out = []
         for i in self.layers:
             c = f"layers.{i}"
-            for key, (shape, dtype) in packed_shapes(self.formats[i], self.qkv_dim, s.dim).items():
+            if "," in self.formats[i]:
+                qkv = split_tensors(f"{c}.qkv", self.qkv_rows, s.dim, self.formats[i])
+                out += [BufferNeed.upload(name, array_bytes(shape, dtype)) for name, (shape, dtype) in qkv.items()]
+            for key, (shape, dtype) in ({} if "," in self.formats[i] else
+                                        packed_shapes(self.formats[i], self.qkv_dim, s.dim)).items():
                 out.append(BufferNeed.upload(f"{c}.qkv.{key}", array_bytes(shape, dtype)))
                 if self.gated:
                     rows = packed_shapes(self.formats[i], self.q_dim, s.dim)[key]

@@ -1,11 +1,14 @@
 """One weight matrix's products inside a block: the decode matvec and the prefill GEMM, in the kernel variant the
-weight format and the arithmetic pick (engine/kernels/matmul.py), with the quantize_q8 dispatch an int8 product
-needs where its int8 input is not already written."""
+weight format and the arithmetic pick (engine/kernels/matmul.py; GGUF K-quant and Q5_0/Q5_1 blocks: the K-quant
+kernels of engine/kquant_plan.py), with the quantize_q8 dispatch an int8 product needs where its int8 input is not
+already written. SplitLinear runs a matrix whose row ranges differ in format (a GGUF qkv whose v is Q6_K and q, k
+Q4_K) as one product per range into the output's columns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.errors import UnsupportedModelError
 from engine.kernels.matmul import (
     FORMATS,
     MATMUL_INT4,
@@ -24,6 +27,20 @@ from engine.kernels.matmul import (
     prefers_subgroup_rows,
     quantize_q8_plan,
 )
+from engine.kquant_plan import (
+    MATMUL_KQ,
+    MATMUL_KQ_Q8,
+    MATVEC_KQ,
+    MATVEC_KQ_Q8,
+    gemm_kq_plan,
+    gemm_kq_q8_plan,
+    is_kquant,
+    matvec_kq_plan,
+    matvec_kq_q8_plan,
+    weight_buffers,
+)
+
+OFFSET_ALIGN = 256  # WebGPU's largest minStorageBufferOffsetAlignment: a SplitLinear's column offsets keep to it
 
 
 @dataclass(frozen=True)
@@ -37,14 +54,34 @@ class Arithmetic:
     subgroup_size: int
 
     def is_int8(self, tag: str) -> bool:
-        return self.int8 and FORMATS[tag]["bits"] == 4
+        return self.int8 and _int8_format(tag)
 
     def is_int8_prefill(self, tag: str) -> bool:
-        return self.int8_prefill and FORMATS[tag]["bits"] == 4
+        return self.int8_prefill and _int8_format(tag)
+
+
+def _int8_format(tag: str) -> bool:
+    """4-bit codes and the K-quant blocks (2 to 6 bits, as llama.cpp: its K-quant dot products take 8-bit
+    activations) run with int8 activations when the arithmetic allows; 8- and 16-bit weights keep f32 ones."""
+    return is_kquant(tag) or FORMATS[tag]["bits"] == 4
+
+
+def gemm_kernel(k: int, n: int, gate_up: bool, tag: str, int8: bool, T: int = 1, y_stride: int | None = None):
+    """(Kernel, constants, grid) of the prefill GEMM over T rows; `int8`: the rows come quantized by quantize_q8."""
+    if is_kquant(tag):
+        plan = gemm_kq_q8_plan if int8 else gemm_kq_plan
+        return ((MATMUL_KQ_Q8 if int8 else MATMUL_KQ), *plan(tag, k, n, T, gate_up=gate_up, y_stride=y_stride))
+    plan = gemm_q8_plan if int8 else gemm_plan
+    return ((MATMUL_Q8 if int8 else MATMUL_INT4),
+            *plan(k, n, T, gate_up=gate_up, y_stride=y_stride, **format_knobs(tag)))
 
 
 def decode_kernel(k: int, n: int, gate_up: bool, tag: str, ar: Arithmetic, last_row: bool = False):
     """(Kernel, constants, grid) of the decode matvec for an [n (×2 with gate_up), k] matrix in format `tag`."""
+    if is_kquant(tag):
+        if ar.is_int8(tag):
+            return (MATVEC_KQ_Q8, *matvec_kq_q8_plan(tag, k, n, ar.subgroup_size, gate_up=gate_up))
+        return (MATVEC_KQ, *matvec_kq_plan(tag, k, n, gate_up=gate_up, last_row=last_row))
     knobs = format_knobs(tag)
     if ar.is_int8(tag):
         return (MATVEC_Q8, *matvec_q8_plan(k, n, ar.subgroup_size, gate_up=gate_up, **knobs))
@@ -55,29 +92,39 @@ def decode_kernel(k: int, n: int, gate_up: bool, tag: str, ar: Arithmetic, last_
 
 def matrix_bindings(weights: dict, tag: str, dummy) -> dict:
     """Bindings w and s of a matrix's packed arrays (weights: "q_weight"/"q_scale" or "weight"); f16 weights have
-    no scales, so `dummy` (any f16 buffer) fills s, which the kernel never reads."""
+    no scales, so `dummy` (any f16 buffer) fills s, which the kernel never reads. K-quant blocks bind as w and wh
+    (engine/kquant_plan.py); a matrix of parts in several formats (tag "a,b,..."), per part index."""
+    if "," in tag:
+        return {j: matrix_bindings(part_arrays(weights, j), part, dummy) for j, part in enumerate(tag.split(","))}
+    if is_kquant(tag):
+        w, wh = weight_buffers(weights)
+        return {"w": w, "wh": wh}
     if FORMATS[tag]["bits"] == 16:
         return {"w": weights["weight"], "s": dummy}
     return {"w": weights["q_weight"], "s": weights["q_scale"]}
 
 
+def part_arrays(arrays: dict, j: int) -> dict:
+    """Part j's arrays of a matrix of mixed formats (keys "<part>.<array>"), under their own names."""
+    return {k.partition(".")[2]: v for k, v in arrays.items() if k.partition(".")[0] == str(j)}
+
+
 def matrix_tensors(name: str, n: int, k: int, tag: str, lead: tuple = ()) -> dict:
     """Canonical tensor name -> (shape, dtype) of a matrix's packed arrays ([*lead, n, k] logically)."""
+    if "," in tag:
+        raise ValueError(f"{name}: a matrix of parts in formats {tag} needs its parts' rows (split_tensors)")
     return {f"{name}.{key}": ((*lead, *shape), dtype) for key, (shape, dtype) in packed_shapes(tag, n, k).items()}
 
 
 class Linear:
     """y = W x (gate_up: silu(gate)·up) for one weight matrix: K inputs, N outputs (gate_up: N of each half)."""
 
-    def __init__(self, k: int, n: int, tag: str, ar: Arithmetic, gate_up: bool = False):
+    def __init__(self, k: int, n: int, tag: str, ar: Arithmetic, gate_up: bool = False, y_stride: int | None = None):
+        """`y_stride`: the prefill output's row stride when it is wider than n (a SplitLinear's part)."""
         self.k, self.n, self.tag, self.gate_up = k, n, tag, gate_up
         self.int8, self.int8_prefill = ar.is_int8(tag), ar.is_int8_prefill(tag)
         self.mv = decode_kernel(k, n, gate_up, tag, ar)
-        knobs = format_knobs(tag)
-        if self.int8_prefill:
-            self.mm = (MATMUL_Q8, gemm_q8_plan(k, n, 1, gate_up=gate_up, **knobs)[0])
-        else:
-            self.mm = (MATMUL_INT4, gemm_plan(k, n, 1, gate_up=gate_up, **knobs)[0])
+        self.mm = gemm_kernel(k, n, gate_up, tag, self.int8_prefill, y_stride=y_stride)[:2]
         self._grids: dict[int, tuple] = {}
 
     def bind(self, gpu, ws, src, matrix: dict, dst, label: str, src_int8: bool = False,
@@ -129,6 +176,55 @@ class Linear:
 
     def _prefill_grids(self, T: int) -> tuple:
         if T not in self._grids:
-            plan = gemm_q8_plan if self.int8_prefill else gemm_plan
-            self._grids[T] = (plan(self.k, self.n, T, gate_up=self.gate_up)[1], quantize_q8_plan(self.k, rows=T)[1])
+            gemm = gemm_kernel(self.k, self.n, self.gate_up, self.tag, self.int8_prefill, T)[2]
+            self._grids[T] = (gemm, quantize_q8_plan(self.k, rows=T)[1])
         return self._grids[T]
+
+
+def split_tensors(name: str, rows: tuple[int, ...], k: int, tag: str) -> dict:
+    """matrix_tensors of a matrix whose row ranges `rows` are stored in the formats of `tag` ("a,b,..."), as
+    "<name>.<part>.<array>"."""
+    out = {}
+    for j, (n, part) in enumerate(zip(rows, tag.split(","), strict=True)):
+        out |= matrix_tensors(f"{name}.{j}", n, k, part)
+    return out
+
+
+class SplitLinear:
+    """y = W x for a matrix whose row ranges differ in format: one Linear per range, each writing its columns of y
+    (decode: at a binding offset; prefill: the same offset with the full row stride). Parts that take int8
+    activations share one quantize_q8 of the input."""
+
+    def __init__(self, k: int, rows: tuple[int, ...], tag: str, ar: Arithmetic):
+        tags = tag.split(",")
+        if len(tags) != len(rows):
+            raise ValueError(f"formats {tag} name {len(tags)} parts, the matrix has {len(rows)}")
+        self.k, self.n, self.tag = k, sum(rows), tag
+        self.starts = [sum(rows[:j]) for j in range(len(rows))]
+        for start in self.starts:
+            if start * 4 % OFFSET_ALIGN:
+                raise UnsupportedModelError(
+                    f"a matrix of parts in formats {tag} needs each part's first output column at a multiple of "
+                    f"{OFFSET_ALIGN // 4} (its byte offset is bound); one starts at {start}")
+        self.parts = [Linear(k, n, t, ar, y_stride=self.n) for n, t in zip(rows, tags, strict=True)]
+
+    @property
+    def int8(self) -> bool:
+        return any(p.int8 for p in self.parts)
+
+    @property
+    def quantizes_rows(self) -> bool:
+        return any(p.quantizes_rows for p in self.parts)
+
+    def bind(self, gpu, ws, src, matrix: dict, dst, label: str, src_int8: bool = False,
+             rows_ready: bool = False) -> None:
+        """As Linear.bind; `matrix`: part index -> that part's bindings (matrix_bindings of the "a,b,..." tag)."""
+        for j, (part, start) in enumerate(zip(self.parts, self.starts, strict=True)):
+            y = dst if start == 0 else (dst, 4 * start, dst.size - 4 * start)
+            part.bind(gpu, ws, src, matrix[j], y, f"{label}.{j}", src_int8=src_int8, rows_ready=rows_ready)
+            src_int8 = src_int8 or part.int8  # this part quantized the decode row: the next ones read it
+            rows_ready = rows_ready or part.quantizes_rows
+
+    def record(self, rec, T: int, int8_ready: bool = False) -> None:
+        for part in self.parts:
+            part.record(rec, T, int8_ready)

@@ -11,20 +11,17 @@ import math
 import numpy as np
 
 from engine.blocks import Block, BufferNeed, array_bytes, upload_weight
-from engine.blocks.linear import Arithmetic, decode_kernel, matrix_bindings, matrix_tensors
+from engine.blocks.linear import Arithmetic, decode_kernel, gemm_kernel, matrix_bindings, matrix_tensors
 from engine.errors import GpuError
 from engine.kernels.matmul import (
     EMBEDDING,
-    MATMUL_INT4,
-    MATMUL_Q8,
     QUANTIZE_Q8,
     embedding_plan,
     format_knobs,
-    gemm_plan,
-    gemm_q8_plan,
     packed_shapes,
     quantize_q8_plan,
 )
+from engine.kquant_plan import EMBEDDING_KQ, embedding_kq_plan, is_kquant
 
 LOGIT_ROWS = 128  # rows of the all-rows logits buffer (the logits API) at most: 512 × 151,936 vocab would be 311 MB
 
@@ -95,15 +92,22 @@ class VocabEnds(Block):
         dummy, ar, st = ws.dummy_f16, self.ar, ws.step
         parts = self.parts["embed"]
         self.embed_parts = []  # (pipeline, bind group, x groups)
+        etag = self.formats["embed"]
         for r0, n in parts:
-            split = dict(row0=r0, n_rows=n) if len(parts) > 1 else {}
-            consts, (groups, _) = embedding_plan(self.dim, self.vocab, **split, **format_knobs(self.formats["embed"]))
-            pipe = gpu.pipeline(EMBEDDING, consts)
+            split = len(parts) > 1
             t = self._tables("embed", r0, n, dummy)
-            self.embed_parts.append((pipe, gpu.bind(pipe, dict(tokens=ws.tokens, q_weight=t["w"], q_scale=t["s"],
-                                                               x=ws.res[0], step=st), f"embed-{r0}"), groups))
+            if is_kquant(etag):  # GGUF blocks as stored
+                consts, (groups, _) = embedding_kq_plan(etag, self.dim, self.vocab, row0=r0, nrows=n if split else 0)
+                pipe = gpu.pipeline(EMBEDDING_KQ, consts)
+                tables = dict(w=t["w"], wh=t["wh"])
+            else:
+                consts, (groups, _) = embedding_plan(self.dim, self.vocab, **(dict(row0=r0, n_rows=n) if split else {}),
+                                                     **format_knobs(etag))
+                pipe = gpu.pipeline(EMBEDDING, consts)
+                tables = dict(q_weight=t["w"], q_scale=t["s"])
+            self.embed_parts.append((pipe, gpu.bind(pipe, dict(tokens=ws.tokens, **tables, x=ws.res[0], step=st),
+                                                    f"embed-{r0}"), groups))
         tag, lm = self.formats[self.lm], self.lm
-        knobs = format_knobs(tag)
         int8, int8_all = ar.is_int8(tag), ar.is_int8_prefill(tag)
         # The last row's int8 copy: the final norm's, or a quantize_q8 of its own
         self.lm_quantize = None
@@ -125,11 +129,11 @@ class VocabEnds(Block):
             pipe = gpu.pipeline(kernel, consts)
             ins = dict(xq=ws.x_q8, xm=ws.x_q8_meta) if int8 else dict(x=ws.hidden, step=st)
             self.lm_decode.append((pipe, gpu.bind(pipe, dict(**ins, **table, y=y), f"lm-head-{r0}"), grid))
+            kernel, consts, _ = gemm_kernel(self.dim, n, False, tag, int8_all, y_stride=self.vocab)
+            pipe = gpu.pipeline(kernel, consts)
             if int8_all:
-                pipe = gpu.pipeline(MATMUL_Q8, gemm_q8_plan(self.dim, n, 1, y_stride=self.vocab, **knobs)[0])
                 ins = dict(xq=ws.rows_q8, xm=ws.rows_q8_meta, step=st)
             else:
-                pipe = gpu.pipeline(MATMUL_INT4, gemm_plan(self.dim, n, 1, y_stride=self.vocab, **knobs)[0])
                 ins = dict(x=ws.hidden, step=st)
             self.lm_prefill.append((pipe, gpu.bind(pipe, dict(**ins, **table, y=y), f"lm-head-all-{r0}"),
                                     "gemm_q8" if int8_all else "gemm", n))
@@ -156,7 +160,7 @@ class VocabEnds(Block):
             if kind == "quantize":
                 grid = quantize_q8_plan(self.dim, rows=T)[1]
             else:
-                grid = (gemm_q8_plan if kind == "gemm_q8" else gemm_plan)(self.dim, n, T)[1]
+                grid = gemm_kernel(self.dim, n, False, self.formats[self.lm], kind == "gemm_q8", T)[2]
             self._grids[kind, n, T] = grid
         return self._grids[kind, n, T]
 

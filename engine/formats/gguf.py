@@ -15,6 +15,11 @@ which engine.kernels.matmul.format_knobs turns into kernel constants:
 | Q8_0 | q8_0 | q_weight u32 [N, K/4], q_scale f16 [N, G] | (u − 128)·d, u = q + 128 |
 | F16 | f16 | weight f16 [N, K] or [D] | as stored |
 | F32, BF16 | f32 | weight f32 [N, K] or [D] (bf16 widened exactly) | as stored |
+| Q2_K … Q6_K, Q5_0, Q5_1 | q2_k … q6_k, q5_0, q5_1 | ggml's blocks as stored (engine/formats/kquant.py) | ggml's |
+
+A fused weight whose tensors differ in type (a Q4_K_M file keeps attn_v in Q6_K in some layers while attn_q/attn_k
+are Q4_K) is allowed for qkv only: its tag lists the parts' tags joined by "," and its arrays are keyed
+"<part>.<array>" (part 0, 1, 2 = q, k, v); the attention block runs one product per part into the qkv rows.
 
 Nibble order: a GGUF Q4 block is d (and m) then 16 bytes, byte j holding element j in its low nibble
 and element j+16 in its high nibble; ours puts element i of a group at bits 4·(i % 8) of word i / 8
@@ -42,6 +47,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, ReaderField
 
 from engine.errors import ModelFormatError, UnsupportedModelError
+from engine.formats import kquant
 from engine.formats.files import ProgressFn, real_number, shown, whole_number
 from engine.formats.limits import (
     CONFIG_LIMITS,
@@ -60,8 +66,9 @@ from engine.packed import PackedWeight
 
 Q = GGMLQuantizationType
 # GGUF tensor types we repack without loss, and the format tag each becomes.
-TAGS = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.F16: "f16", Q.F32: "f32", Q.BF16: "f32"}
-SUPPORTED_TYPES = "Q4_0, Q4_1, Q8_0, F16, F32, BF16"
+TAGS = {Q.Q4_0: "q4_0", Q.Q4_1: "q4_1", Q.Q8_0: "q8_0", Q.F16: "f16", Q.F32: "f32", Q.BF16: "f32", **kquant.TAGS}
+SUPPORTED_TYPES = "Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, F16, F32, BF16"
+MIXED_OK = ".qkv"  # the one fused weight whose parts may differ in type (see the module docstring)
 CHUNK = 32  # the kernels walk K in 32-element chunks
 ROWS_PER_READ = 4096  # rows repacked at a time: bounds the temporaries for a large embedding table
 
@@ -416,6 +423,11 @@ class GgufCheckpoint:
         """Canonical name -> format tag, from the tensor headers alone (for building pipelines up front)."""
         return {name: self._check(name) for name in self._sources}
 
+    def runtime_formats(self) -> dict[str, str]:
+        """formats() as the runtime runs them: F32/BF16 matrices on the f16 kernels (the only unquantized variant)."""
+        return {name: ",".join("f16" if t == "f32" else t for t in tag.split(","))
+                for name, tag in self.formats().items()}
+
     def _check(self, name: str) -> str:
         """Check one canonical weight's tensors (present, supported type, expected shape, one format); its tag."""
         parts = self._sources.get(name)
@@ -430,11 +442,11 @@ class GgufCheckpoint:
             t = self._tensor(part.name)
             tag = TAGS.get(t.tensor_type)
             if tag is None:
-                raise ModelFormatError(
-                    f"{self.path}: tensor '{part.name}' is {t.tensor_type.name}, which we cannot run; supported "
-                    f"types: {SUPPORTED_TYPES} (K-quants and i-quants are not). Re-quantize with one of them, "
-                    "e.g. `llama-quantize --pure model-f16.gguf out.gguf Q4_0` (without --pure llama-quantize "
-                    "keeps some tensors in Q6_K)"
+                raise UnsupportedModelError(
+                    f"{self.path}: tensor '{part.name}' is {t.tensor_type.name}, which we cannot run (i-quants and "
+                    f"ternary types are not supported); supported types: {SUPPORTED_TYPES}. Use a build of the model "
+                    "in one of them, e.g. a Q4_K_M file, or re-quantize: `llama-quantize model-f16.gguf out.gguf "
+                    "Q4_K_M`"
                 )
             want = (part.cols,) if part.rows is None else (part.rows, part.cols)
             found = tuple(int(d) for d in reversed(t.shape))
@@ -450,9 +462,11 @@ class GgufCheckpoint:
                                        f"not a multiple of {CHUNK}")
             tags[part.name] = (tag, t.tensor_type.name)
         if len({tag for tag, _ in tags.values()}) > 1:
+            if name.endswith(MIXED_OK) and len(parts) > 1:
+                return ",".join(tag for tag, _ in tags.values())
             listed = ", ".join(f"'{n}' ({ty})" for n, (_, ty) in tags.items())
             raise ModelFormatError(
-                f"{self.path}: {name} fuses {listed}; fused tensors must share one quantization type"
+                f"{self.path}: {name} fuses {listed}; these fused tensors must share one quantization type"
             )
         return next(iter(tags.values()))[0]
 
@@ -485,6 +499,17 @@ class GgufCheckpoint:
             return PackedWeight({"weight": _float_rows(self._tensors[parts[0].name])}, tag, (parts[0].cols,),
                                 (parts[0].name,))
         rows, cols = sum(p.rows for p in parts), parts[0].cols
+        sources = tuple(p.name for p in parts)
+        if "," in tag:  # parts of different types: each packed apart, keyed by its index
+            out = {}
+            for j, (part, part_tag) in enumerate(zip(parts, tag.split(","), strict=True)):
+                out |= {f"{j}.{key}": arr for key, arr in self._read_rows([part], part_tag).items()}
+            return PackedWeight(out, tag, (rows, cols), sources)
+        return PackedWeight(self._read_rows(parts, tag), tag, (rows, cols), sources)
+
+    def _read_rows(self, parts: list[_Part], tag: str) -> dict[str, np.ndarray]:
+        """The rows of `parts` (one type, `tag`) joined in order, in our layout."""
+        rows, cols = sum(p.rows for p in parts), parts[0].cols
         out = _empty(tag, rows, cols)
         first = 0
         for part in parts:
@@ -494,15 +519,25 @@ class GgufCheckpoint:
                 dest = first + unpermute_index(part.rows, part.heads)
             for r0 in range(0, part.rows, ROWS_PER_READ):
                 r1 = min(r0 + ROWS_PER_READ, part.rows)
-                for key, arr in pack_rows(t.tensor_type, t.data[r0:r1]).items():
+                for key, arr in self._pack(t, tag, r0, r1, cols).items():
                     out[key][dest[r0:r1]] = arr
             first += part.rows
-        return PackedWeight(out, tag, (rows, cols), tuple(p.name for p in parts))
+        return out
+
+    def _pack(self, t, tag: str, r0: int, r1: int, cols: int) -> dict[str, np.ndarray]:
+        if not kquant.is_ktag(tag):
+            return pack_rows(t.tensor_type, t.data[r0:r1])
+        try:
+            return kquant.pack_rows(tag, t.data[r0:r1], cols, f"tensor '{t.name}'")
+        except ValueError as e:  # damaged blocks (non-finite scales): worded by pack_rows, naming the tensor
+            raise ModelFormatError(f"{self.path}: {e}") from None
 
 
 # ---- layouts ---------------------------------------------------------------------------------------
 
 def _empty(tag: str, rows: int, cols: int) -> dict[str, np.ndarray]:
+    if kquant.is_ktag(tag):
+        return kquant.empty(tag, rows, cols)
     groups = cols // 32
     if tag == "q4_0":
         return {"q_weight": np.empty((rows, cols // 8), np.uint32), "q_scale": np.empty((rows, groups), np.float16)}
@@ -569,6 +604,12 @@ def unpermute_index(rows: int, heads: int) -> np.ndarray:
 
 def dequantize(weight: PackedWeight) -> np.ndarray:
     """float32 values of a PackedWeight, computed the way ggml does (so Q4_1's d·q + m rounds alike)."""
+    if "," in weight.format:  # a qkv of parts in different types
+        parts = [PackedWeight({k.partition(".")[2]: v for k, v in weight.items() if k.partition(".")[0] == str(j)},
+                              tag, (), ()) for j, tag in enumerate(weight.format.split(","))]
+        return np.concatenate([dequantize(p) for p in parts])
+    if kquant.is_ktag(weight.format):
+        return kquant.dequantize(weight.format, weight)
     if "weight" in weight:
         return weight["weight"].astype(np.float32)
     bits = 8 if weight.format == "q8_0" else 4

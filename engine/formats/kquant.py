@@ -67,6 +67,10 @@ _HALF_FIELDS = {"q2_k": (80, 82), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2)
                 "q5_1": (0, 2)}
 
 
+def is_ktag(tag: str) -> bool:
+    return tag in TYPES
+
+
 def ktype(tag: str) -> KType:
     if tag not in TYPES:
         raise ValueError(f"{tag!r} is not a K-quant tag; have {', '.join(TYPES)}")

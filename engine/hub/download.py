@@ -90,7 +90,9 @@ class _FileBudget:
 
     def check_time(self, have: int) -> None:
         if self.remaining_s() < 0:
-            took = f"{self.seconds:.0f} s" if self.seconds < 120 else f"{self.seconds / 60:.0f} minutes"
+            from engine.humanize import human_duration
+
+            took = human_duration(self.seconds)
             raise DownloadError(f"gave up on {self.rf.path} of repo {self.repo_id} after {took} ({have:,} of "
                                 f"{self.rf.size:,} bytes): the server is too slow; try again later (the download "
                                 "resumes where it stopped)")

@@ -14,6 +14,10 @@ _NO_STORE = "cannot store the Hugging Face token: {why}; set the HF_TOKEN enviro
 
 
 def _why(error: Exception) -> str:
+    from keyring.errors import NoKeyringError
+
+    if isinstance(error, NoKeyringError):  # its own text is a paragraph about backend packages
+        return "this system has no keyring (password store) that Zero-TVM can use"
     # Backend messages name the backend ("No recommended backend was available..."), not the secret.
     text = str(error).strip().splitlines()[0] if str(error).strip() else ""
     return f"the system keyring is not available ({type(error).__name__}{': ' + text if text else ''})"
@@ -45,17 +49,31 @@ def set_token(token: str) -> None:
         raise TokenError(_NO_STORE.format(why=_why(e))) from None
 
 
-def clear_token() -> None:
-    """Forget the stored token. Nothing stored, or no keyring at all, is not an error."""
+def keyring_problem() -> str | None:
+    """Why no token can be kept in the system keyring here (no backend, a locked or absent Secret Service...),
+    or None when the keyring answers."""
+    import keyring
+
+    try:
+        keyring.get_password(SERVICE, USER)
+    except Exception as e:
+        return _why(e)
+    return None
+
+
+def clear_token() -> bool:
+    """Forget the stored token: True when one was removed, False when none was stored (or there is no keyring at
+    all, so none can have been stored). Raises TokenError when the keyring holds one but cannot delete it."""
     import keyring
     from keyring.errors import NoKeyringError, PasswordDeleteError
 
     try:
         keyring.delete_password(SERVICE, USER)
     except (PasswordDeleteError, NoKeyringError):
-        pass
+        return False
     except Exception as e:
         raise TokenError(f"cannot remove the Hugging Face token: {_why(e)}") from None
+    return True
 
 
 def resolve_token(token: str | bool | None) -> str | bool:

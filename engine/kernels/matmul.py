@@ -22,6 +22,7 @@ a sixth buffer. Two variables cannot share a binding index either (naga rejects 
 
 from __future__ import annotations
 
+from engine.formats import kquant
 from engine.kernels import declare, fold_grid
 
 MATVEC_INT4 = declare("matvec_int4", writes=("y",))
@@ -80,6 +81,8 @@ def format_knobs(tag: str) -> dict:
 
 def packed_shapes(tag: str, n: int, k: int) -> dict[str, tuple[tuple[int, ...], str]]:
     """Array name -> (shape, dtype) of an [n, k] matrix in format `tag`, as the kernels bind it."""
+    if kquant.is_ktag(tag):  # GGUF blocks as stored, for the K-quant kernels (engine/kquant_plan.py)
+        return kquant.packed_shapes(tag, n, k)
     bits, affine, group = FORMATS[tag]["bits"], FORMATS[tag]["affine"], FORMATS[tag]["group"]
     if bits == 16:
         return {"weight": ((n, k), "float16")}
