@@ -131,6 +131,28 @@ def test_closing_while_a_reply_streams_takes_under_2_s_and_keeps_it(qtbot, data_
     assert stored[1]["content"] and stored[1]["content"] == w.chat.messages[-1].answer
 
 
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_closing_while_the_prompt_is_read_or_the_model_loads_takes_under_2_s(qtbot, data_dir):
+    w = open_window(qtbot, data_dir)  # loads the demo model
+    qtbot.waitUntil(lambda: "Loading" in w.progress_label.text() and " of " in w.progress_label.text(),
+                    timeout=LOAD_MS)
+    started = time.monotonic()
+    w.close()
+    assert time.monotonic() - started < 2.0 and not w.engine.thread.isRunning()
+
+    w = open_window(qtbot, data_dir)
+    wait_loaded(qtbot, w)
+    send(qtbot, w, "Please summarise these notes. " + "The team met and agreed on the plan. " * 12)
+    qtbot.waitUntil(lambda: "tok/s" in w.chat.messages[-1].status.text(), timeout=REPLY_MS)  # between pieces
+    store, conv = w.store, w.conv_id
+    started = time.monotonic()
+    w.close()
+    # The worker leaves the wait for the piece on the GPU at once (the piece finishes there later).
+    assert time.monotonic() - started < 2.0 and not w.engine.thread.isRunning()
+    assert [m["role"] for m in store.messages(conv)] == ["user"]
+
+
 CLOSE_DURING_DECODE = """
 import sys, time
 from PySide6.QtCore import QTimer
