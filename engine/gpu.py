@@ -376,8 +376,8 @@ class Recorder:
 
 class MapWait:
     """A read mapping of a MAP_READ buffer, waited for with a cancel check: the wait for the GPU work queued before
-    it can be abandoned (Stop, close) without interrupting that work. An abandoned wait stays pending; settle()
-    it before the buffer is used again."""
+    it can be abandoned (Stop, close) without interrupting that work. An abandoned wait stays pending: wait() for
+    it again, then release(), before the buffer is used again."""
 
     def __init__(self, buf, size: int):
         self.buf, self.size = buf, size
@@ -401,7 +401,3 @@ class MapWait:
         """Unmap after a completed wait."""
         self.buf.unmap()
 
-    def settle(self) -> None:
-        """Finish an abandoned wait (the GPU work is long done by the next request) and unmap."""
-        self.promise.sync_wait()
-        self.buf.unmap()

@@ -369,7 +369,7 @@ class Transformer:
         submitted (work already queued is never interrupted; anything submitted later runs after it). A piece is
         queued ahead of the one running only while pieces are quick (a slow GPU then holds at most one piece of
         work after a Stop); `queue_ahead=False` never does, so the cache holds exactly the pieces yielded."""
-        self._settle_fences()
+        self._settle_fences(cancel)
         fences = list(self.ws.readback)
         waits: list[tuple[MapWait, int]] = []  # (mapping of a piece's fence, tokens done once it lands)
         quick = False
@@ -427,10 +427,13 @@ class Transformer:
             done += len(piece)
             yield done
 
-    def _settle_fences(self) -> None:
-        """Finish the fence waits a stopped prefill abandoned, so the readback buffers can be mapped again."""
+    def _settle_fences(self, cancel: CancelToken | None = None) -> None:
+        """Finish the fence waits a stopped prefill abandoned, so the readback buffers can be mapped again (the
+        wait for that piece of GPU work can itself be abandoned: Cancelled)."""
         while self._unsettled:
-            self._unsettled.pop().settle()
+            if not self._unsettled[-1].wait(cancel):
+                raise Cancelled
+            self._unsettled.pop().release()
 
     def read_sampled(self, index: int) -> int:
         """Blocking read of one sampled token id from the ring (used for the first token)."""

@@ -190,6 +190,27 @@ def test_stopped_prefill_then_answer_equals_a_fresh_run(model):
     assert chat.messages[-1]["content"] == "".join(e.answer for e in fresh)
 
 
+def test_a_stop_during_the_wait_for_a_piece_leaves_it_queued_and_the_next_turns_are_exact(model):
+    """A Stop that lands while the GPU still runs a piece: the wait is abandoned at once (the piece stays queued and
+    counts as read), the next reply settles the wait first, and its tokens equal a fresh run's."""
+
+    class StopsInTheWait(CancelToken):  # pieces still start (check() passes); every fence wait sees a Stop
+        @property
+        def cancelled(self) -> bool:
+            return True
+
+    rt = model.runtime
+    rt.reset()
+    ids = list(range(3, 103))
+    with pytest.raises(Cancelled):
+        list(stream_generate(model, ids, 10, cancel=StopsInTheWait(), progress=True))
+    assert rt.n_cached == 32 and len(rt._unsettled) == 1  # the first piece was submitted, its wait abandoned
+    answer = [r for r in stream_generate(model, ids, 10, cancel=CancelToken(), progress=True) if hasattr(r, "token")]
+    assert rt._unsettled == [] and answer[-1].prompt_reused == 32
+    rt.reset()
+    assert tokens(answer) == tokens(stream_generate(model, ids, 10))
+
+
 def test_cli_chat_runs_turns_and_commands(model, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
     lines = iter(["hello", "/regen", "/system Be brief.", "/new", "again", "/quit"])
