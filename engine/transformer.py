@@ -350,9 +350,9 @@ class Transformer:
                 cancel: CancelToken | None = None) -> None:
         """Absorb `ids` into the cache in chunks; the last chunk samples the next token on the GPU (ring[out_index]).
         A stateful block snapshots its state before the prompt's last token, which then goes alone (where a
-        regenerate of the same prompt resumes). `on_chunk(done, total)` runs after each chunk; an exception from it
-        stops the prefill there, with the cache holding the chunks done. With `on_chunk` or `cancel` the pieces are
-        waited for one by one (prefill_steps); without, every chunk is queued at once."""
+        regenerate of the same prompt resumes). Without `on_chunk` and `cancel` every chunk is queued at once; with
+        either, the prompt goes in pieces waited for one by one (prefill_steps): `on_chunk(done, total)` runs after
+        each piece, and an exception from it stops the prefill there, with the cache holding the pieces done."""
         if on_chunk is None and cancel is None:
             for _ in self._prefill_pieces(ids, out_index, self.chunk, None, None):
                 pass
