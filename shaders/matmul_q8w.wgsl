@@ -11,7 +11,7 @@
 // columns 4tx..4tx+3 (gate_up: (gate j, gate j+1, up j, up j+1), j = j0 + 2tx; gemm_tile.wgsl's weight_row).
 // Each thread stages at most one item of each kind per step (the plan checks 2·TM ≤ WG, WN ≤ WG).
 // Constants: K (a multiple of GROUP), N, TM (multiple of 8), TN (multiple of 4), GATE_UP, YS, ZERO, AFFINE, GROUP.
-// Workgroup memory: 2·(TM + WN)·(40, or 48 with AFFINE) bytes.
+// Workgroup memory: 2·(TM + WN)·(36, or 40 with AFFINE) bytes.
 // Bindings and grid: matmul_q8's (0 xq, 1 w, 2 s, 3 y, 4 xm, 5 step; grid (x, ceil(T/TM), z), x/z fold N tiles).
 #import step
 #import gemm_tile

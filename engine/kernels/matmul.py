@@ -252,7 +252,7 @@ def gemm_q8w_plan(
     if threads > GEMM_Q8_MAX_WG or 2 * tm > threads or wn > threads:
         raise ValueError(f"TM={tm}, staged W rows {wn}: {threads} threads; need ≤ {GEMM_Q8_MAX_WG}, ≥ 2·TM and "
                          f"≥ the staged W rows")
-    lds = 2 * (tm + wn) * (48 if affine else 40)
+    lds = 2 * (tm + wn) * (40 if affine else 36)  # 32 code bytes and a scale (and a sum or min) per row
     if lds > WORKGROUP_BYTES:
         raise ValueError(f"TM={tm}, staged W rows {wn}: {lds} bytes of workgroup memory > {WORKGROUP_BYTES}")
     if y_stride is not None and y_stride < N:
