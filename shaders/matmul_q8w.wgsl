@@ -109,14 +109,16 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let tx = lid % TX;
     let ty = lid / TX;
 
-    // This thread's staged items (fixed over the steps): X vec4 `lid` (row lid / 2, half lid % 2), the scale and
-    // sum of row lid, weight row lid. Rows past n_tokens are clamped: loaded, never written.
+    // This thread's staged items (fixed over the steps): X half lid % 2 of tile row (p % TY)·8 + p / TY,
+    // p = lid / 2 (two lanes read a row's 32 bytes, and a warp's stores land on distinct banks), the scale and sum
+    // of row lid, weight row lid. Rows past n_tokens are clamped: loaded, never written.
     let has_x = lid < XB;
     let has_xm = lid < TM;
     let has_w = lid < WN;
-    let xrow = min(t0 + min(lid, XB - 1u) / 2u, last_t);
+    let p = min(lid, XB - 1u) / 2u;
+    let xrow = min(t0 + p % TY * 8u + p / TY, last_t);
     let x_src = xrow * (2u * CHUNKS) + lid % 2u;
-    let x_dst = (lid % 2u * 8u + lid / 2u % 8u) * TY + lid / 16u;
+    let x_dst = (lid % 2u * 8u + p / TY) * TY + p % TY;
     let m_src = min(t0 + min(lid, TM - 1u), last_t) * CHUNKS;
     let w_src = weight_row(min(lid, WN - 1u), j0);
     let w_dst = (lid % 4u) * TX + lid / 4u;
