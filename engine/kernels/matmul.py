@@ -6,8 +6,8 @@ matvec_int4 (decode, one activation row) and matmul_int4 (prefill GEMM, T rows) 
 3 y f32, 4 step uniform. With gate_up the weight holds gate rows then up rows and y gets
 silu(gate)·up ([N] or [T, N]). The defaults are untuned starting points.
 
-The int8-activation kernels (matvec_q8 in decode, matmul_q8 in prefill) read 4-bit weights the same way but take
-x as quantize_q8 writes it (xq codes, xm (scale, Σ codes) per 32-element chunk; shaders/q8_pack.wgsl).
+The int8-activation kernels (matvec_q8 in decode, matmul_q8w / matmul_q8 in prefill) read 4-bit weights the same
+way but take x as quantize_q8 writes it (xq codes, xm (scale, Σ codes) per 32-element chunk; shaders/q8_pack.wgsl).
 
 Weight formats are kernel constants (see FORMATS): integer codes q of BITS bits, w = (q − ZERO)·scale,
 plus a per-group minimum with AFFINE (w = scale·q + min, GGUF Q4_1), one scale per GROUP elements
