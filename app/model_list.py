@@ -39,11 +39,13 @@ def install_state(e: CatalogEntry, models: Path | None) -> tuple[bool, Path | No
 
 
 def model_rows(models: Path | None = None, context: int = 0, shared_memory: bool = False,
-               software: bool = False, decode_rate: float | None = None, quick_only: bool = False) -> list[ModelRow]:
+               software: bool = False, decode_rate: float | None = None, quick_only: bool = False,
+               gpu_bytes: int | None = None) -> list[ModelRow]:
     """Every model with its install state and fit, as `zerotvm models` reports it. `shared_memory`: the GPU takes
     system RAM (integrated or software); `software`: a software adapter, so the fit also gives the speed (from
     `decode_rate`, the weight bytes/s measured there, when known). Cheap once memfit remembers the estimates;
-    `quick_only`: rows whose estimate is not remembered yet get fit None and fit_pending (see fill_fits)."""
+    `quick_only`: rows whose estimate is not remembered yet get fit None and fit_pending (see fill_fits).
+    `gpu_bytes`: the GPU's memory where known (a MoE model too big for it then says how it runs, streamed)."""
     from engine.memfit import check_fit, fit_is_quick
 
     rows = []
@@ -55,7 +57,7 @@ def model_rows(models: Path | None = None, context: int = 0, shared_memory: bool
         try:
             if not pending:
                 fit = check_fit(e, context or e.default_context, shared_memory=shared_memory, software=software,
-                                decode_rate=decode_rate)
+                                decode_rate=decode_rate, gpu_bytes_available=gpu_bytes)
         except Exception:  # a fit estimate must never hide a model
             fit = None
         state = "installed" if installed else "not downloaded" if not e.is_local else "missing"

@@ -23,6 +23,7 @@ class AppPrefs:
     context: int = 0  # context window to load models with; 0 = the model's default
     last_model: str = ""  # catalog key or local path loaded last time
     exact_decode: bool = False  # f32 activations in decode (slower); the default rounds them to int8 per layer
+    gpu_weights: str = "auto"  # the weights budget as typed (engine/gpu_budget.py: bytes, 12G, 8192M, or auto)
     software_notice_shown: list = field(default_factory=list)  # adapters (AdapterInfo.key) told they are software
 
     def validate(self) -> None:
@@ -30,6 +31,9 @@ class AppPrefs:
             raise ValueError(f"theme must be one of {THEMES}")
         if not isinstance(self.context, int) or self.context < 0:
             raise ValueError("context must be a non-negative integer")
+        from engine.gpu_budget import parse_size
+
+        parse_size(self.gpu_weights, "GPU weights budget")  # a ValueError naming the setting
         if not all(isinstance(k, str) for k in self.software_notice_shown):
             raise ValueError("software_notice_shown must be a list of adapter names")
 

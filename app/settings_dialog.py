@@ -63,7 +63,8 @@ class SettingsDialog(QDialog):
         layout.addWidget(self._chat_group())
         layout.addWidget(self._sampling_group())
         layout.addWidget(self._app_group(adapters))
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        self._buttons = buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok |
+                                                   QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout.addWidget(buttons)
@@ -105,7 +106,36 @@ class SettingsDialog(QDialog):
                                      "loads.")
         self.exact_decode.setChecked(self._prefs.exact_decode)
         form.addRow(self.exact_decode)
+        self.gpu_weights = QLineEdit(self._prefs.gpu_weights)
+        self.gpu_weights.setAccessibleName("GPU weights budget")
+        self.gpu_weights.setPlaceholderText("auto")
+        self.gpu_weights.setToolTip("How much of the model's weights may live on the GPU: auto (the GPU's memory less "
+                                    "the context cache and a margin), or a size such as 12G or 8192M. A mixture-of-"
+                                    "experts model over it keeps its experts in RAM and streams them (slower); other "
+                                    "models must fit. Applies when a model next loads.")
+        self.gpu_weights.textChanged.connect(self._check_gpu_weights)
+        self.gpu_weights_error = QLabel("")
+        self.gpu_weights_error.setWordWrap(True)
+        self.gpu_weights_error.setVisible(False)
+        form.addRow("GPU weights budget", self.gpu_weights)
+        form.addRow(self.gpu_weights_error)
         return group
+
+    def _check_gpu_weights(self) -> bool:
+        """Whether the budget as typed is valid; the reason is shown under the field, and OK is held back."""
+        from engine.gpu_budget import parse_size
+
+        try:
+            parse_size(self.gpu_weights.text(), "GPU weights budget")
+            problem = ""
+        except ValueError as e:
+            problem = str(e)
+        self.gpu_weights_error.setText(problem)
+        self.gpu_weights_error.setVisible(bool(problem))
+        buttons = getattr(self, "_buttons", None)
+        if buttons is not None:
+            buttons.button(QDialogButtonBox.StandardButton.Ok).setEnabled(not problem)
+        return not problem
 
     def _sampling_group(self) -> QGroupBox:
         group = QGroupBox("Sampling")
@@ -211,7 +241,8 @@ class SettingsDialog(QDialog):
     def result_prefs(self) -> AppPrefs:
         return replace(self._prefs, models_dir=self.models_dir.text().strip(), adapter=self.adapter.currentData(),
                        theme=self.theme.currentData(), offline=self.offline.isChecked(),
-                       context=self.context.value(), exact_decode=self.exact_decode.isChecked())
+                       context=self.context.value(), exact_decode=self.exact_decode.isChecked(),
+                       gpu_weights=self.gpu_weights.text().strip() or "auto")
 
     def token_change(self) -> tuple[str, str | None]:
         """("set", token), ("clear", None) or ("keep", None) — applied by the caller through the keyring."""

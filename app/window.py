@@ -261,8 +261,9 @@ class MainWindow(QMainWindow):
 
         a = self.adapter_info
         software = bool(a is not None and a.software)
-        return dict(shared_memory=a is not None and gpu_memory(a).shared, software=software,
-                    decode_rate=self._measured_rate())
+        memory = gpu_memory(a) if a is not None else None  # a MoE model too big for a known-size GPU: streams
+        return dict(shared_memory=bool(memory and memory.shared), software=software,
+                    decode_rate=self._measured_rate(), gpu_bytes=memory.total_bytes if memory else None)
 
     def _estimate_fits(self) -> None:
         """Plan the models whose fit is not known yet on a background thread (it takes a moment per model); the
@@ -480,6 +481,7 @@ class MainWindow(QMainWindow):
         self.relabel_models()
         self.show_progress(f"Loading {row.entry.name}…", 0, 0)
         self.status.setText(f"Loading {row.entry.name}…")
+        self.engine.worker.gpu_weights = self.prefs.gpu_weights  # read by the worker when this load starts
         self.request_load.emit(str(row.load_path), self.prefs.context, self.prefs.exact_decode)
         self.update_action()
 
@@ -555,9 +557,11 @@ class MainWindow(QMainWindow):
         self.status.setText(f"Downloading {name} failed. " + self.idle_status())
         self.show_error(title, message)
 
-    def on_load_progress(self, part: int, parts: int, done: float, total: float) -> None:
+    def on_load_progress(self, part: int, parts: int, done: float, total: float, file: str = "") -> None:
         name = self.row(self.loading_key).entry.name if self.row(self.loading_key or "") else "model"
-        self.show_progress(f"Loading {name}: {_size(done)} of {_size(total)} ({part + 1}/{parts})", done, total)
+        shard = f" · reading {file}" if file else ""  # the checkpoint file (shard) being read
+        self.show_progress(f"Loading {name}: {_size(done)} of {_size(total)} ({part + 1}/{parts}){shard}", done,
+                           total)
 
     def on_loaded(self, facts: dict) -> None:
         facts["key"] = self.loading_key
@@ -568,8 +572,9 @@ class MainWindow(QMainWindow):
         row = self.row(facts["key"] or "")
         name = row.entry.name if row else facts["name"]
         self.facts["title"] = name
+        experts = f" · {facts['experts']}" if facts.get("experts") else ""  # routed experts streamed from RAM
         self.status.setText(f"{self.idle_status()} · loaded in {human_duration(facts['load_seconds'])} · "
-                            f"{facts['adapter']}")
+                            f"{facts['adapter']}{experts}")
         self.relabel_models()
         self.update_action()
         self.input.setFocus()
@@ -687,7 +692,8 @@ class MainWindow(QMainWindow):
         if self._reply_widget is not None:
             self._reply_widget.set_status(_stats_text(stats))
         if stats.get("tokens"):
-            self.status.setText(f"{self.facts.get('title', '') if self.facts else ''} · {_stats_text(stats)}")
+            experts = f" · {stats['experts']}" if stats.get("experts") else ""  # the expert cache's hit rate
+            self.status.setText(f"{self.facts.get('title', '') if self.facts else ''} · {_stats_text(stats)}{experts}")
         self._reply_widget, self._reply_msg_id = None, None
         self.request = 0
         self.set_busy(False)
@@ -785,6 +791,8 @@ class MainWindow(QMainWindow):
             self.status.setText("The GPU choice applies the next time Zero-TVM starts.")
         elif self.prefs.exact_decode != old.exact_decode and self.facts is not None:
             self.status.setText("Exact decode arithmetic applies when a model next loads.")
+        elif self.prefs.gpu_weights != old.gpu_weights and self.facts is not None:
+            self.status.setText("The GPU weights budget applies when a model next loads.")
 
     def show_error(self, title: str, message: str) -> None:
         log.warning("%s: %s", title, message)

@@ -26,7 +26,7 @@ class Stopped(Exception):
 
 class EngineWorker(QObject):
     # Loading: part index, parts, bytes done, bytes total; then the model's facts, or an error.
-    load_progress = Signal(int, int, float, float)
+    load_progress = Signal(int, int, float, float, str)  # part, parts, bytes done, total, the file being read
     loaded = Signal(dict)
     unloaded = Signal()
     # Replies carry the request id the GUI chose, so late signals of a stopped request are recognisable.
@@ -38,6 +38,7 @@ class EngineWorker(QObject):
         super().__init__()
         self._stop = threading.Event()
         self._adapter = adapter
+        self.gpu_weights = "auto"  # the Settings entry as typed; the window sets it before each load
         self._gpu = None
         self.model = None
 
@@ -56,13 +57,14 @@ class EngineWorker(QObject):
         try:
             self._release()
 
-            def progress(part: int, parts: int, _path: str, done: int, total: int) -> None:
+            def progress(part: int, parts: int, path: str, done: int, total: int) -> None:
                 if self._stop.is_set():
                     raise Stopped
-                self.load_progress.emit(part, parts, float(done), float(total))
+                self.load_progress.emit(part, parts, float(done), float(total), Path(path).name)
 
             started = time.perf_counter()
-            options = RuntimeOptions(max_context=context or None, q8_decode=not exact_decode)
+            options = RuntimeOptions(max_context=context or None, q8_decode=not exact_decode,
+                                     gpu_weights=self._gpu_weights())
             self.model = load_model(path, gpu=self._device(), on_progress=progress, options=options)
             self.loaded.emit(self._facts(time.perf_counter() - started))
             log.info("model loaded: %s", path)  # .ci/run waits for this line in the log
@@ -98,7 +100,11 @@ class EngineWorker(QObject):
                     self.reply_delta.emit(request, event.thinking, event.answer)
                 if self._stop.is_set():
                     break
-            self.reply_done.emit(request, _stats(last, stopped=self._stop.is_set()))
+            stats = _stats(last, stopped=self._stop.is_set())
+            from engine.gpu_budget import hit_rate_line
+
+            stats["experts"] = hit_rate_line(self.model.runtime)  # the expert cache so far (None when not streaming)
+            self.reply_done.emit(request, stats)
         except TemplateCancelled:
             self.reply_done.emit(request, _stats(None, stopped=True))
         except Exception as e:
@@ -132,7 +138,15 @@ class EngineWorker(QObject):
     def _release(self) -> None:
         self.model = None  # buffers go with the last reference
 
+    def _gpu_weights(self) -> int | None:
+        """The weights budget: the Settings entry (set by the window before a load), else ZEROTVM_GPU_WEIGHTS."""
+        from engine.gpu_budget import from_env, parse_size
+
+        return parse_size(self.gpu_weights, "GPU weights budget") if self.gpu_weights != "auto" else from_env()
+
     def _facts(self, seconds: float) -> dict:
+        from engine.gpu_budget import streaming_line
+
         m = self.model
         tok = m.tokenizer
         template = "\n".join(t.source for t in tok.chat_templates.values()) if tok else ""
@@ -142,6 +156,7 @@ class EngineWorker(QObject):
             "thinking": "enable_thinking" in template, "chat": bool(tok and tok.chat_templates),
             "sampling": dict(vars(m.default_sampling)),
             "adapter": self._gpu.info.summary(), "int8_decode": m.runtime.arithmetic.int8,
+            "experts": streaming_line(m.runtime),  # None unless routed experts stream from RAM
         }
 
 

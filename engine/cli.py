@@ -89,19 +89,43 @@ def _progress(part: int, parts: int, path: str, done: int, total: int) -> None:
         print(file=sys.stderr)
 
 
-def cmd_logits(args) -> None:
-    from engine.library import resolve_model
+def _load(args, model: str, **options):
+    """load_model with this command's --context and --gpu-weights (else ZEROTVM_GPU_WEIGHTS), on the CLI's
+    progress line; says on stderr when the routed experts stream from RAM."""
+    from engine.gpu_budget import from_env, parse_size, streaming_line
     from engine.model import load_model
 
+    budget = parse_size(args.gpu_weights) if args.gpu_weights is not None else from_env()
+    loaded = load_model(model, max_context=args.context, on_progress=_progress, gpu_weights=budget, **options)
+    line = streaming_line(loaded.runtime)
+    if line:
+        print(line, file=sys.stderr)
+    return loaded
+
+
+def _print_hit_rate(model) -> None:
+    from engine.gpu_budget import hit_rate_line
+
+    line = hit_rate_line(model.runtime)
+    if line:
+        print(line, file=sys.stderr)
+
+
+def cmd_logits(args) -> None:
+    from engine.gpu_budget import parse_size
+    from engine.library import resolve_model
+
+    if args.gpu_weights is not None:
+        parse_size(args.gpu_weights)  # a bad budget is named before anything is read
     try:
         ids = [int(t) for t in args.ids.split(",") if t.strip()]
     except ValueError:
         raise ZeroTVMError(f"--ids must be whole numbers separated by commas, like 1,2,3 (got {args.ids!r})") from None
     if not ids:
         raise ZeroTVMError("--ids is empty; give at least one token id, like --ids 1,2,3")
-    model = load_model(resolve_model(args.model), max_context=args.context, on_progress=_progress,
-                       q8_decode=not args.exact_decode)
+    model = _load(args, resolve_model(args.model), q8_decode=not args.exact_decode)
     logits = model.logits(ids)
+    _print_hit_rate(model)
     if args.out:
         np.save(args.out, logits)
         print(f"saved {logits.shape} float32 logits to {args.out}")
@@ -175,12 +199,11 @@ def _stats(r) -> str:
 
 
 def cmd_generate(args) -> None:
-    from engine.model import load_model
     from engine.session import ChatSession
 
     path = _resolve_model(args.model)
     _software_note(_chosen_adapter(), path)
-    model = load_model(path, max_context=args.context, on_progress=_progress, q8_decode=not args.exact_decode)
+    model = _load(args, path, q8_decode=not args.exact_decode)
     settings = _chat_settings(args, model)
     if args.raw or model.tokenizer is None or not model.tokenizer.chat_templates:
         last = None
@@ -193,6 +216,7 @@ def cmd_generate(args) -> None:
         last = last.response if last else None
     if last:
         print(_stats(last), file=sys.stderr)
+    _print_hit_rate(model)
 
 
 CHAT_HELP = """commands: /new (start over)  /regen (answer again)  /system TEXT  /think on|off  /quit
@@ -200,12 +224,18 @@ Ctrl-C stops a reply; Ctrl-D or /quit leaves."""
 
 
 def cmd_chat(args) -> None:
-    from engine.model import load_model
-    from engine.session import ChatSession
-
     path = _resolve_model(args.model)
     _software_note(_chosen_adapter(), path)
-    model = load_model(path, max_context=args.context, on_progress=_progress, q8_decode=not args.exact_decode)
+    model = _load(args, path, q8_decode=not args.exact_decode)
+    try:
+        _chat_loop(args, model)
+    finally:
+        _print_hit_rate(model)
+
+
+def _chat_loop(args, model) -> None:
+    from engine.session import ChatSession
+
     chat = ChatSession(model, _chat_settings(args, model))
     print(f"{model.path.name}: context {model.runtime.max_context} tokens. {CHAT_HELP}", file=sys.stderr)
     while True:
@@ -303,9 +333,11 @@ def cmd_models(args) -> None:
     for e in all_models():
         state, folder = catalog_state(e)
         context = args.context or e.default_context
-        fit = check_fit(e, context, shared_memory=gpu.shared, software=software, decode_rate=rate)
+        fit = check_fit(e, context, gpu_bytes_available=gpu.total_bytes, shared_memory=gpu.shared, software=software,
+                        decode_rate=rate)
         rows.append({"key": e.key, "name": e.name, "size": e.total_bytes, "state": state, "runs": e.runs,
                      "context": context, "fit": fit.verdict, "fit_summary": fit.summary, "fit_message": fit.message,
+                     "streams": fit.stream.sentence() if fit.stream else None,
                      "tokens_per_s": round(fit.speed.tokens_per_s, 3) if fit.speed else None,
                      "ram_warning": bool(fit.ram_warning), "path": str(folder)})
     if args.json:
@@ -316,7 +348,7 @@ def cmd_models(args) -> None:
     for r in rows:
         runs = "" if r["runs"] else "  (not runnable yet)"
         print(f"{r['key']:28s} {_bytes(r['size']):>9s}  {r['state']:10s} {r['context']:7d}  {r['fit_summary']}{runs}")
-        if args.verbose or r["fit"] in ("tight", "wont_fit") or r["ram_warning"]:
+        if args.verbose or r["fit"] in ("tight", "streams", "wont_fit") or r["ram_warning"]:
             print(f"    {r['fit_message']}")
     _software_notice(adapter)
 
@@ -459,16 +491,28 @@ def cmd_prompt(args) -> None:
 
 def cmd_bench(args) -> None:
     from engine.bench import run_bench
+    from engine.gpu_budget import from_env, parse_size
 
+    budget = parse_size(args.gpu_weights) if args.gpu_weights is not None else from_env()
     result = run_bench(args.shape, decode_tokens=args.decode_tokens, prompt_tokens=args.prompt_tokens,
-                       runs=args.runs, long_prompt=args.long_prompt_tokens, timestamps=args.timestamps)
+                       runs=args.runs, long_prompt=args.long_prompt_tokens, timestamps=args.timestamps,
+                       **({"gpu_weights": budget} if budget else {}))
     print(json.dumps(result, indent=2) if args.json else result["table"])
+
+
+def _add_load_args(s: argparse.ArgumentParser) -> None:
+    """What every command that loads a model takes: its context window and the weights budget."""
+    s.add_argument("--context", type=int, help="context window in tokens (default: the model's; the KV cache is "
+                                               "allocated for all of it)")
+    s.add_argument("--gpu-weights", metavar="SIZE",
+                   help="bytes of weights allowed on the GPU, e.g. 12G or 8192M (default: ZEROTVM_GPU_WEIGHTS, else "
+                        "auto); a MoE model over it streams its experts from RAM")
 
 
 def _add_chat_args(s: argparse.ArgumentParser) -> None:
     """Flags over the saved chat settings; sampling defaults come from the model (generation_config.json)."""
     s.add_argument("--max-tokens", type=int, help="longest reply in tokens (default 1024)")
-    s.add_argument("--context", type=int, help="context window in tokens (default: the model's)")
+    _add_load_args(s)
     s.add_argument("--exact-decode", action="store_true",
                    help="f32 activations in decode and prefill (slower); by default the 4-bit and K-quant matrix "
                         "products take int8 ones, as llama.cpp's")
@@ -508,8 +552,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("logits", help="teacher-forced float32 logits for every position")
     s.add_argument("model", help=MODEL_HELP)
     s.add_argument("--ids", required=True, help="comma-separated token ids")
-    s.add_argument("--context", type=int, help="context window in tokens (default: the model's; the KV cache is "
-                                               "allocated for all of it)")
+    _add_load_args(s)
     s.add_argument("--out", help="save to this .npy file instead of printing")
     s.add_argument("--exact-decode", action="store_true",
                    help="f32 activations in every matrix product (to check a model against a float64 reference); "
@@ -570,6 +613,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--long-prompt-tokens", type=int, default=2048, help="second prefill length (0 = skip)")
     s.add_argument("--timestamps", action="store_true", help="also measure GPU-busy time with timestamp queries")
     s.add_argument("--runs", type=int, default=5)
+    s.add_argument("--gpu-weights", metavar="SIZE", help="weights budget (a MoE shape over it streams its experts; "
+                                                        "bench/expert_stream.py measures that in detail)")
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_bench)
     return p

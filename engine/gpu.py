@@ -308,6 +308,23 @@ class PlanRecorder:
         return DispatchPlan(self.items)
 
 
+class SegmentRecorder(PlanRecorder):
+    """A PlanRecorder cut into DispatchPlans at tagged points: a streamed MoE decode token, whose routing the host
+    reads back between the segments (engine/blocks/expert_cache.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.segments: list[tuple[DispatchPlan, object]] = []
+
+    def cut(self, tag) -> None:
+        self.segments.append((DispatchPlan(self.items), tag))
+        self.items = []
+
+    def plans(self) -> list[tuple[DispatchPlan, object]]:
+        """(plan, tag of the cut after it, None for the last)."""
+        return [*self.segments, (DispatchPlan(self.items), None)]
+
+
 class Recorder:
     """Records dispatches into one compute pass and skips redundant set_pipeline calls.
 
@@ -372,3 +389,12 @@ class Recorder:
         self.pass_.end()
         self.gpu.queue.submit([self.encoder.finish()])
         self._keep.clear()
+
+    def flush(self) -> None:
+        """Submit what is recorded so far and go on recording into a fresh encoder (a forward that reads back
+        mid-way: the streamed experts' routing)."""
+        self.submit()
+        self.encoder = self.gpu.device.create_command_encoder(label="after-flush")
+        self.pass_ = self.encoder.begin_compute_pass(label="after-flush")
+        self._handle = self.pass_._internal if self._raw else None
+        self._pipe = None

@@ -9,7 +9,9 @@ staging copies, at most one window of them (engine/gpu.py UPLOAD_WINDOW, or the 
 Host RAM at load: the loaders stream one tensor at a time, so the peak is a baseline (Python, numpy, wgpu
 and the GPU driver) plus LOAD_COPIES of the largest tensor. On a GPU that shares system RAM (integrated,
 CPU, Apple silicon) the GPU bytes come out of RAM too. wgpu does not report how much memory a GPU has, so
-unless the caller knows, the GPU side of the verdict is "unknown".
+unless the caller knows (engine/vram.py asks nvidia-smi or AMD's sysfs), the GPU side of the verdict is "unknown".
+A MoE model too big for a GPU whose memory is known gets the verdict "streams" when it runs with its routed experts
+streamed from RAM (engine/memfit_stream.py); the RAM it needs then counts the host-resident experts.
 
 On a software adapter (engine/gpu.py is_software_adapter) the verdict also weighs speed: decode reads
 `decode_bytes` of weights per token, and engine/speed.py turns that into a rough tokens/s; every model is then at
@@ -74,7 +76,7 @@ class GpuMemory:
 
 @dataclass(frozen=True)
 class FitReport:
-    verdict: str  # "ok" | "unknown" | "slow" | "tight" | "too_slow" | "wont_fit" (the worse of memory and speed)
+    verdict: str  # "ok" | "unknown" | "slow" | "tight" | "streams" | "too_slow" | "wont_fit" (the worse)
     gpu_needed: int
     ram_needed: int
     ram_available: int | None
@@ -86,6 +88,7 @@ class FitReport:
     memory_verdict: str = ""  # "ok" | "tight" | "wont_fit" | "unknown": memory alone
     speed: SpeedEstimate | None = None  # on a software adapter: the decode speed to expect
     summary: str = ""  # a short label: "fits (needs 2.6 GB)", "tight (...)", "does not fit (...)", speed after it
+    stream: object | None = None  # engine.memfit_stream.StreamFit when the verdict is "streams"
 
 
 def entry_spec(e: CatalogEntry) -> DenseSpec:
@@ -196,6 +199,11 @@ def gpu_memory(adapter=None) -> GpuMemory:
         return GpuMemory(None, True, "this is a software (CPU) adapter; it uses system RAM")
     if kind == "IntegratedGPU":
         return GpuMemory(None, True, "this GPU shares system RAM")
+    from engine.vram import adapter_memory
+
+    total = adapter_memory(adapter) if not isinstance(adapter, str) else None
+    if total:
+        return GpuMemory(total, False, "as the GPU's driver tools report it")
     return GpuMemory(None, False, "wgpu does not report how much memory this GPU has")
 
 
@@ -207,7 +215,7 @@ def _level(needed: int, available: int | None) -> str:
     return "tight" if needed > available * (1 - TIGHT_MARGIN) else "ok"
 
 
-_RANK = {"ok": 0, "unknown": 1, "slow": 2, "tight": 3, "too_slow": 4, "wont_fit": 5}
+_RANK = {"ok": 0, "unknown": 1, "slow": 2, "tight": 3, "streams": 4, "too_slow": 5, "wont_fit": 6}
 
 
 def _gb(n: int | None) -> str:
@@ -231,6 +239,11 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
     ram_level = _level(ram_needed, system.available_bytes)
     gpu_available = None if shared_memory else gpu_bytes_available
     gpu_level = "ok" if shared_memory else _level(est.gpu_bytes, gpu_available)
+    stream = None
+    if gpu_level == "wont_fit" and (stream := stream_fit_of(entry, est.context, gpu_available)) is not None:
+        gpu_level = "streams"  # too big whole, but it runs with its experts in RAM: they count as RAM needed
+        ram_needed += stream.host_bytes
+        ram_level = _level(ram_needed, system.available_bytes)
     memory = max(ram_level, gpu_level, key=_RANK.__getitem__)
     warn = entry.ram_warning_bytes is not None and (
         system.available_bytes is None or system.available_bytes < entry.ram_warning_bytes)
@@ -239,6 +252,8 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
     speed = software_speed(est.decode_bytes, cores, decode_rate) if software else None
     verdict = max(memory, speed.level, key=_RANK.__getitem__) if speed else memory
     message = _message(entry, est, memory, ram_needed, system.available_bytes, gpu_available, shared_memory, warn)
+    if stream is not None:
+        message += f" It {stream.sentence()}."
     if speed is not None:
         message += " " + speed.message
     # The figure that sets the verdict: the GPU's, the RAM estimate's, or the model's measured RAM need (warning).
@@ -248,9 +263,28 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
         need, have, where = est.gpu_bytes, gpu_available, "GPU memory"
     else:
         need, have, where = ram_needed, system.available_bytes, "RAM"
-    summary = _summary(memory, need, have, where, speed)
+    summary = stream.sentence().split(" (")[0] if memory == "streams" else _summary(memory, need, have, where, speed)
     return FitReport(verdict, est.gpu_bytes, ram_needed, system.available_bytes, gpu_available, message, warn,
-                     verdict in ("tight", "wont_fit", "too_slow") or warn, est, memory, speed, summary)
+                     verdict in ("tight", "wont_fit", "too_slow") or warn, est, memory, speed, summary, stream)
+
+
+_STREAM_FITS: dict = {}
+
+
+def stream_fit_of(entry: CatalogEntry, context: int, gpu_available: int):
+    """The streaming plan of a catalog MoE model on a GPU of `gpu_available` bytes, or None (remembered: the picker
+    asks again on every refresh)."""
+    from engine.memfit_stream import entry_formats, stream_fit
+
+    key = (entry.key, entry.dims_source, context, gpu_available)
+    if key not in _STREAM_FITS:
+        if not (entry.dims or {}).get("moe"):
+            _STREAM_FITS[key] = None
+        else:
+            spec = entry_spec(entry)
+            plan = RuntimePlan(spec, entry_formats(entry, spec), RuntimeOptions(max_context=context))
+            _STREAM_FITS[key] = stream_fit(plan, gpu_available)
+    return _STREAM_FITS[key]
 
 
 def _summary(memory: str, need: int, have: int | None, where: str, speed: SpeedEstimate | None) -> str:
@@ -301,6 +335,7 @@ def _message(entry, est: MemoryEstimate, verdict, ram_needed, ram_available, gpu
         "ok": "It should fit.",
         "tight": "It fits, but only just: close other apps first.",
         "wont_fit": "It will not fit. Try a shorter context or a smaller model.",
+        "streams": "It does not fit whole on this GPU.",
         "unknown": "Whether it fits is unknown.",
     }[verdict]]
     if warn:

@@ -24,8 +24,8 @@ from engine.blocks.residual import ResidualNorms
 from engine.blocks.sampler import Sampler
 from engine.blocks.vocab import VocabEnds
 from engine.blocks.workspace import RING, Workspace
-from engine.errors import ContextLimitError, ModelFormatError, ZeroTVMError
-from engine.gpu import Gpu, PlanRecorder, Recorder
+from engine.errors import ContextLimitError, GpuError, ModelFormatError, ZeroTVMError
+from engine.gpu import Gpu, PlanRecorder, Recorder, SegmentRecorder
 from engine.kernels.norm import norm_can_write_int8
 from engine.models.base import FFNS, MIXERS
 from engine.runtime_options import RuntimeOptions
@@ -76,6 +76,23 @@ class RuntimePlan:
                                s.norm_topk_prob))
         self.sampler = Sampler(s.vocab)
         self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
+        self.budget = None  # the weights budget in bytes once resolved (None: no limit)
+        moe = ffns[-1] if ffns and isinstance(ffns[-1], MoeFfn) else None
+        # An explicit budget binds every model; auto only moves a MoE model's experts to RAM (a dense model over it
+        # loads as before: the driver, not an estimate, has the last word).
+        auto = self.options.gpu_weights is None
+        if ffns and (moe or not auto) and (budget := self._budget(traits)) is not None:
+            self.budget = budget
+            try:
+                slots = expert_slots(self, moe, budget)
+            except GpuError:
+                if not auto:
+                    raise
+                slots = None  # auto below a MoE model's minimum: load it whole and let the driver say
+            if slots is not None:
+                ffns[-1] = MoeFfn(s.dim, s.n_experts, s.top_k, s.moe_ffn_dim, s.shared_ffn_dim, moe.layers, formats,
+                                  ar, C, s.norm_topk_prob, cache_slots=slots, policy=self.options.expert_policy)
+                self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
         self.mixer_of = {i: b for b in mixers for i in b.layers}
         self.ffn_of = {i: b for b in ffns for i in b.layers}
         self.attention = next((b for b in mixers if isinstance(b, AttentionMixer)), None)
@@ -85,6 +102,24 @@ class RuntimePlan:
                 shared[name] = max(shared.get(name, 0), size)
         int8_k = max([s.dim] + [b.int8_row_k() for b in self.blocks])
         self.workspace = Workspace(s.dim, C, int8_k, ar.int8_prefill, shared)
+
+    def _budget(self, traits) -> int | None:
+        """The weights budget: RuntimeOptions.gpu_weights, else auto from the adapter's memory (None: no limit)."""
+        from engine.gpu_budget import auto_budget
+
+        if self.options.gpu_weights is not None:
+            return self.options.gpu_weights
+        if traits.memory_bytes is None:
+            return None
+        mem = sum_needs(n for b in self.blocks for n in b.needs())
+        other = mem["kv"] + mem["state"] + mem["scratch"]  # the workspace's rows are within auto's margin
+        return auto_budget(traits.memory_bytes, other)
+
+    @property
+    def streaming(self):
+        """The expert stream (engine/blocks/expert_cache.py) when routed experts stream from host memory, else
+        None."""
+        return next((b.stream for b in self.blocks if getattr(b, "stream", None)), None)
 
     def tensors(self) -> dict[str, tuple[tuple[int, ...], str]]:
         """Canonical checkpoint tensor -> (shape, dtype), every tensor the blocks take."""
@@ -103,6 +138,30 @@ class RuntimePlan:
 
     def largest_weight_buffer(self) -> int:
         return max((n.bytes for n in self.needs() if n.kind == "weights"), default=0)
+
+
+def expert_slots(plan: RuntimePlan, moe, budget: int) -> int | None:
+    """Expert cache slots per MoE layer that fit `budget` bytes of weights (None: every weight fits). A MoE model
+    needs room for its non-expert weights and top_k experts a layer; a dense one for all of its weights: either
+    short is a GpuError naming the minimum."""
+    from engine.gpu_budget import shown
+
+    weights = sum(n.bytes for b in plan.blocks for n in b.needs() if n.kind == "weights")
+    if weights <= budget:
+        return None
+    if moe is None:
+        raise GpuError(f"this model's weights need {shown(weights)} on the GPU but the weights budget is "
+                       f"{shown(budget)}; only mixture-of-experts models can keep part of their weights in RAM, so "
+                       "raise the budget (--gpu-weights, ZEROTVM_GPU_WEIGHTS or Settings) or pick a smaller model")
+    per_slot = moe.routed_expert_bytes()  # one expert of every MoE layer
+    fixed = weights - moe.E * per_slot
+    slots = (budget - fixed) // per_slot
+    if slots < moe.top_k:
+        need = fixed + moe.top_k * per_slot
+        raise GpuError(f"the weights budget of {shown(budget)} is below this model's minimum of {shown(need)} (its "
+                       f"{shown(fixed)} of non-expert weights plus {moe.top_k} experts a layer); raise --gpu-weights, "
+                       "ZEROTVM_GPU_WEIGHTS or the Settings entry to at least that")
+    return slots if slots < moe.E else None
 
 
 def expected_tensors(spec, formats: dict[str, str] | None = None) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -244,6 +303,17 @@ class Transformer:
             self._plans[key] = cap.plan()
         return self._plans[key]
 
+    def stream_plan(self, splits: int) -> list:
+        """decode_plan cut at each streamed MoE layer's routing readback: [(DispatchPlan, (block, layer) or None)]."""
+        key = ("stream", splits, self.sampler.greedy)
+        if key not in self._plans:
+            cap = SegmentRecorder()
+            self._record_body(cap, 1, splits)
+            self.vocab.record_head(cap, 1)
+            self.sampler.record(cap)
+            self._plans[key] = cap.plans()
+        return self._plans[key]
+
     def record_decode_token(self, rec: Recorder, out_index: int) -> None:
         """One decode token into `rec`: the step uniform, a stateful block's snapshot when due, then the captured
         plan; the token sampled at the previous step is the input, the new one goes to ring[out_index]. The caller
@@ -252,7 +322,14 @@ class Transformer:
         self.ws.write_step(1, self.n_cached, out_index, splits)
         for b in self._stateful:
             b.before_single_token(rec, self.n_cached)
-        rec.replay(self.decode_plan(splits))
+        if self.plan.streaming:  # each MoE layer reads its routing back mid-token: the plan replays in segments
+            for plan, cut in self.stream_plan(splits):
+                rec.replay(plan)
+                if cut is not None:
+                    block, layer = cut
+                    block.resolve(rec, layer)
+        else:
+            rec.replay(self.decode_plan(splits))
         self.n_cached += 1
 
     def _check_room(self, n: int) -> None:

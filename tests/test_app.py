@@ -172,6 +172,26 @@ def test_settings_dialog_round_trips(qtbot, data_dir):
     assert dialog.result_settings().sampling is None and dialog.result_settings().seed is None
 
 
+def test_gpu_weights_setting_is_validated_and_kept(qtbot, tmp_path):
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from app.prefs import load_prefs, save_prefs
+    from app.settings_dialog import SettingsDialog
+
+    dialog = SettingsDialog(ChatSettings(), AppPrefs(gpu_weights="12G"), SamplingParams(), [], None)
+    qtbot.addWidget(dialog)
+    ok = dialog._buttons.button(QDialogButtonBox.StandardButton.Ok)
+    assert dialog.result_prefs().gpu_weights == "12G" and ok.isEnabled()
+    dialog.gpu_weights.setText("lots")
+    assert not ok.isEnabled() and "GPU weights budget" in dialog.gpu_weights_error.text()
+    dialog.gpu_weights.setText("8192M")
+    assert ok.isEnabled() and not dialog.gpu_weights_error.isVisibleTo(dialog)
+    save_prefs(dialog.result_prefs(), tmp_path / "prefs.json")
+    assert load_prefs(tmp_path / "prefs.json").gpu_weights == "8192M"
+    (tmp_path / "prefs.json").write_text('{"gpu_weights": "12X", "context": 512}')
+    assert load_prefs(tmp_path / "prefs.json") == AppPrefs(context=512)  # a bad budget falls back to auto
+
+
 def test_engine_imports_without_qt():
     code = ("import sys; sys.modules['PySide6'] = None\n"
             "import engine, engine.model, engine.session, engine.cli, engine.catalog, engine.memfit, engine.settings\n"
@@ -405,3 +425,31 @@ def test_exact_decode_preference_reaches_the_runtime(qtbot, data_dir):
         wait_idle(qtbot, w)
         assert [m["role"] for m in w.store.messages(w.conv_id)][-1] == "assistant"
         w.close()
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+def test_worker_streams_experts_under_the_settings_budget_and_reports_it(qtbot, data_dir):
+    """The Settings budget reaches the load; the loaded facts and each reply's stats carry the status line's
+    streaming share and hit rate; load progress names the file being read."""
+    from app.worker import EngineWorker
+    from tests.helpers import cached_mlx
+
+    path = cached_mlx("q4")
+    worker = EngineWorker()
+    got: dict = {}
+    worker.loaded.connect(lambda facts: got.setdefault("facts", facts))
+    worker.reply_done.connect(lambda request, stats: got.setdefault("stats", stats))
+    worker.failed.connect(lambda *e: got.setdefault("failed", e))
+    worker.load_progress.connect(lambda *p: got.setdefault("files", set()).add(p[-1]))
+    worker.gpu_weights = "600000"  # the tiny model's weights are 694,656 bytes: 6 of its 8 experts a layer fit
+    worker.load(str(path), 64, False)
+    assert "failed" not in got, got.get("failed")
+    assert got["facts"]["experts"].startswith("experts streamed from RAM:") and got["files"] == {"model.safetensors"}
+    worker.reply(1, [{"role": "user", "content": "hi"}], {"max_tokens": 4})
+    assert "failed" not in got, got.get("failed")
+    assert got["stats"]["experts"].startswith("expert cache hit rate")
+    worker.gpu_weights = "1K"
+    got.clear()
+    worker.load(str(path), 64, False)
+    assert "minimum" in " ".join(map(str, got["failed"]))

@@ -66,11 +66,14 @@ class DeviceTraits:
     offset_alignment: int  # min-storage-buffer-offset-alignment
     subgroups: bool  # the device runs subgroup ops (int8 matvecs, subgroup-rows matvecs)
     subgroup_size: int
+    memory_bytes: int | None = None  # the adapter's memory where the system tells it (the weights budget's auto)
 
     @classmethod
     def of(cls, gpu) -> DeviceTraits:
+        from engine.vram import adapter_memory
+
         return cls(gpu.max_binding, gpu.limits.get("min-storage-buffer-offset-alignment", 256), gpu.use_subgroups,
-                   gpu.subgroup_size)
+                   gpu.subgroup_size, adapter_memory(getattr(gpu, "info", None)))
 
     @classmethod
     def typical(cls, max_binding: int | None = None) -> DeviceTraits:

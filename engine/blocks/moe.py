@@ -17,16 +17,24 @@ after one quantize_q8 of the slots' activations. The shared expert is stacked as
 its width and formats match theirs (Qwen3.6), so steps 3 and 4 run it in the same dispatch; otherwise it gets its
 own dispatch of each. Prefill re-reads each (token, slot)'s expert weights: a grouped kernel (tokens sorted by
 expert) is the way past that.
+With `cache_slots` (a MoE model over its weights budget) the routed stacks hold that many experts (plus the stacked
+shared expert) and the rest stream from host memory: engine/blocks/expert_cache.py. The contract every expert pass
+keeps: it addresses expert weights only through the ids buffer it binds, `self.expert_ids` (the router's ids when
+resident; host-written slots [T, SLOTS] u32 when streaming, the stacked shared expert at slot `cache_slots`), over a
+stack of `stack_experts(i)` experts; a prefill chunk in batches also runs `experts_batch` (down into y_batch).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from engine.blocks import Block, BufferNeed, array_bytes
+from engine.blocks import Block, BufferNeed, array_bytes, destroy_buffers
+from engine.blocks.expert_cache import ExpertStream
 from engine.blocks.linear import Arithmetic, matrix_tensors
 from engine.errors import GpuError, UnsupportedModelError
+from engine.gpu import PlanRecorder
 from engine.kernels import fold_grid
+from engine.kernels.expert_cache import EXPERT_SELECT, select_plan
 from engine.kernels.matmul import (
     FORMATS,
     MATVEC_INT4,
@@ -71,7 +79,8 @@ class MoeFfn(Block):
     name = "moe"
 
     def __init__(self, dim: int, experts: int, top_k: int, ffn: int, shared_ffn: int, layers: tuple[int, ...],
-                 formats: dict[str, str], ar: Arithmetic, chunk: int, norm_topk_prob: bool = True):
+                 formats: dict[str, str], ar: Arithmetic, chunk: int, norm_topk_prob: bool = True,
+                 cache_slots: int | None = None, policy: str = "lfu"):
         self.D, self.E, self.F, self.Fs, self.top_k = dim, experts, ffn, shared_ffn, top_k
         self.layers, self.ar, self.max_tokens = tuple(layers), ar, max(chunk, 1)
         self.shared = shared_ffn > 0
@@ -90,6 +99,12 @@ class MoeFfn(Block):
                                                      (f["shared_gate_up"], f["shared_down"]))
             else:
                 self.stacked[i] = False
+        self.stream = None
+        if cache_slots is not None:
+            if not top_k <= cache_slots < experts:
+                raise ValueError(f"an expert cache needs {top_k}..{experts - 1} slots, got {cache_slots}")
+            self.stream = ExpertStream(experts, cache_slots, top_k, self.slots, self.max_tokens, self.layers, policy,
+                                       self.routed_part_bytes())
         T, n_logits = self.max_tokens, experts + self.shared
         self._topk = router_plan(experts, top_k, self.shared, norm_topk_prob, T)
         self._combine = combine_plan(dim, self.slots, T)
@@ -103,9 +118,9 @@ class MoeFfn(Block):
     def _layer_plans(self, i: int) -> list[tuple]:
         """Expert passes of layer i: (stack, expert_plan, input ("x" or "act"), output ("act" or "y")), every gate_up
         before its down."""
-        E, F, Fs, D, T, stride = self.E, self.F, self.Fs, self.D, self.max_tokens, self.act_stride
+        F, Fs, D, T, stride = self.F, self.Fs, self.D, self.max_tokens, self.act_stride
         routed = dict(slots=self.slots, n_slots=self.slots if self.stacked[i] else self.top_k)
-        experts = E + self.stacked[i]
+        experts = self.stack_experts(i)
         out = [("gate_up", expert_plan(D, F, experts, T, gate_up=True, y_stride=stride, **routed,
                                        **format_knobs(self.fmt[i, "gate_up"])), "x", "act"),
                ("down", expert_plan(F, D, experts, T, x_slot=True, x_stride=stride, **routed,
@@ -119,6 +134,31 @@ class MoeFfn(Block):
         return out
 
     # ---- plan --------------------------------------------------------------------------------------------
+    def stack_experts(self, i: int) -> int:
+        """Experts in layer i's routed GPU stacks: every one, or the cache's slots (+ the stacked shared expert)."""
+        return (self.stream.slots if self.stream else self.E) + self.stacked[i]
+
+    def routed_part_bytes(self) -> dict[tuple[str, str], int]:
+        """(stack, "w" | "s") -> bytes of one routed expert's part in the GPU layout (the first MoE layer's formats;
+        the cache needs every layer's to match)."""
+        out = {}
+        for i in self.layers:
+            mine = {}
+            for stack, (n, k) in (("gate_up", (2 * self.F, self.D)), ("down", (self.D, self.F))):
+                shapes = packed_shapes(self.fmt[i, stack], n, k)
+                mine[stack, "w"] = array_bytes(*shapes[_weight_key(self.fmt[i, stack])])
+                if "q_scale" in shapes:
+                    mine[stack, "s"] = array_bytes(*shapes["q_scale"])
+            if out and mine != out:
+                raise UnsupportedModelError(f"layer {i}: its routed experts' formats differ from layer "
+                                            f"{self.layers[0]}'s; an expert cache needs them alike")
+            out = mine
+        return out
+
+    def routed_expert_bytes(self) -> int:
+        """GPU bytes of one routed expert of every MoE layer together."""
+        return sum(self.routed_part_bytes().values()) * len(self.layers)
+
     def tensors(self) -> dict:
         out = {}
         for i in self.layers:
@@ -130,8 +170,8 @@ class MoeFfn(Block):
         """Layer i's GPU stacks: name -> (format, experts in the stack, N, K)."""
         E, F, Fs, D = self.E, self.F, self.Fs, self.D
         out = {"router": (self.fmt[i, "router"], 1, E + self.shared, D),
-               "gate_up": (self.fmt[i, "gate_up"], E + self.stacked[i], 2 * F, D),
-               "down": (self.fmt[i, "down"], E + self.stacked[i], D, F)}
+               "gate_up": (self.fmt[i, "gate_up"], self.stack_experts(i), 2 * F, D),
+               "down": (self.fmt[i, "down"], self.stack_experts(i), D, F)}
         if self.shared and not self.stacked[i]:
             out |= {"shared_gate_up": (self.fmt[i, "shared_gate_up"], 1, 2 * Fs, D),
                     "shared_down": (self.fmt[i, "shared_down"], 1, D, Fs)}
@@ -150,6 +190,8 @@ class MoeFfn(Block):
         sizes = dict(logits=T * (self.E + self.shared), ids=T * self.slots, weights=T * self.slots,
                      act=T * self.slots * self.act_stride, y=T * self.slots * self.D)
         out += [BufferNeed.buffer(f"moe.{name}", 4 * count) for name, count in sizes.items()]
+        if self.stream:  # slot ids, the ids' readback, the batch rows and their mask, the upload staging
+            out += [*self.stream.needs(), BufferNeed.buffer("moe.y_batch", 4 * sizes["y"])]
         if self.ar.int8:  # the slots' activations in int8 for the 4-bit down passes
             act = self.slots * self.act_stride
             out += [BufferNeed.buffer("moe-act-int8", act), BufferNeed.buffer("moe-act-int8-scales", act // 32 * 8)]
@@ -173,6 +215,8 @@ class MoeFfn(Block):
 
     def _upload_layer(self, gpu, i: int, parts: dict[str, dict[str, np.ndarray]]) -> dict:
         one = lambda p: {k: a[None] for k, a in parts[p].items()}  # noqa: E731  (a stack of one expert)
+        if self.stream:
+            return self._cache_layer(gpu, i, parts, one)
         stacks = {"router": _join(parts["router"], parts.get("shared_gate"), axis=0),
                   "gate_up": _join(parts["gate_up"], one("shared_gate_up") if self.stacked[i] else None, axis=0),
                   "down": _join(parts["down"], one("shared_down") if self.stacked[i] else None, axis=0)}
@@ -180,9 +224,37 @@ class MoeFfn(Block):
             stacks |= {"shared_gate_up": one("shared_gate_up"), "shared_down": one("shared_down")}
         return {name: self._upload(gpu, f"layers.{i}.moe.{name}", arrays) for name, arrays in stacks.items()}
 
+    def _cache_layer(self, gpu, i: int, parts: dict, one) -> dict:
+        """Streaming: the routed stacks stay on the host; their GPU stacks are cache slots (+ the shared expert in
+        the last slot, uploaded now); the router and a shared expert of its own are uploaded as usual."""
+        out = {"router": self._upload(gpu, f"layers.{i}.moe.router",
+                                      _join(parts["router"], parts.get("shared_gate"), axis=0))}
+        n = self.stack_experts(i)
+        for stack in ("gate_up", "down"):
+            bufs = []
+            for key, src in (("w", "q_weight" if "q_weight" in parts[stack] else "weight"), ("s", "q_scale")):
+                if (stack, key) not in self.stream.part_bytes:
+                    bufs.append(gpu.upload(f"layers.{i}.moe.{stack}.s", np.zeros(4, np.float16)))  # f16: unread
+                    continue
+                per = self.stream.part_bytes[stack, key]
+                if n * per > gpu.max_binding:
+                    raise GpuError(f"layers.{i}.moe.{stack} expert cache needs a {n * per}-byte binding; this GPU "
+                                   f"allows {gpu.max_binding}")
+                self.stream.keep_host(i, stack, key, parts[stack][src])
+                buf = gpu.buffer(f"layers.{i}.moe.{stack}.{key}", n * per)
+                if self.stacked[i]:
+                    shared = np.ascontiguousarray(parts[f"shared_{stack}"][src]).view(np.uint8).reshape(-1)
+                    gpu.write(buf, shared, offset=self.stream.slots * per)
+                bufs.append(buf)
+            out[stack] = tuple(bufs)
+        if self.shared and not self.stacked[i]:
+            out |= {name: self._upload(gpu, f"layers.{i}.moe.{name}", one(name))
+                    for name in ("shared_gate_up", "shared_down")}
+        return out
+
     def _upload(self, gpu, label: str, arrays: dict[str, np.ndarray]):
         """(weight buffer, scale buffer) for a packed array set; f16 weights get a dummy scale buffer."""
-        w = arrays.get("q_weight", arrays.get("weight"))
+        w = np.asarray(arrays.get("q_weight", arrays.get("weight")))  # a lazy join of mapped stacks: joined now
         for a in (w, arrays.get("q_scale")):
             if a is not None and a.nbytes > gpu.max_binding:
                 raise GpuError(f"{label} needs a {a.nbytes}-byte binding; this GPU allows {gpu.max_binding}")
@@ -191,11 +263,17 @@ class MoeFfn(Block):
 
     # ---- build -------------------------------------------------------------------------------------------
     def build(self, gpu, ws) -> None:
-        made = {n.label: n.allocate(gpu) for n in self.needs() if n.how != "upload"}
+        made = {n.label: n.allocate(gpu) for n in self.needs() if n.how != "upload" and "staging" not in n.label}
+        self._gpu = gpu
         self.logits, self.ids, self.weights = made["moe.logits"], made["moe.ids"], made["moe.weights"]
         self.act, self.y = made["moe.act"], made["moe.y"]
         act_q8, act_q8_meta = made.get("moe-act-int8"), made.get("moe-act-int8-scales")
         x, out, st = ws.hidden, ws.delta, ws.step
+        # The expert kernels read cache slots (host-written) when streaming, else the router's expert ids.
+        self.expert_ids = made["moe.slot_ids"] if self.stream else self.ids
+        if self.stream:
+            self.y_batch, self.rows_mask = made["moe.y_batch"], made["moe.rows_mask"]
+            self.stream.build(gpu, made["moe.ids_readback"])
 
         def bound(kernel, plan, buffers, label):
             pipe = gpu.pipeline(kernel, plan[0])
@@ -213,9 +291,16 @@ class MoeFfn(Block):
             p["topk"] = bound(MOE_ROUTER, self._topk, dict(logits=self.logits, ids=self.ids, weights=self.weights,
                                                            step=st), f"{c}.topk")
             buf = {"x": x, "act": self.act, "y": self.y}
-            p["experts"] = [bound(MOE_MATVEC, plan, dict(x=buf[src], ids=self.ids, w=w[stack][0], s=w[stack][1],
-                                                         y=buf[dst], step=st), f"{c}.{stack}")
+            p["experts"] = [bound(MOE_MATVEC, plan, dict(x=buf[src], ids=self.expert_ids, w=w[stack][0],
+                                                         s=w[stack][1], y=buf[dst], step=st), f"{c}.{stack}")
                             for stack, plan, src, dst in self.plans[i]]
+            if self.stream:  # a prefill chunk in batches of cached experts: down writes y_batch, then the select
+                batch = buf | {"y": self.y_batch}
+                p["experts_batch"] = [bound(MOE_MATVEC, plan, dict(x=batch[src], ids=self.expert_ids, w=w[stack][0],
+                                                                   s=w[stack][1], y=batch[dst], step=st),
+                                            f"{c}.{stack}.batch") for stack, plan, src, dst in self.plans[i]]
+                p["select"] = bound(EXPERT_SELECT, select_plan(self.D, self.slots, self.max_tokens), dict(
+                    yb=self.y_batch, mask=self.rows_mask, y=self.y, step=st), f"{c}.select")
             if self.ar.int8:
                 p["experts_q8"] = self._int8_passes(i, bound, ws, act_q8, act_q8_meta)
             p["combine"] = bound(MOE_COMBINE, self._combine, dict(y=self.y, weights=self.weights, out=out, step=st),
@@ -244,7 +329,7 @@ class MoeFfn(Block):
                                                             x_stride=c["X_STRIDE"]),
                               dict(x=self.act, xq=xq, xm=xm, step=ws.step), f"{label}.q8")
             w, s = self.w[i][stack]
-            out.append((quant, bound(MOE_MATVEC_Q8, qplan, dict(xq=xq, ids=self.ids, w=w, s=s,
+            out.append((quant, bound(MOE_MATVEC_Q8, qplan, dict(xq=xq, ids=self.expert_ids, w=w, s=s,
                                                                 y=self.y if dst == "y" else self.act, xm=xm), label)))
         return out
 
@@ -266,15 +351,73 @@ class MoeFfn(Block):
         pipe, bg, _ = passes["topk"]
         rec.dispatch(pipe, bg, *fold_grid(T))
         int8 = passes.get("experts_q8") if T == 1 else None
-        for j, pass_ in enumerate(passes["experts"]):
+        if self.stream and hasattr(rec, "cut"):  # a streamed decode token captured in segments: the routing
+            rec.cut((self, layer))  # is read back at the cut, then the segment's experts read their slots
+            self._record_experts(rec, passes["experts"], int8, T)
+        elif self.stream and not isinstance(rec, PlanRecorder):
+            self._stream_experts(rec, layer, T, passes, int8)
+        else:
+            self._record_experts(rec, passes["experts"], int8, T)
+        pipe, bg, plan = passes["combine"]
+        rec.dispatch(pipe, bg, *fold_grid(-(-T * self.D // 4 // plan[0]["WG"])))
+
+
+    def _record_experts(self, rec, passes: list, int8, T: int) -> None:
+        for j, (pipe, bg, plan) in enumerate(passes):
             if int8 and int8[j]:
                 for p in int8[j]:
                     if p:
                         rec.dispatch(p[0], p[1], *p[2][1])
-            else:
-                per_token(pass_)
-        pipe, bg, plan = passes["combine"]
-        rec.dispatch(pipe, bg, *fold_grid(-(-T * self.D // 4 // plan[0]["WG"])))
+            else:  # moe_matvec grids are (row groups, tokens, slots)
+                rec.dispatch(pipe, bg, plan[1][0], T, plan[1][2])
+
+    def resolve(self, rec, layer: int) -> None:
+        """At a streamed decode segment's cut: read the token's routing back and make its experts resident; the
+        next segment's expert passes read their slots."""
+        self._stream_experts(rec, layer, 1, None, None, record=False)
+
+    def _stream_experts(self, rec, layer: int, T: int, passes: dict | None, int8, record: bool = True) -> None:
+        """The routing so far is submitted and read back; the experts it picked are made resident (batches of
+        them when a chunk's outnumber the slots) and the expert passes recorded reading their slots."""
+        st, S, k = self.stream, self.slots, self.top_k
+        rec.copy(self.ids, 0, st.readback, 0, T * S * 4)
+        rec.flush()
+        ids = st.read_ids(T)
+        if st.route is not None:
+            ids[:, :k] = st.route(layer, T)
+        np.minimum(ids[:, :k], self.E - 1, out=ids[:, :k])  # a bad id (NaN logits) reads a real expert, as resident
+        slot_ids = np.full((T, S), st.slots, np.uint32)  # the stacked shared expert's slot (unread otherwise)
+        smap, cache = st.maps[layer], self.w[layer]
+        parts = {(stack, key): cache[stack][j] for stack in ("gate_up", "down") for j, key in enumerate("ws")
+                 if (stack, key) in st.part_bytes}
+        batches = smap.batches(ids[:, :k].reshape(-1))
+        for b, experts in enumerate(batches):
+            where, loads = smap.assign(experts)
+            if loads:
+                st.upload(layer, parts, loads)
+            lut = np.full(self.E + 1, st.slots, np.uint32)  # expert -> its slot in this batch
+            lut[list(where)] = list(where.values())
+            chosen = np.isin(ids[:, :k], experts)
+            slot_ids[:, :k][chosen] = lut[np.minimum(ids[:, :k][chosen], self.E)]
+            self._gpu.write(self.expert_ids, slot_ids)
+            if len(batches) == 1:
+                if record:
+                    self._record_experts(rec, passes["experts"], int8, T)
+                return
+            mask = np.zeros((T, S), np.uint32)
+            mask[:, :k] = chosen
+            if b == 0:
+                mask[:, k:] = 1  # the shared expert's rows come with the first batch
+            self._gpu.write(self.rows_mask, mask)
+            self._record_experts(rec, passes["experts_batch"], None, T)
+            pipe, bg, plan = passes["select"]
+            rec.dispatch(pipe, bg, *fold_grid(-(-T * S * self.D // 4 // plan[0]["WG"])))
+            rec.flush()  # the next batch's slots and ids are written after this one ran
+
+    def release(self) -> None:
+        super().release()
+        if self.stream:
+            destroy_buffers(vars(self.stream))
 
 
 def _join(first: dict, second: dict | None, axis: int) -> dict[str, np.ndarray]:

@@ -226,6 +226,17 @@ def read_array(t: Tensor) -> np.ndarray:
     return arr.reshape(t.shape)
 
 
+def map_array(t: Tensor) -> np.ndarray:
+    """A tensor memory-mapped read-only from its byte range (pages are read as they are touched: a MoE model's expert
+    stacks, of which an expert cache reads a few experts at a time). The header check covered the file's size."""
+    if t.dtype not in NUMPY_DTYPES:
+        raise ModelFormatError(f"{t.path}: tensor '{t.key}' is {t.dtype}, which this engine cannot read")
+    try:
+        return np.memmap(t.path, np.dtype(NUMPY_DTYPES[t.dtype]), "r", offset=t.offset, shape=t.shape)
+    except (OSError, ValueError) as e:
+        raise ModelFormatError(f"{t.path}: cannot map tensor '{t.key}' ({e})") from None
+
+
 def read_floats(t: Tensor) -> np.ndarray:
     """A float tensor: bf16 widened exactly to f32 (bf16 is the top half of an f32), f16/f32/f64 as stored."""
     arr = read_array(t)

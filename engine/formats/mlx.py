@@ -51,6 +51,7 @@ from engine.formats.files import (
     ProgressFn,
     Tensor,
     confined,
+    map_array,
     read_array,
     read_floats,
     read_json,
@@ -246,8 +247,10 @@ class MlxCheckpoint:
             weight = PackedWeight({"weight": arr}, plan.format, plan.shape, keys)
         else:
             w, s, b = plan.tensors
-            codes = read_array(w)
-            if plan.bits != WIDE[plan.bits] and plan.format != "mlx3":
+            as_stored = plan.bits == WIDE[plan.bits] or plan.format == "mlx3"
+            # Expert stacks kept as stored are mapped, not read: an expert cache reads only the experts it loads.
+            codes = map_array(w) if as_stored and ".switch_mlp." in w.key else read_array(w)
+            if not as_stored:
                 codes = widen_codes(codes.reshape(-1, codes.shape[-1]), plan.bits).reshape(*w.shape[:-1], -1)
             q_scale = np.stack([_to_f16(read_floats(s), s), _to_f16(read_floats(b), b)], axis=-1)
             weight = PackedWeight({"q_weight": codes, "q_scale": q_scale}, plan.format, plan.shape, keys)

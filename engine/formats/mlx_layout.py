@@ -61,10 +61,10 @@ def stream(ckpt: MlxCheckpoint, matrices: dict[str, list[str]], tensors: dict[st
 
 
 def _join(parts: list[PackedWeight]) -> dict[str, np.ndarray]:
-    """One matrix from its parts' rows (axis -2 of the logical shape: each expert's rows in a stack)."""
+    """One matrix from its parts' rows (axis -2 of the logical shape: each expert's rows in a stack). Memory-mapped
+    expert codes join lazily (RowJoin), so an expert cache never copies a whole stack."""
     axis = len(parts[0].shape) - 2
-    out = {k: (np.concatenate([p[k] for p in parts], axis=axis) if len(parts) > 1 else parts[0][k])
-           for k in parts[0]}
+    out = {k: (_rows(parts, k, axis) if len(parts) > 1 else parts[0][k]) for k in parts[0]}
     if "weight" in out and out["weight"].dtype != np.float16:
         with np.errstate(over="ignore"):
             half = out["weight"].astype(np.float16)
@@ -72,3 +72,30 @@ def _join(parts: list[PackedWeight]) -> dict[str, np.ndarray]:
             raise ModelFormatError(f"tensor '{parts[0].sources[0]}': a value is past f16's range (±65504)")
         out["weight"] = half
     return out
+
+
+def _rows(parts: list[PackedWeight], key: str, axis: int):
+    arrays = [p[key] for p in parts]
+    if axis == 1 and all(isinstance(a, np.memmap) for a in arrays):
+        return RowJoin(arrays)
+    return np.concatenate(arrays, axis=axis)
+
+
+class RowJoin:
+    """Expert stacks [E, N_i, W] joined along their rows without a copy: np.asarray joins them (the resident
+    upload), take_experts(ids) reads only those experts (the expert cache)."""
+
+    ndim = 3
+
+    def __init__(self, parts: list[np.ndarray]):
+        first = parts[0]
+        self.parts, self.dtype = parts, first.dtype
+        self.shape = (first.shape[0], sum(p.shape[1] for p in parts), first.shape[2])
+        self.nbytes = sum(p.nbytes for p in parts)
+
+    def __array__(self, dtype=None, copy=None):
+        out = np.concatenate(self.parts, axis=1)
+        return out if dtype is None else out.astype(dtype)
+
+    def take_experts(self, ids) -> np.ndarray:
+        return np.concatenate([p[ids] for p in self.parts], axis=1)

@@ -222,8 +222,8 @@ def _parse(source: str, file: str) -> tuple[str, dict[str, Binding], dict[str, U
 
 
 _REGISTRY: dict[str, Kernel] = {}
-_FAMILIES = tuple(f"engine.kernels.{f}" for f in ("matmul", "norm", "attention", "gdn", "moe", "sampling")) + (
-    "engine.kquant_plan",)
+_FAMILIES = tuple(f"engine.kernels.{f}" for f in ("matmul", "norm", "attention", "gdn", "moe", "sampling",
+                                                 "expert_cache")) + ("engine.kquant_plan",)
 
 
 def declare(name: str, writes: Sequence[str] = ()) -> Kernel:
