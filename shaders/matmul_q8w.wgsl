@@ -1,10 +1,11 @@
 // Prefill GEMM on 4-bit weights with int8 activations, wide register tile: matmul_q8's arithmetic and bindings
 // (see there: Y[t, n] = Σ_k X[t, k]·W[n, k], per 32-element chunk xs·ws·Σ (q − ZERO)·xq, or with AFFINE
-// xs·(s·Σ q·xq + m·Σ xq)), with more reuse per workgroup-memory load and fewer barriers:
+// xs·(s·Σ q·xq + m·Σ xq)), with more reuse per workgroup-memory load and more work between barriers:
 // - each thread owns 8 token rows × 4 tile columns (32 outputs): per chunk it loads its 4 columns' 32 weight bytes
 //   once (8 vec4, kept in registers) and each row's 32 activation bytes once, 27 loads for 256 dot4I8Packed
 //   (matmul_q8's 4×4: 18 loads for 128);
-// - one chunk (32 of K) per step, staged in two alternating workgroup buffers: one barrier per step (matmul_q8: two);
+// - one chunk (32 of K) per step, staged in two alternating workgroup buffers: one barrier per step, so per chunk
+//   as many barriers as matmul_q8 (two per 2-chunk step) with twice the products between them;
 // - no private arrays and no inner loops over registers: the 8 rows are written out, so no compiler has to unroll
 //   anything to keep the tile in registers.
 // Threads: WG = (TM/8)·(WN/4), WN = TN·MATS staged weight rows; thread (tx, ty) owns rows 8ty..8ty+7 and tile
