@@ -1,67 +1,47 @@
-"""Dispatches per decode token of the bench shapes (greedy, attention in one pass), and per block.
+"""Dispatches per decode token and per prefill chunk for the benchmark shapes, recorded on whatever GPU is at hand
+(lavapipe too): a MoE shape is built with fewer experts (`--experts`, default 16), which changes no count.
 
-    python3 bench/dispatch_counts.py [phi3-mini qwen3-4b qwen3.5-4b ...] [--layers A B]
-
-With --layers the models are built with A and B layers of the real widths and the count is extrapolated per layer
-to the full depth (a software GPU cannot hold the full models quickly); without it, the full models are built.
-Prints one JSON line per shape.
+    python3 bench/dispatch_counts.py qwen3.6-35b-a3b-4bit qwen3.6-35b-a3b-3bit --json
 """
 
+from __future__ import annotations
+
 import argparse
+import collections
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import bench, bench_hybrid  # noqa: E402
+from engine.bench_hybrid import HYBRID_SHAPES, make_spec, random_weights  # noqa: E402
 from engine.gpu import Gpu  # noqa: E402
 from engine.runtime_options import RuntimeOptions  # noqa: E402
 from engine.transformer import Transformer  # noqa: E402
 
-OPTIONS = RuntimeOptions(max_context=256, prefill_chunk=16)
 
-
-def build(gpu: Gpu, shape: str, layers: int | None):
-    """The runtime of `shape` with `layers` layers (None: its own) and its full depth."""
-    if shape in bench_hybrid.HYBRID_SHAPES:
-        model_type, config, layout, bits = bench_hybrid.HYBRID_SHAPES[shape]
-        name = f"{shape}@{layers}" if layers else shape
-        bench_hybrid.HYBRID_SHAPES[name] = (model_type, dict(config, num_hidden_layers=layers or
-                                                             config["num_hidden_layers"]), layout, bits)
-        spec, formats = bench_hybrid.hybrid_spec(name)
-        full = config["num_hidden_layers"]
-        return Transformer(gpu, spec, bench_hybrid.random_weights(spec, formats), formats=formats,
-                           options=OPTIONS), full
-    dims = list(bench.SHAPES[shape])
-    full = dims[1]
-    name = f"{shape}@{layers}" if layers else shape
-    bench.SHAPES[name] = tuple(dims[:1] + [layers or full] + dims[2:])
-    spec = bench.shape_spec(name)
-    return Transformer(gpu, spec, bench.random_weights(spec), options=OPTIONS), full
+def counts(gpu: Gpu, shape: str, experts: int, chunk: int) -> dict:
+    if shape not in HYBRID_SHAPES:
+        raise SystemExit(f"unknown shape {shape!r}; known: {', '.join(HYBRID_SHAPES)}")
+    model_type, config, layout, bits = HYBRID_SHAPES[shape]
+    config = dict(config, **({"num_experts": experts} if "num_experts" in config else {}))
+    spec, formats = make_spec(model_type, config, layout, bits)
+    rt = Transformer(gpu, spec, random_weights(spec, formats), formats=formats,
+                     options=RuntimeOptions.of(max_context=chunk + 64, prefill_chunk=chunk))
+    prefill = rt.dispatched_kernels(chunk)
+    return {"shape": shape, "experts": config.get("num_experts"), "decode_dispatches": rt.dispatches_per_token,
+            "prefill_chunk": chunk, "prefill_dispatches": len(prefill),
+            "prefill_moe_kernels": {k: v for k, v in collections.Counter(prefill).items() if k.startswith("moe")}}
 
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
-    p.add_argument("shapes", nargs="*", default=["phi3-mini", "qwen3-4b", "qwen3.5-4b"])
-    p.add_argument("--layers", nargs=2, type=int, metavar=("A", "B"),
-                   help="build A and B layers and extrapolate (hybrids: a multiple of the attention interval, 4)")
+    p.add_argument("shapes", nargs="+")
+    p.add_argument("--experts", type=int, default=16)
+    p.add_argument("--chunk", type=int, default=512)
+    p.add_argument("--json", action="store_true")
     args = p.parse_args()
     gpu = Gpu()
     for shape in args.shapes:
-        if args.layers:
-            a, b = args.layers
-            rt, full = build(gpu, shape, a)
-            na, kernels = rt.dispatches_per_token, rt.dispatched_kernels()
-            del rt
-            rt, _ = build(gpu, shape, b)
-            nb = rt.dispatches_per_token
-            del rt
-            count = na + (nb - na) * (full - a) // (b - a)
-            print(json.dumps({"shape": shape, "dispatches_per_token": count, "extrapolated_from": {a: na, b: nb},
-                              "kernels": sorted(set(kernels))}), flush=True)
-        else:
-            rt, _ = build(gpu, shape, None)
-            print(json.dumps({"shape": shape, "dispatches_per_token": rt.dispatches_per_token,
-                              "blocks": {r["block"]: r["dispatches_per_token"] for r in rt.report()}}), flush=True)
-            del rt
+        r = counts(gpu, shape, args.experts, args.chunk)
+        print(json.dumps(r) if args.json else r, flush=True)

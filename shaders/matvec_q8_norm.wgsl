@@ -4,7 +4,7 @@
 // int8 codes and scale (q8_codes.wgsl) of v = y · (nw + NORM_OFFSET), the norm's output without its 1/rms, and
 // Σ y². The matvecs that read the normed row (matvec_q8_rms.wgsl) sum those into 1/rms themselves, so
 // the norm needs no dispatch (and no grid-wide sync) of its own. No workgroup reads another's outputs.
-// Constants: matvec_q8's (K, N a multiple of 32, WG, ROWS, BLOCKS with BLOCKS · ROWS = 32, GATE_UP false, ZERO,
+// Constants: matvec_q8's (K, N a multiple of 32, WG, ROWS, BLOCKS with BLOCKS · ROWS = 32, GATE_UP false, BITS, ZERO,
 //   AFFINE, GROUP), NORM_OFFSET (added to nw: zero-centred norms), META and SS (u32 offsets in nq).
 // Bindings: 0 xq u32[K / 4] as vec4, 1 w u32[N, K / 8], 2 s f16[N, K / GROUP (, 2 with AFFINE)],
 //   3 y f32[N] (read_write: the residual out), 4 xm vec2<f32>[K / 32], 5 r_in f32[N] (read: the residual in),
@@ -31,7 +31,7 @@ var<workgroup> sq_sh: array<f32, 32>;
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let chunk = wid.y * nwg.x + wid.x;  // uniform: a folded grid's spare workgroups skip the epilogue together
     for (var blk = lane.sg_id; blk < BLOCKS; blk += lane.n_sg) {
-        q8_block((chunk * BLOCKS + blk) * ROWS, 0u, 0u, 0u, lane);
+        q8_block((chunk * BLOCKS + blk) * ROWS, 0u, 0u, 0u, lane, BITS == 3u, 0u, 0u);
     }
     storageBarrier();
     // The chunk's 32 elements over 32 threads (any subgroup size), then one thread packs them from workgroup memory.

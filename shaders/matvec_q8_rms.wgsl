@@ -3,7 +3,7 @@
 // (the int8 codes of v are those of v/rms; its scales are 1/rms times larger). Each subgroup sums ss into
 // 1/rms = rsqrt(Σ x² / K + EPS) (subgroupAdd: the same order in every subgroup, no barrier) and multiplies its dot
 // products by it, so the norm needs no dispatch of its own.
-// Constants: matvec_q8's (K, N, WG, ROWS, BLOCKS, GATE_UP, ZERO, AFFINE, GROUP), EPS.
+// Constants: matvec_q8's (K, N, WG, ROWS, BLOCKS, GATE_UP, BITS, ZERO, AFFINE, GROUP), EPS.
 // Bindings: 0 xq u32[K / 4] as vec4, 1 w u32[N or 2N, K / 8], 2 s f16[N or 2N, K / GROUP (, 2 with AFFINE)],
 //   3 y f32[N] (write), 4 xm vec2<f32>[K / 32], 5 ss f32[K / 32] (read). Grid: fold_grid(ceil(N / (ROWS · BLOCKS))).
 #import reduce
@@ -23,6 +23,6 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     let scale = inverseSqrt(subgroupAdd(part) / f32(K) + EPS);
     let group_id = wid.y * nwg.x + wid.x;
     for (var blk = lane.sg_id; blk < BLOCKS; blk += lane.n_sg) {
-        q8_block_scaled((group_id * BLOCKS + blk) * ROWS, 0u, 0u, 0u, scale, lane);
+        q8_block_scaled((group_id * BLOCKS + blk) * ROWS, 0u, 0u, 0u, scale, lane, BITS == 3u, 0u, 0u);
     }
 }

@@ -1,12 +1,13 @@
-"""The int8-activation prefill GEMM (shaders/matmul_q8.wgsl): T rows quantized by quantize_q8, checked against
-float64 numpy on exactly the codes and scales the kernel reads, for every 4-bit format, gate_up, a wider output
-row (YS), fewer tokens than buffer rows, partial tiles, folded grids and the tile options."""
+"""The int8-activation prefill GEMMs (shaders/matmul_q8.wgsl and the wide-tile shaders/matmul_q8w.wgsl): T rows
+quantized by quantize_q8, checked against float64 numpy on exactly the codes and scales the kernel reads, for every
+4-bit format, gate_up, a wider output row (YS), fewer tokens than buffer rows, partial tiles, folded grids and the
+tile options."""
 
 import numpy as np
 import pytest
 
 from engine.kernels import MAX_GROUPS_PER_DIM
-from engine.kernels.matmul import FORMATS, gemm_q8_plan, quantize_q8_plan
+from engine.kernels.matmul import FORMATS, gemm_q8_plan, gemm_q8w_plan, quantize_q8_plan
 from tests.helpers import (
     Q8_SCALE_ULPS,
     assert_within_ulps,
@@ -23,6 +24,7 @@ from tests.helpers import (
 )
 
 Q4 = {tag: FORMATS[tag] for tag in ("q4f16_1", "q4_0", "q4_1", "mlx4")}
+PLANS = {"matmul_q8": gemm_q8_plan, "matmul_q8w": gemm_q8w_plan}
 
 
 def pack_rows(x: np.ndarray, got_xq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -60,15 +62,15 @@ def quantize_rows(gpu, x: np.ndarray):
     return xq, xm, read(gpu, xq, (T, K // 4), np.uint32), read(gpu, xm, (T, K // 32, 2))
 
 
-def run_gemm_q8(gpu, x, w, s, N, gate_up, fmt, n_tokens=None, y_stride=None, **plan):
-    """Quantize x's rows on the GPU, run matmul_q8 into a NaN-poisoned Y [rows, YS]; (Y, the X it read)."""
+def run_gemm_q8(gpu, x, w, s, N, gate_up, fmt, n_tokens=None, y_stride=None, kernel="matmul_q8", **plan):
+    """Quantize x's rows on the GPU, run `kernel` into a NaN-poisoned Y [rows, YS]; (Y, the X it read, grid)."""
     T, K = x.shape
     n_tokens = T if n_tokens is None else n_tokens
     xq_buf, xm_buf, xq, xm = quantize_rows(gpu, x)
-    consts, grid = gemm_q8_plan(K, N, T, gate_up=gate_up, y_stride=y_stride, **plan, **fmt)
+    consts, grid = PLANS[kernel](K, N, T, gate_up=gate_up, y_stride=y_stride, **plan, **fmt)
     ys = consts["YS"]
     y = poisoned(gpu, "y", (T, ys))
-    run(gpu, "matmul_q8", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
+    run(gpu, kernel, consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
                                    step_uniform(gpu, n_tokens)], grid)
     return read(gpu, y, (T, ys)), dequantized(xq, xm), grid
 
@@ -102,35 +104,38 @@ def test_quantize_q8_rows_match_the_layout_spec(gpu, rng):
         (67, 128, 33, True),
     ],
 )
-def test_gemm_q8_on_the_quantized_x(gpu, rng, tag, T, K, N, gate_up):
+@pytest.mark.parametrize("kernel", list(PLANS))
+def test_gemm_q8_on_the_quantized_x(gpu, rng, kernel, tag, T, K, N, gate_up):
     fmt = Q4[tag]
     w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
-    out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt)
+    out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, kernel=kernel)
     assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
 
 
+@pytest.mark.parametrize("kernel", list(PLANS))
 @pytest.mark.parametrize("tag", ["q4f16_1", "q4_1"])
-def test_gemm_q8_is_close_to_the_f32_product(gpu, rng, tag):
+def test_gemm_q8_is_close_to_the_f32_product(gpu, rng, tag, kernel):
     """Against the unrounded x the int8 rounding shows, within its own bound (per chunk, codes are within half a
     step of max|x|/127); more than the 1e-5 of max|y| that f32 arithmetic on the codes stays within (above)."""
     fmt, T, K, N = Q4[tag], 33, 512, 70
     w, s = random_packed(rng, N, K, **fmt)
     x = rng.standard_normal((T, K)).astype(np.float32)
-    out, _, _ = run_gemm_q8(gpu, x, w, s, N, False, fmt)
+    out, _, _ = run_gemm_q8(gpu, x, w, s, N, False, fmt, kernel=kernel)
     exact = reference_fmt(x, w, s, N, False, fmt)
     bound = int8_rounding_bound(x, reference_dequantize_fmt(w, s, **fmt), N, False)
     assert (np.abs(out - exact) <= bound + 1e-5 * np.abs(exact).max()).all()
     assert np.abs(out - exact).max() > 1e-5 * np.abs(exact).max(), "no int8 rounding at all"
 
 
+@pytest.mark.parametrize("kernel", list(PLANS))
 @pytest.mark.parametrize("gate_up", [False, True])
-def test_gemm_q8_writes_only_live_rows_and_its_columns(gpu, rng, gate_up):
+def test_gemm_q8_writes_only_live_rows_and_its_columns(gpu, rng, gate_up, kernel):
     """A buffer of 8 rows with 5 tokens this forward, and a vocabulary slice of N columns in rows YS wide: rows
     t ≥ n_tokens and columns ≥ N stay untouched (NaN)."""
     fmt, T, K, N, n_tokens, ys = Q4["q4_0"], 8, 128, 21, 5, 29
     w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
     out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, n_tokens=n_tokens,
-                                y_stride=ys)
+                                y_stride=ys, kernel=kernel)
     assert np.isnan(out[n_tokens:]).all() and np.isnan(out[:, N:]).all()
     assert_matches(out[:n_tokens, :N], reference_fmt(x_hat[:n_tokens], w, s, N, gate_up, fmt))
 
@@ -154,6 +159,56 @@ def test_gemm_q8_tile_options(gpu, rng, tag, K, plan):
             plan = dict(plan, tn=plan["tn"] // 2)
         out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, **plan)
         assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
+
+
+@pytest.mark.parametrize("tag", ["q4_0", "q4_1"])  # 32-element groups: K may hold an odd number of chunks
+@pytest.mark.parametrize("T,K,N,gate_up", [(3, 32, 9, False), (66, 96, 70, True)])
+@pytest.mark.parametrize("kernel", list(PLANS))
+def test_gemm_q8_odd_chunks_of_k(gpu, rng, kernel, tag, T, K, N, gate_up):
+    """One chunk (matmul_q8w fills only its first buffer) and three (it ends on its first buffer again)."""
+    fmt = Q4[tag]
+    w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
+    out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, kernel=kernel)
+    assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
+
+
+@pytest.mark.parametrize(
+    "tag,K,T,plan",
+    [
+        ("q4_1", 160, 137, dict(tm=128, tn=64)),  # 256 threads, T past two 128-row tiles, 5 chunks
+        ("q4_0", 128, 37, dict(tm=64, tn=128)),  # 256 threads as 8 × 32
+        ("mlx4", 192, 37, dict(tm=32, tn=64)),  # 64 threads
+    ],
+)
+def test_gemm_q8w_tile_options(gpu, rng, tag, K, T, plan):
+    fmt, N = Q4[tag], 45
+    for gate_up in (False, True):
+        w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
+        tile = dict(plan, tn=plan["tn"] // 2) if gate_up else plan  # the same staged weight rows
+        out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, kernel="matmul_q8w",
+                                    **tile)
+        assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
+
+
+def test_gemm_q8w_plan_refuses_what_it_cannot_run():
+    with pytest.raises(ValueError, match="4-bit"):
+        gemm_q8w_plan(64, 8, 4, **FORMATS["q8_0"])
+    with pytest.raises(ValueError, match="multiple of 64"):
+        gemm_q8w_plan(96, 8, 4, **FORMATS["mlx4"])
+    with pytest.raises(ValueError, match="N must be positive"):
+        gemm_q8w_plan(64, 0, 4)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        gemm_q8w_plan(64, 8, 4, tm=12)
+    with pytest.raises(ValueError, match="threads"):
+        gemm_q8w_plan(64, 8, 4, tm=64, tn=32)  # 64 threads cannot stage 128 X vec4s
+    with pytest.raises(ValueError, match="threads"):
+        gemm_q8w_plan(64, 8, 4, tm=128, tn=128)  # 512 threads
+    with pytest.raises(ValueError, match="workgroup memory"):
+        gemm_q8w_plan(64, 8, 4, tm=32, tn=256)  # 256 threads, 20 KiB
+    with pytest.raises(ValueError, match="narrower"):
+        gemm_q8w_plan(64, 8, 4, y_stride=7)
+    consts, grid = gemm_q8w_plan(3072, 8192, 512, gate_up=True)
+    assert (consts["TM"], consts["TN"], grid) == (64, 32, (256, 8, 1))
 
 
 @pytest.mark.slow

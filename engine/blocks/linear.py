@@ -12,7 +12,7 @@ from engine.errors import UnsupportedModelError
 from engine.kernels.matmul import (
     FORMATS,
     MATMUL_INT4,
-    MATMUL_Q8,
+    MATMUL_Q8W,
     MATVEC_INT4,
     MATVEC_Q8,
     MATVEC_Q8_NORM,
@@ -21,7 +21,7 @@ from engine.kernels.matmul import (
     QUANTIZE_Q8,
     format_knobs,
     gemm_plan,
-    gemm_q8_plan,
+    gemm_q8w_plan,
     matvec_plan,
     matvec_q8_norm_plan,
     matvec_q8_plan,
@@ -53,7 +53,7 @@ class Arithmetic:
     """How the matrix products compute, decided once per model (engine/transformer.py RuntimePlan)."""
 
     int8: bool  # 4-bit decode matvecs take int8 activations (matvec_q8)
-    int8_prefill: bool  # 4-bit prefill GEMMs take int8 activations (quantize_q8 over the rows + matmul_q8)
+    int8_prefill: bool  # 4-bit prefill GEMMs take int8 activations (quantize_q8 over the rows + matmul_q8w)
     norm_int8: bool  # the norms write the int8 copy of the normed row (its matvecs need no quantize of their own)
     subgroup_rows: bool  # f32-activation matvecs of many-row matrices use the subgroup-rows kernel
     subgroup_size: int
@@ -77,8 +77,10 @@ def gemm_kernel(k: int, n: int, gate_up: bool, tag: str, int8: bool, T: int = 1,
     if is_kquant(tag):
         plan = gemm_kq_q8_plan if int8 else gemm_kq_plan
         return ((MATMUL_KQ_Q8 if int8 else MATMUL_KQ), *plan(tag, k, n, T, gate_up=gate_up, y_stride=y_stride))
-    plan = gemm_q8_plan if int8 else gemm_plan
-    return ((MATMUL_Q8 if int8 else MATMUL_INT4),
+    # matmul_q8w: matmul_q8's arithmetic with 8×4 outputs a thread (fewer workgroup-memory loads and barriers per
+    # product); matmul_q8 stays as bench/gemm_probe.py's baseline.
+    plan = gemm_q8w_plan if int8 else gemm_plan
+    return ((MATMUL_Q8W if int8 else MATMUL_INT4),
             *plan(k, n, T, gate_up=gate_up, y_stride=y_stride, **format_knobs(tag)))
 
 

@@ -1,0 +1,217 @@
+// Prefill GEMM on 4-bit weights with int8 activations, wide register tile: matmul_q8's arithmetic and bindings
+// (see there: Y[t, n] = Σ_k X[t, k]·W[n, k], per 32-element chunk xs·ws·Σ (q − ZERO)·xq, or with AFFINE
+// xs·(s·Σ q·xq + m·Σ xq)), with more reuse per workgroup-memory load and more work between barriers:
+// - each thread owns 8 token rows × 4 tile columns (32 outputs): per chunk it loads its 4 columns' 32 weight bytes
+//   once (8 vec4, kept in registers) and each row's 32 activation bytes once, 27 loads for 256 dot4I8Packed
+//   (matmul_q8's 4×4: 18 loads for 128);
+// - one chunk (32 of K) per step, staged in two alternating workgroup buffers: one barrier per step, so per chunk
+//   as many barriers as matmul_q8 (two per 2-chunk step) with twice the products between them;
+// - no private arrays and no inner loops over registers: the 8 rows are written out, so no compiler has to unroll
+//   anything to keep the tile in registers.
+// Threads: WG = (TM/8)·(WN/4), WN = TN·MATS staged weight rows; thread (tx, ty) owns rows 8ty..8ty+7 and tile
+// columns 4tx..4tx+3 (gate_up: (gate j, gate j+1, up j, up j+1), j = j0 + 2tx; gemm_tile.wgsl's weight_row).
+// Each thread stages at most one item of each kind per step (the plan checks 2·TM ≤ WG, WN ≤ WG).
+// Constants: K (a multiple of GROUP), N, TM (multiple of 8), TN (multiple of 4), GATE_UP, YS, ZERO, AFFINE, GROUP.
+// Workgroup memory: 2·(TM + WN)·(36, or 40 with AFFINE) bytes.
+// Bindings and grid: matmul_q8's (0 xq, 1 w, 2 s, 3 y, 4 xm, 5 step; grid (x, ceil(T/TM), z), x/z fold N tiles).
+#import step
+#import gemm_tile
+
+@group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> s: array<f16>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> xm: array<vec2<f32>>;
+@group(0) @binding(5) var<uniform> step: Step;
+
+const CHUNKS: u32 = K / 32u;
+const GROUPS: u32 = K / GROUP;
+const CPG: u32 = GROUP / 32u;
+const SPG: u32 = select(1u, 2u, AFFINE);
+const MATS: u32 = select(1u, 2u, GATE_UP);
+const WN: u32 = TN * MATS;
+const TX: u32 = WN / 4u;
+const TY: u32 = TM / 8u;
+const WG: u32 = TX * TY;
+const N_TILES: u32 = (N + TN - 1u) / TN;
+const NIB: u32 = 0x0F0F0F0Fu;
+const SIGN: u32 = 0x80808080u;
+const ZERO4: u32 = ZERO * 0x01010101u;
+// i32 sums start at the bits of 1.5·2^23 (matmul_q8): bitcast<f32>(sum) − 1.5·2^23 is the sum, an FADD.
+const MAGIC: i32 = 0x4B400000;
+const MAGIC_F: f32 = 12582912.0;
+
+// One buffer each (the second at + its size): X [half][row % 8][row / 8], W [half][col % 4][col / 4] as int8.
+const XB: u32 = 2u * TM;
+const WB: u32 = 2u * WN;
+var<workgroup> x_tile: array<vec4<u32>, 2u * XB>;
+var<workgroup> w_tile: array<vec4<u32>, 2u * WB>;
+var<workgroup> x_scale: array<vec4<f32>, 2u * (TM / 4u)>;   // [row / 4], component row % 4
+var<workgroup> w_scale: array<vec4<f32>, 2u * TX>;          // [col / 4], component col % 4
+var<workgroup> x_sum: array<vec4<f32>, select(1u, 2u * (TM / 4u), AFFINE)>;
+var<workgroup> w_min: array<vec4<f32>, select(1u, 2u * TX, AFFINE)>;
+
+fn codes(v: vec4<u32>) -> vec4<u32> {
+    if (AFFINE) { return v; }
+    return ((v | vec4<u32>(SIGN)) - vec4<u32>(ZERO4)) ^ vec4<u32>(SIGN);
+}
+
+fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
+}
+
+// This thread's 4 columns of one chunk, in registers for all 8 rows: b0..b3 the first 16 bytes of columns 0..3,
+// c0..c3 the last 16, their scales and (AFFINE) minima.
+var<private> b0: vec4<u32>;
+var<private> b1: vec4<u32>;
+var<private> b2: vec4<u32>;
+var<private> b3: vec4<u32>;
+var<private> c0: vec4<u32>;
+var<private> c1: vec4<u32>;
+var<private> c2: vec4<u32>;
+var<private> c3: vec4<u32>;
+var<private> ws: vec4<f32>;
+var<private> mn: vec4<f32>;
+
+// One row of the chunk against the thread's 4 columns, folded into acc with the row's scale (and sum).
+fn row(acc: vec4<f32>, base: u32, r: u32, ty: u32, xs: f32, xt: f32) -> vec4<f32> {
+    let a = x_tile[base + r * TY + ty];
+    let b = x_tile[base + (8u + r) * TY + ty];
+    let d = vec4<i32>(MAGIC) + vec4<i32>(dot16(a, b0) + dot16(b, c0), dot16(a, b1) + dot16(b, c1),
+                                         dot16(a, b2) + dot16(b, c2), dot16(a, b3) + dot16(b, c3));
+    var out = fma(bitcast<vec4<f32>>(d) - MAGIC_F, xs * ws, acc);
+    if (AFFINE) { out = fma(vec4<f32>(xt), mn, out); }
+    return out;
+}
+
+fn store_row(v: vec4<f32>, t: u32, j0: u32, tx: u32) {
+    if (t >= step.n_tokens) { return; }
+    if (GATE_UP) {
+        let j = j0 + 2u * tx;
+        if (j < N) { y[t * YS + j] = silu(v.x) * v.z; }
+        if (j + 1u < N) { y[t * YS + j + 1u] = silu(v.y) * v.w; }
+    } else {
+        let j = j0 + 4u * tx;
+        if (j < N) { y[t * YS + j] = v.x; }
+        if (j + 1u < N) { y[t * YS + j + 1u] = v.y; }
+        if (j + 2u < N) { y[t * YS + j + 2u] = v.z; }
+        if (j + 3u < N) { y[t * YS + j + 3u] = v.w; }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(num_workgroups) nwg: vec3<u32>) {
+    let col_tile = wid.z * nwg.x + wid.x;
+    let t0 = wid.y * TM;
+    if (col_tile >= N_TILES || t0 >= step.n_tokens) { return; }  // whole workgroup: barriers stay uniform
+    let j0 = col_tile * TN;
+    let last_t = step.n_tokens - 1u;
+    let tx = lid % TX;
+    let ty = lid / TX;
+
+    // This thread's staged items (fixed over the steps): X half lid % 2 of tile row (p % TY)·8 + p / TY,
+    // p = lid / 2 (two lanes read a row's 32 bytes, and a warp's stores land on distinct banks), the scale and sum
+    // of row lid, weight row lid. Rows past n_tokens are clamped: loaded, never written.
+    let has_x = lid < XB;
+    let has_xm = lid < TM;
+    let has_w = lid < WN;
+    let p = min(lid, XB - 1u) / 2u;
+    let xrow = min(t0 + p % TY * 8u + p / TY, last_t);
+    let x_src = xrow * (2u * CHUNKS) + lid % 2u;
+    let x_dst = (lid % 2u * 8u + p / TY) * TY + p % TY;
+    let m_src = min(t0 + min(lid, TM - 1u), last_t) * CHUNKS;
+    let w_src = weight_row(min(lid, WN - 1u), j0);
+    let w_dst = (lid % 4u) * TX + lid / 4u;
+
+    var px = vec4<u32>(0u);
+    var pxm = vec2<f32>(0.0);
+    var pw = vec4<u32>(0u);
+    var pws = vec2<f32>(0.0);
+
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    var acc4 = vec4<f32>(0.0);
+    var acc5 = vec4<f32>(0.0);
+    var acc6 = vec4<f32>(0.0);
+    var acc7 = vec4<f32>(0.0);
+
+    // Step g: issue chunk g + 1's loads, compute chunk g from buffer g % 2, store chunk g + 1 into the other
+    // buffer (last read in step g − 1, before the barrier that ended it), one barrier. g = −1 only loads and stores.
+    for (var gi = 0u; gi <= CHUNKS; gi++) {
+        let next = gi;  // the chunk loaded this iteration; the chunk computed is gi − 1
+        if (next < CHUNKS) {
+            if (has_x) { px = xq[x_src + next * 2u]; }
+            if (has_xm) { pxm = xm[m_src + next]; }
+            if (has_w) {
+                pw = w[w_src * CHUNKS + next];
+                let si = (w_src * GROUPS + next / CPG) * SPG;
+                pws.x = f32(s[si]);
+                if (AFFINE) { pws.y = f32(s[si + 1u]); }
+            }
+        }
+        if (gi > 0u) {
+            let buf = (gi - 1u) % 2u;
+            let wb = buf * WB;
+            b0 = w_tile[wb + tx];
+            b1 = w_tile[wb + TX + tx];
+            b2 = w_tile[wb + 2u * TX + tx];
+            b3 = w_tile[wb + 3u * TX + tx];
+            c0 = w_tile[wb + 4u * TX + tx];
+            c1 = w_tile[wb + 5u * TX + tx];
+            c2 = w_tile[wb + 6u * TX + tx];
+            c3 = w_tile[wb + 7u * TX + tx];
+            ws = w_scale[buf * TX + tx];
+            mn = vec4<f32>(0.0);
+            var xt0 = vec4<f32>(0.0);
+            var xt1 = vec4<f32>(0.0);
+            if (AFFINE) {
+                mn = w_min[buf * TX + tx];
+                xt0 = x_sum[buf * (TM / 4u) + 2u * ty];
+                xt1 = x_sum[buf * (TM / 4u) + 2u * ty + 1u];
+            }
+            let xs0 = x_scale[buf * (TM / 4u) + 2u * ty];
+            let xs1 = x_scale[buf * (TM / 4u) + 2u * ty + 1u];
+            let xb = buf * XB;
+            acc0 = row(acc0, xb, 0u, ty, xs0.x, xt0.x);
+            acc1 = row(acc1, xb, 1u, ty, xs0.y, xt0.y);
+            acc2 = row(acc2, xb, 2u, ty, xs0.z, xt0.z);
+            acc3 = row(acc3, xb, 3u, ty, xs0.w, xt0.w);
+            acc4 = row(acc4, xb, 4u, ty, xs1.x, xt1.x);
+            acc5 = row(acc5, xb, 5u, ty, xs1.y, xt1.y);
+            acc6 = row(acc6, xb, 6u, ty, xs1.z, xt1.z);
+            acc7 = row(acc7, xb, 7u, ty, xs1.w, xt1.w);
+        }
+        if (next < CHUNKS) {
+            let buf = next % 2u;
+            if (has_x) { x_tile[buf * XB + x_dst] = px; }
+            if (has_xm) {
+                let slot = buf * (TM / 4u) + lid / 4u;
+                x_scale[slot][lid % 4u] = pxm.x;
+                if (AFFINE) { x_sum[slot][lid % 4u] = pxm.x * pxm.y; }
+            }
+            if (has_w) {
+                let lo = codes(pw & vec4<u32>(NIB));
+                let hi = codes((pw >> vec4<u32>(4u)) & vec4<u32>(NIB));
+                // matmul_q8's pairing: word j's even nibbles meet activation u32 2j, its odd nibbles u32 2j + 1.
+                w_tile[buf * WB + w_dst] = vec4<u32>(lo.x, hi.x, lo.y, hi.y);
+                w_tile[buf * WB + 4u * TX + w_dst] = vec4<u32>(lo.z, hi.z, lo.w, hi.w);
+                w_scale[buf * TX + lid / 4u][lid % 4u] = pws.x;
+                if (AFFINE) { w_min[buf * TX + lid / 4u][lid % 4u] = pws.y; }
+            }
+        }
+        workgroupBarrier();
+    }
+
+    let t = t0 + 8u * ty;
+    store_row(acc0, t, j0, tx);
+    store_row(acc1, t + 1u, j0, tx);
+    store_row(acc2, t + 2u, j0, tx);
+    store_row(acc3, t + 3u, j0, tx);
+    store_row(acc4, t + 4u, j0, tx);
+    store_row(acc5, t + 5u, j0, tx);
+    store_row(acc6, t + 6u, j0, tx);
+    store_row(acc7, t + 7u, j0, tx);
+}
