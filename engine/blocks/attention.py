@@ -11,10 +11,13 @@ from engine.blocks import Block, BufferNeed, array_bytes, upload_weight
 from engine.blocks.linear import Arithmetic, Linear, SplitLinear, matrix_bindings, matrix_tensors, split_tensors
 from engine.kernels.attention import (
     ATTENTION,
+    ATTENTION_TILED,
     ATTN_GATE,
     COMBINE,
     ROPE_APPEND,
     attention_consts,
+    attention_tiled_grid,
+    attention_tiled_plan,
     attn_gate_plan,
     combine_consts,
     rope_append_consts,
@@ -143,6 +146,9 @@ class AttentionMixer(Block):
         attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
         self.p_attn = gpu.pipeline(ATTENTION, attn)
         self.p_split = gpu.pipeline(ATTENTION, dict(attn, SPLIT=True))
+        # Prefill chunks: 32 query rows share each staged key block (None: head_dim not a multiple of 32).
+        self.tiled = attention_tiled_plan(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
+        self.p_tiled = gpu.pipeline(ATTENTION_TILED, self.tiled) if self.tiled else None
         self.p_combine = gpu.pipeline(COMBINE, combine_consts(s.n_heads, s.head_dim, self.combine_int8))
         self.p_rope = gpu.pipeline(ROPE_APPEND, rope_append_consts(
             s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
@@ -169,6 +175,9 @@ class AttentionMixer(Block):
                                                    step=ws.step), f"{c}.attn"),
                 "split": gpu.bind(self.p_split, dict(q=self.q, **cache, out=self.part_o, part_ml=self.part_ml,
                                                      step=ws.step), f"{c}.attn_split")}
+            if self.tiled:
+                self.bg[i]["tiled"] = gpu.bind(self.p_tiled, dict(q=self.q, **cache, out=self.attn, step=ws.step),
+                                               f"{c}.attn_tiled")
             lin["qkv"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.qkv", self.formats[i], dummy), self.qkv,
                             f"{c}.qkv", src_int8=self.ar.norm_int8)
             if self.gated:
@@ -190,6 +199,8 @@ class AttentionMixer(Block):
         if splits > 1:
             rec.dispatch(self.p_split, bg["split"], s.n_heads, T, splits)
             rec.dispatch(self.p_combine, self.bg_combine, s.n_heads, T)
+        elif T > 1 and self.tiled:
+            rec.dispatch(self.p_tiled, bg["tiled"], *attention_tiled_grid(self.tiled, T))
         else:
             rec.dispatch(self.p_attn, bg["attn"], s.n_heads, T, 1)
         if self.gated:
