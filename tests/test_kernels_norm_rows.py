@@ -33,8 +33,9 @@ def test_norm_rows_equal_norm_then_quantize(any_gpu, rng, T, D, offset):
     consts, grid = quantize_q8_plan(D, rows=T)
     run(g, "quantize_q8", consts, [y_ref, xq_ref, xm_ref, step], grid)
 
-    for got, ref, dtype, shape in ((r_out, r_ref, np.float32, (T + 1, D)), (y, y_ref, np.float32, (T + 1, D)),
-                                   (xq, xq_ref, np.uint32, (T + 1, D // 4)), (xm, xm_ref, np.float32, (T + 1, D // 16))):
+    pairs = ((r_out, r_ref, np.float32, (T + 1, D)), (y, y_ref, np.float32, (T + 1, D)),
+             (xq, xq_ref, np.uint32, (T + 1, D // 4)), (xm, xm_ref, np.float32, (T + 1, D // 16)))
+    for got, ref, dtype, shape in pairs:
         a, b = read(g, got, shape, dtype), read(g, ref, shape, dtype)
         np.testing.assert_array_equal(a[:T], b[:T])
         assert (np.isnan(a[T]) if dtype == np.float32 else a[T] == np.iinfo(np.uint32).max).all()

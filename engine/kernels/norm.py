@@ -9,7 +9,7 @@ RMS_NORM = declare("rms_norm", writes=("y", "xq", "xm"))
 ADD_RMS_NORM = declare("add_rms_norm", writes=("r_out", "y", "xq", "xm"))
 ADD_RMS_NORM_ROWS = declare("add_rms_norm_rows", writes=("r_out", "y", "xq", "xm"))
 NORM_WG = 256
-ROWS_Q8_MAX_DIM = 5120  # add_rms_norm_rows.wgsl keeps 2·D bytes of a row in workgroup memory (with the reduction's 4 KiB)
+ROWS_Q8_MAX_DIM = 5120  # add_rms_norm_rows.wgsl keeps 2·D bytes of a row in workgroup memory (+ 4 KiB reduction)
 Q8_MAX_DIM = 8192  # norm_q8.wgsl keeps a row's int8 codes in workgroup memory: D/4 words
 
 
