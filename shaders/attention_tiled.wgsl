@@ -51,22 +51,22 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let tr = lid / 8u;
     let tk = lid % 8u;
 
-    // The thread's two rows: token, head, and the last key each may see (a row past T sees none).
-    var t_of: array<u32, 2>;
-    var last: array<i32, 2>;
-    for (var a = 0u; a < 2u; a++) {
-        let r = 2u * tr + a;
-        t_of[a] = tb + r / HG;
-        last[a] = select(-1, i32(pos0 + t_of[a]), t_of[a] < T);
-    }
+    // The thread's two rows (2tr, 2tr + 1): token, and the last key each may see (a row past T sees none).
+    let t0 = tb + (2u * tr) / HG;
+    let t1 = tb + (2u * tr + 1u) / HG;
+    let last0 = vec4<i32>(select(-1, i32(pos0 + t0), t0 < T));
+    let last1 = vec4<i32>(select(-1, i32(pos0 + t1), t1 < T));
+    let key_off = vec4<i32>(i32(tk), i32(tk) + 8, i32(tk) + 16, i32(tk) + 24);  // this thread's keys of a block
 
+    // Scores and softmax state in named vectors (no private arrays in the hot loops); the output tile o is only
+    // touched once per 32 keys, so where a compiler keeps it does not matter.
     var o: array<vec4<f32>, 2u * NCH>;
-    var m = array<f32, 2>(NEG_BIG, NEG_BIG);
-    var l = array<f32, 2>(0.0, 0.0);
+    var m = vec2<f32>(NEG_BIG);
+    var l = vec2<f32>(0.0);
     for (var kb = 0u; kb < n_keys; kb += BK) {
-        // ---- scores: s[a·4 + j] = q(row 2tr+a) · k(key kb + tk + 8j), over HD in chunks of 32 dims
-        var s: array<f32, 8>;
-        s = array<f32, 8>();  // an assignment: a declaration's zero init may run only once (naga hoists it)
+        // ---- scores: s0 / s1 = q(row 2tr / 2tr+1) · k(keys kb + key_off), over HD in chunks of 32 dims
+        var s0 = vec4<f32>(0.0);
+        var s1 = vec4<f32>(0.0);
         for (var d = 0u; d < NCH; d++) {
             workgroupBarrier();  // the previous readers of q_sh / kv_sh are done
             for (var i = lid; i < ROWS * 8u; i += WG) {
@@ -85,41 +85,43 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             for (var c = 0u; c < 8u; c++) {
                 let q0 = q_sh[(2u * tr) * PAD + c];
                 let q1 = q_sh[(2u * tr + 1u) * PAD + c];
-                for (var j = 0u; j < 4u; j++) {
-                    let kv = kv_sh[(tk + 8u * j) * PAD + c];
-                    s[j] += dot(q0, kv);
-                    s[4u + j] += dot(q1, kv);
-                }
+                let k0 = kv_sh[tk * PAD + c];
+                let k1 = kv_sh[(tk + 8u) * PAD + c];
+                let k2 = kv_sh[(tk + 16u) * PAD + c];
+                let k3 = kv_sh[(tk + 24u) * PAD + c];
+                s0 += vec4<f32>(dot(q0, k0), dot(q0, k1), dot(q0, k2), dot(q0, k3));
+                s1 += vec4<f32>(dot(q1, k0), dot(q1, k1), dot(q1, k2), dot(q1, k3));
             }
         }
         // ---- online softmax: causal mask, row max over the 8 threads of a row, weights to p_sh
-        for (var a = 0u; a < 2u; a++) {
-            var mx = NEG_BIG;
-            for (var j = 0u; j < 4u; j++) {
-                let key = i32(kb + tk + 8u * j);
-                s[4u * a + j] = select(NEG_BIG, s[4u * a + j], key <= last[a]);
-                mx = max(mx, s[4u * a + j]);
-            }
-            red_sh[(2u * tr + a) * 8u + tk] = mx;
-        }
+        let keys = vec4<i32>(i32(kb)) + key_off;
+        let ok0 = keys <= last0;
+        let ok1 = keys <= last1;
+        s0 = select(vec4<f32>(NEG_BIG), s0, ok0);
+        s1 = select(vec4<f32>(NEG_BIG), s1, ok1);
+        red_sh[(2u * tr) * 8u + tk] = max(max(s0.x, s0.y), max(s0.z, s0.w));
+        red_sh[(2u * tr + 1u) * 8u + tk] = max(max(s1.x, s1.y), max(s1.z, s1.w));
         workgroupBarrier();
-        for (var a = 0u; a < 2u; a++) {
-            let r = 2u * tr + a;
-            var m_new = m[a];
-            for (var e = 0u; e < 8u; e++) { m_new = max(m_new, red_sh[r * 8u + e]); }
-            let alpha = exp(m[a] - m_new);
-            m[a] = m_new;
-            var sum = 0.0;
-            for (var j = 0u; j < 4u; j++) {
-                let key = i32(kb + tk + 8u * j);
-                let p = select(0.0, exp(s[4u * a + j] - m_new), key <= last[a]);
-                sum += p;
-                p_sh[r * PS + tk + 8u * j] = p;
-            }
-            l[a] = l[a] * alpha + sum;
-            for (var d = 0u; d < NCH; d++) { o[a * NCH + d] *= alpha; }
+        var m_new = m;
+        for (var e = 0u; e < 8u; e++) {
+            m_new = max(m_new, vec2<f32>(red_sh[(2u * tr) * 8u + e], red_sh[(2u * tr + 1u) * 8u + e]));
         }
-        // ---- outputs: o(row) += Σ_key p · v(key), over HD in chunks of 32 dims
+        let alpha = exp(m - m_new);
+        m = m_new;
+        let p0 = select(vec4<f32>(0.0), exp(s0 - vec4<f32>(m_new.x)), ok0);
+        let p1 = select(vec4<f32>(0.0), exp(s1 - vec4<f32>(m_new.y)), ok1);
+        l = l * alpha + vec2<f32>(dot(p0, vec4<f32>(1.0)), dot(p1, vec4<f32>(1.0)));
+        let r0 = (2u * tr) * PS + tk;
+        let r1 = (2u * tr + 1u) * PS + tk;
+        p_sh[r0] = p0.x;
+        p_sh[r0 + 8u] = p0.y;
+        p_sh[r0 + 16u] = p0.z;
+        p_sh[r0 + 24u] = p0.w;
+        p_sh[r1] = p1.x;
+        p_sh[r1 + 8u] = p1.y;
+        p_sh[r1 + 16u] = p1.z;
+        p_sh[r1 + 24u] = p1.w;
+        // ---- outputs: o(row) = alpha · o(row) + Σ_key p · v(key), over HD in chunks of 32 dims
         for (var d = 0u; d < NCH; d++) {
             workgroupBarrier();  // p_sh is written, the previous readers of kv_sh / red_sh are done
             for (var i = lid; i < BK * 8u; i += WG) {
@@ -129,8 +131,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
                 kv_sh[(i / 8u) * PAD + i % 8u] = vv;
             }
             workgroupBarrier();
-            var o0 = o[d];
-            var o1 = o[NCH + d];
+            var o0 = o[d] * alpha.x;
+            var o1 = o[NCH + d] * alpha.y;
             for (var j = 0u; j < BK; j++) {
                 let vv = kv_sh[j * PAD + tk];
                 o0 += p_sh[(2u * tr) * PS + j] * vv;
@@ -143,15 +145,17 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 
     // ---- the row sums meet; each thread writes its vec4 columns of its two rows
     workgroupBarrier();
-    for (var a = 0u; a < 2u; a++) { red_sh[(2u * tr + a) * 8u + tk] = l[a]; }
+    red_sh[(2u * tr) * 8u + tk] = l.x;
+    red_sh[(2u * tr + 1u) * 8u + tk] = l.y;
     workgroupBarrier();
-    for (var a = 0u; a < 2u; a++) {
-        let r = 2u * tr + a;
-        if (t_of[a] < T) {
-            var total = 0.0;
-            for (var e = 0u; e < 8u; e++) { total += red_sh[r * 8u + e]; }
-            let base = (t_of[a] * H + h0 + r % HG) * C + tk;
-            for (var d = 0u; d < NCH; d++) { out[base + 8u * d] = o[a * NCH + d] / total; }
-        }
+    var total = vec2<f32>(0.0);
+    for (var e = 0u; e < 8u; e++) {
+        total += vec2<f32>(red_sh[(2u * tr) * 8u + e], red_sh[(2u * tr + 1u) * 8u + e]);
+    }
+    let base0 = (t0 * H + h0 + (2u * tr) % HG) * C + tk;
+    let base1 = (t1 * H + h0 + (2u * tr + 1u) % HG) * C + tk;
+    for (var d = 0u; d < NCH; d++) {
+        if (t0 < T) { out[base0 + 8u * d] = o[d] / total.x; }
+        if (t1 < T) { out[base1 + 8u * d] = o[NCH + d] / total.y; }
     }
 }
