@@ -119,6 +119,14 @@ class DownloadThread:
         self.thread.start()
 
     def close(self, timeout_ms: int = 10000) -> bool:
+        """Cancel, end the thread and wait at most `timeout_ms`; False if it had not ended (it is then kept alive,
+        never destroyed while running: the app exits without it)."""
         self.worker.cancel()
         self.thread.quit()
-        return self.thread.wait(timeout_ms)
+        if self.thread.wait(max(0, int(timeout_ms))):
+            return True
+        from app.worker import keep_until_exit
+
+        log.warning("the download thread was still busy %d ms after close", timeout_ms)
+        keep_until_exit(self)
+        return False

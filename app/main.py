@@ -86,11 +86,19 @@ def run_app(qt_args: list[str], auto_setup: bool = True, data_problem: str | Non
         window.show_error(*notice)
     closer = _close_on_signals(app, window)
     try:
-        return app.exec()
+        code = app.exec()
     finally:
         if closer is not None:
             closer.restore()
         store.close()
+    if window.exit_without_waiting:  # every message is saved and the store closed: do not wait on the GPU queue
+        import logging
+
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 def _close_on_signals(app, window):

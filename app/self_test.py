@@ -7,6 +7,8 @@ import sys
 
 from PySide6.QtCore import QCoreApplication, QObject, QTimer, Signal, Slot
 
+from engine.cancel import CancelToken
+
 QUESTION = "What is the capital of France?"
 TIMEOUT_MS = 600_000
 
@@ -14,8 +16,8 @@ TIMEOUT_MS = 600_000
 class _Driver(QObject):
     """Lives in the main thread, so the worker's signals reach its slots there (queued)."""
 
-    load = Signal(str, int, bool)  # path, context, exact decode (as the window's request_load)
-    reply = Signal(int, list, dict)
+    load = Signal(str, int, bool, object)  # path, context, exact decode, CancelToken (as the window's request_load)
+    reply = Signal(int, list, dict, object)
 
     def __init__(self, app):
         super().__init__()
@@ -27,7 +29,7 @@ class _Driver(QObject):
 
         print(f"loaded in {human_duration(facts['load_seconds'])} on {facts['adapter']}", file=sys.stderr)
         self.reply.emit(1, [{"role": "user", "content": QUESTION}],
-                        {"max_tokens": 32, "sampling": {"temperature": 0.0}, "seed": 0})
+                        {"max_tokens": 32, "sampling": {"temperature": 0.0}, "seed": 0}, CancelToken())
 
     @Slot(int, str, str)
     def delta(self, _request: int, _thinking: str, answer: str) -> None:
@@ -72,10 +74,10 @@ def run_self_test() -> int:
     w.reply_delta.connect(driver.delta)
     w.reply_done.connect(driver.done)
     w.failed.connect(driver.failed)
-    QTimer.singleShot(0, lambda: driver.load.emit(str(path), 512, False))
+    QTimer.singleShot(0, lambda: driver.load.emit(str(path), 512, False, CancelToken()))
     QTimer.singleShot(TIMEOUT_MS, app.quit)
     try:
         app.exec()
     finally:
-        engine.close()
+        engine.close(timeout_ms=30_000)  # not closing a window: let the worker finish and free the device
     return driver.rc

@@ -34,6 +34,7 @@ from app.prefs import AppPrefs, save_prefs
 from app.sidebar import ConversationList
 from app.store import ConversationStore
 from app.worker import WorkerThread
+from engine.cancel import CancelToken
 from engine.humanize import human_duration
 from engine.sampling import SamplingParams
 from engine.settings import save_settings, settings_to_dict
@@ -42,6 +43,10 @@ log = logging.getLogger("zerotvm.app")
 ADD_LOCAL = "__add_local__"
 SAVE_EVERY_S = 0.5  # how often a streaming reply is written to the database
 RENDER_EVERY_MS = 40  # streamed text is laid out at most this often: re-parsing markdown per token stalls at 100+ tok/s
+PROGRESS_AFTER_MS = 1000  # a prompt still being read after this long shows its progress
+CLOSE_WAIT_S = 1.5  # closing waits this long for the workers in all, so the window is gone within 2 s
+STOPPED_EMPTY = "Stopped before answering · Regenerate to ask again"
+NOT_ANSWERED = "Not answered · Regenerate to ask again"
 
 
 class InputBox(QPlainTextEdit):
@@ -66,8 +71,8 @@ def _eta(seconds) -> str:
 
 
 class MainWindow(QMainWindow):
-    request_load = Signal(str, int, bool)  # path, context (0 = the model's), exact decode arithmetic
-    request_reply = Signal(int, list, dict)
+    request_load = Signal(str, int, bool, object)  # path, context (0 = the model's), exact decode, CancelToken
+    request_reply = Signal(int, list, dict, object)  # request id, messages, settings, CancelToken
     request_unload = Signal()
     request_download = Signal(dict, str)
     request_manage = Signal(dict, str, str)
@@ -90,11 +95,23 @@ class MainWindow(QMainWindow):
         self.downloading_key: str | None = None
         self.conv_id: int | None = None
         self.request = 0  # id of the reply streaming now (0 = none)
+        self._last_request = 0  # ids only grow for the window's life: a late signal never matches a newer request
+        self._reply_token: CancelToken | None = None
+        self._load_token: CancelToken | None = None
         self._reply_widget = None
-        self._reply_msg_id: int | None = None
+        self._reply_conv: int | None = None  # the chat the streaming reply belongs to
+        self._reply_msg_id: int | None = None  # stored on its first text: a reply stopped before any has no row
         self._reply_text = ["", ""]  # thinking, answer
+        self._reply_progress: tuple[int, int, float] | None = None  # prompt tokens read, of total, seconds
+        self._unanswered_slot = None  # the view's reply slot under a question that has no stored answer
+        self._reading_bar = False  # the progress row shows the prompt being read
         self._last_save = 0.0
+        self._progress_timer = QTimer(self)
+        self._progress_timer.setSingleShot(True)
+        self._progress_timer.setInterval(PROGRESS_AFTER_MS)
+        self._progress_timer.timeout.connect(self._show_reading)
         self._send_when_ready = False  # Enter pressed while the model was still downloading or loading
+        self.exit_without_waiting = False  # set by closeEvent (see there)
         self._render_timer = QTimer(self)
         self._render_timer.setSingleShot(True)
         self._render_timer.setInterval(RENDER_EVERY_MS)
@@ -204,6 +221,11 @@ class MainWindow(QMainWindow):
         stop.setShortcut(QKeySequence(Qt.Key.Key_Escape))
         stop.triggered.connect(self.stop)
         self.addAction(stop)
+        quit_ = QAction("Quit", self)
+        quit_.setShortcuts([QKeySequence.StandardKey.Quit, QKeySequence("Ctrl+Q")])
+        quit_.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+        quit_.triggered.connect(self.close)  # the same path as the close button: cancel, save, bounded wait
+        self.addAction(quit_)
 
     def _connect(self) -> None:
         w, d = self.engine.worker, self.downloads.worker
@@ -216,6 +238,7 @@ class MainWindow(QMainWindow):
         w.load_progress.connect(self.on_load_progress)
         w.loaded.connect(self.on_loaded)
         w.unloaded.connect(self.on_unloaded)
+        w.reply_progress.connect(self.on_reply_progress)
         w.reply_delta.connect(self.on_delta)
         w.reply_done.connect(self.on_reply_done)
         w.failed.connect(self.on_failed)
@@ -231,7 +254,7 @@ class MainWindow(QMainWindow):
         self.conversations.picked.connect(self.on_conversation_picked)
         self.conversations.deleted.connect(self.on_conversation_deleted)
         self.input.submitted.connect(self.on_send)
-        self.send.clicked.connect(self.on_send)
+        self.send.clicked.connect(self.on_send_button)
         self.chat.edit_requested.connect(self.edit_message)
         self.chat.regenerate_requested.connect(self.regenerate)
 
@@ -482,7 +505,8 @@ class MainWindow(QMainWindow):
         self.show_progress(f"Loading {row.entry.name}…", 0, 0)
         self.status.setText(f"Loading {row.entry.name}…")
         self.engine.worker.gpu_weights = self.prefs.gpu_weights  # read by the worker when this load starts
-        self.request_load.emit(str(row.load_path), self.prefs.context, self.prefs.exact_decode)
+        self._load_token = CancelToken()
+        self.request_load.emit(str(row.load_path), self.prefs.context, self.prefs.exact_decode, self._load_token)
         self.update_action()
 
     def auto_setup(self) -> None:
@@ -516,10 +540,12 @@ class MainWindow(QMainWindow):
         self.progress_box.hide()
 
     def on_cancel(self) -> None:
-        if self.downloading_key:
+        if self._reading_bar:
+            self.stop()
+        elif self.downloading_key:
             self.downloads.worker.cancel()
-        elif self.loading_key:
-            self.engine.worker.stop()
+        elif self.loading_key and self._load_token is not None:
+            self._load_token.cancel()
 
     def on_download_progress(self, p: dict) -> None:
         file = p["file"]
@@ -596,38 +622,64 @@ class MainWindow(QMainWindow):
         self.conversations.refresh(self.conv_id)
 
     def on_conversation_picked(self, conv_id: int) -> None:
-        if not self.request:
-            self.show_conversation(conv_id)
+        if conv_id == self.conv_id:
+            return
+        self.stop()  # a reply streaming in the chat being left stops, its text kept under its question
+        self.show_conversation(conv_id)
+        self.refresh_conversations()
 
     def on_conversation_deleted(self, conv_id: int) -> None:
+        if conv_id == self._reply_conv:
+            self._reply_conv = None  # its rows are gone: nothing more is saved for it
+            self.stop()
         if conv_id == self.conv_id:
             self.show_conversation(None)
 
     def show_conversation(self, conv_id: int | None) -> None:
         self.conv_id = conv_id
+        self._unanswered_slot = None
         self.chat.clear()
         if conv_id is None:
             return
-        for m in self.store.message_rows(conv_id):
+        rows = self.store.message_rows(conv_id)
+        for m in rows:
             widget = self.chat.add(m["role"], self._author(m), m["content"], m["thinking"])
             if m["stats"]:
                 widget.set_status(_stats_text(m["stats"]))
+        if rows and rows[-1]["role"] == "user":  # stopped before any text, or the app closed first
+            self._unanswered(NOT_ANSWERED)
         self.chat.set_idle(True)
+
+    def _unanswered(self, text: str, widget=None) -> None:
+        """A reply slot under a question with no stored answer: it says so and offers Regenerate (never stored)."""
+        if widget is None:
+            widget = self.chat.add("assistant", self.facts.get("title", "Assistant") if self.facts else "Assistant")
+        widget.set_status(text)
+        self._unanswered_slot = widget
+
+    def _drop_unanswered(self) -> None:
+        if self.chat.messages and self.chat.messages[-1] is self._unanswered_slot:
+            self.chat.truncate(len(self.chat.messages) - 1)
+        self._unanswered_slot = None
 
     def _author(self, m: dict) -> str:
         return "You" if m["role"] == "user" else (m.get("model") or "Assistant")
 
     def start_new_chat(self) -> None:
-        if self.request:
-            return
+        self.stop()
         self.show_conversation(None)
         self.conversations.clearSelection()
         self.input.setFocus()
 
     # ---- chatting ----------------------------------------------------------------------------------------
-    def on_send(self) -> None:
+    def on_send_button(self) -> None:
         if self.request:
             self.stop()
+        else:
+            self.on_send()
+
+    def on_send(self) -> None:
+        if self.request:  # Enter while a reply streams: the text waits in the box (Stop or Esc ends the reply)
             return
         text = self.input.toPlainText().strip()
         if not text:
@@ -642,6 +694,7 @@ class MainWindow(QMainWindow):
             return
         if self.conv_id is None:
             self.conv_id = self.store.create_conversation(model=self.facts.get("title"))
+        self._drop_unanswered()
         self.store.add_message(self.conv_id, "user", text)  # committed before anything else happens
         self.input.clear()
         self.chat.add("user", "You", text)
@@ -651,18 +704,50 @@ class MainWindow(QMainWindow):
     def start_reply(self) -> None:
         messages = self.store.messages(self.conv_id)
         name = self.facts.get("title", "Assistant")
-        self._reply_msg_id = self.store.add_message(self.conv_id, "assistant", "", model=name)
+        self._reply_conv, self._reply_msg_id = self.conv_id, None
         self._reply_widget = self.chat.add("assistant", name)
         self._reply_widget.set_status("thinking…")
         self._reply_text = ["", ""]
-        self.request += 1
+        self._reply_progress = None
+        self._last_request += 1
+        self.request = self._last_request
+        self._reply_token = CancelToken()
         self.chat.set_idle(False)
         self.set_busy(True)
-        self.request_reply.emit(self.request, messages, settings_to_dict(self.settings))
+        self._progress_timer.start()
+        self.request_reply.emit(self.request, messages, settings_to_dict(self.settings), self._reply_token)
+
+    def on_reply_progress(self, request: int, done: int, total: int, seconds: float) -> None:
+        if request != self.request:
+            return
+        self._reply_progress = (done, total, seconds)
+        if not self._progress_timer.isActive():
+            self._show_reading()
+
+    def _show_reading(self) -> None:
+        """"Reading your message… 120/480 tokens · 35 tok/s": shown once a prompt takes longer than about a second."""
+        if self._reply_widget is None or any(self._reply_text) or self._reply_progress is None:
+            return
+        done, total, seconds = self._reply_progress
+        text = f"Reading your message… {done}/{total} tokens"
+        if done and seconds > 0:
+            rate = done / seconds
+            text += f" · {rate:.0f} tok/s · about {human_duration((total - done) / rate)} left"
+        self._reply_widget.set_status(text)
+        if not (self.downloading_key or self.loading_key):  # the bar row is free: a bar and Cancel there too
+            self._reading_bar = True
+            self.show_progress(text, done, total)
+
+    def _hide_reading(self) -> None:
+        if self._reading_bar:
+            self._reading_bar = False
+            self.hide_progress()
 
     def on_delta(self, request: int, thinking: str, answer: str) -> None:
-        if request != self.request or self._reply_widget is None:
+        if request != self.request:
             return  # a stopped reply's late tokens
+        self._progress_timer.stop()
+        self._hide_reading()
         self._reply_text[0] += thinking
         self._reply_text[1] += answer
         if not self._render_timer.isActive():
@@ -671,14 +756,20 @@ class MainWindow(QMainWindow):
             self._save_reply()
 
     def _render_reply(self) -> None:
-        if self._reply_widget is not None:
+        if self._reply_widget is not None and any(self._reply_text):
             self._reply_widget.set_content(self._reply_text[1], self._reply_text[0])
             self._reply_widget.set_status("")
 
     def _save_reply(self, stats: dict | None = None) -> None:
-        if self._reply_msg_id is not None:
-            self.store.update_message(self._reply_msg_id, self._reply_text[1], self._reply_text[0], stats)
-            self._last_save = time.monotonic()
+        """Write the reply so far; its row is made with its first text, so nothing empty is ever stored."""
+        if not any(self._reply_text) or self._reply_conv is None:
+            return
+        if self._reply_msg_id is None:
+            name = self.facts.get("title", "Assistant") if self.facts else "Assistant"
+            self._reply_msg_id = self.store.add_message(self._reply_conv, "assistant", self._reply_text[1],
+                                                        self._reply_text[0], model=name)
+        self.store.update_message(self._reply_msg_id, self._reply_text[1], self._reply_text[0], stats)
+        self._last_save = time.monotonic()
 
     def on_reply_done(self, request: int, stats: dict) -> None:
         if request != self.request:
@@ -687,25 +778,34 @@ class MainWindow(QMainWindow):
 
     def finish_reply(self, stats: dict) -> None:
         self._render_timer.stop()
+        self._progress_timer.stop()
+        self._hide_reading()
         self._render_reply()  # whatever arrived since the last frame
         self._save_reply(stats)
         if self._reply_widget is not None:
-            self._reply_widget.set_status(_stats_text(stats))
+            if any(self._reply_text):
+                self._reply_widget.set_status(_stats_text(stats))
+            else:  # nothing stored: the question stays, with Regenerate
+                self._unanswered(STOPPED_EMPTY if stats.get("finish_reason") == "stopped" else NOT_ANSWERED,
+                                 self._reply_widget)
         if stats.get("tokens"):
             experts = f" · {stats['experts']}" if stats.get("experts") else ""  # the expert cache's hit rate
             self.status.setText(f"{self.facts.get('title', '') if self.facts else ''} · {_stats_text(stats)}{experts}")
-        self._reply_widget, self._reply_msg_id = None, None
+        self._reply_widget, self._reply_msg_id, self._reply_conv = None, None, None
+        self._reply_token = None
         self.request = 0
         self.set_busy(False)
         self.chat.set_idle(True)
         self.refresh_conversations()
 
     def stop(self) -> None:
-        """Stop now: the worker sees the event at its next token; the UI does not wait for it."""
+        """Stop the streaming reply now: its token is cancelled (the worker sees it at its next piece or token,
+        even if the request is still queued) and the UI does not wait for the worker."""
         if not self.request:
             return
-        self.engine.worker.stop()
-        self.finish_reply({"finish_reason": "stopped", "tokens": len(self._reply_text[1]) and None})
+        if self._reply_token is not None:
+            self._reply_token.cancel()
+        self.finish_reply({"finish_reason": "stopped", "tokens": None})
 
     def regenerate(self) -> None:
         if self.request or self.conv_id is None or self.facts is None:
@@ -742,11 +842,9 @@ class MainWindow(QMainWindow):
             self.relabel_models()
             self.update_action()
         elif request == self.request:
-            if not self._reply_text[1] and not self._reply_text[0] and self._reply_msg_id is not None:
-                rows = self.store.message_rows(self.conv_id)
-                self.store.truncate_after(self.conv_id, rows[-1]["position"] - 1)  # drop the empty reply
-                self.chat.truncate(len(self.chat.messages) - 1)
-                self._reply_widget, self._reply_msg_id = None, None
+            if not any(self._reply_text) and self._reply_widget is not None:
+                self.chat.truncate(len(self.chat.messages) - 1)  # nothing was stored: drop the empty slot
+                self._reply_widget = None
             self.finish_reply({"finish_reason": "error"})
         else:
             return
@@ -755,9 +853,7 @@ class MainWindow(QMainWindow):
     def set_busy(self, busy: bool) -> None:
         self.send.setText("Stop" if busy else "Send")
         self.send.setAccessibleName("Stop the answer" if busy else "Send the message")
-        self.new_chat.setEnabled(not busy)
-        self.conversations.setEnabled(not busy)
-        self.conversations.locked = busy
+        # Switching chats or starting a new one stays possible: it stops the reply (see on_conversation_picked).
         self.update_action()
 
     # ---- settings, errors, closing ---------------------------------------------------------------------------
@@ -802,14 +898,24 @@ class MainWindow(QMainWindow):
         self.last_error = (title, message)
 
     def closeEvent(self, event) -> None:  # noqa: N802
+        """Close (the close button, Ctrl+Q): cancel everything first, save, then wait for the workers at most
+        CLOSE_WAIT_S in all; a worker still busy then is left to the process exit (app/main.py)."""
+        started = time.monotonic()
         try:
-            if self.request:
-                self.stop()
+            self.downloads.worker.cancel()
+            if self._load_token is not None:
+                self._load_token.cancel()
+            self.engine.worker.close()
+            self.stop()  # saves the reply so far under its question
             self.prefs = replace(self.prefs)
             save_prefs(self.prefs, self.prefs_path)
         finally:
-            self.downloads.close()
-            self.engine.close()
+            left = lambda: int(1000 * max(0.0, CLOSE_WAIT_S - (time.monotonic() - started)))  # noqa: E731
+            ended = self.engine.close(timeout_ms=left())
+            ended = self.downloads.close(timeout_ms=left()) and ended
+            # app/main.py then ends the process without Python's clean-up, which would wait for the GPU queue
+            # (a parked device) or for a thread still running.
+            self.exit_without_waiting = not ended or self.engine.worker.parked
         super().closeEvent(event)
 
 

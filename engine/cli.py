@@ -171,24 +171,6 @@ def _chat_settings(args, model):
     return settings
 
 
-def _print_reply(events) -> object:
-    """Stream a reply: thinking to stderr (dimmed on a terminal), the answer to stdout; returns the last event."""
-    dim, end = ("\033[2m", "\033[0m") if sys.stderr.isatty() else ("", "")
-    last, thinking = None, False
-    for e in events:
-        if e.thinking:
-            print(f"{dim}{e.thinking}{end}", end="", file=sys.stderr, flush=True)
-            thinking = True
-        if e.answer:
-            if thinking:
-                print(file=sys.stderr)
-                thinking = False
-            print(e.answer, end="", flush=True)
-        last = e
-    print()
-    return last
-
-
 def _stats(r) -> str:
     from engine.humanize import human_duration
 
@@ -199,21 +181,26 @@ def _stats(r) -> str:
 
 
 def cmd_generate(args) -> None:
+    from engine.cancel import Cancelled, CancelToken
+    from engine.cli_reply import ctrl_c_cancels, print_completion, print_reply
     from engine.session import ChatSession
 
     path = _resolve_model(args.model)
     _software_note(_chosen_adapter(), path)
     model = _load(args, path, q8_decode=not args.exact_decode)
     settings = _chat_settings(args, model)
-    if args.raw or model.tokenizer is None or not model.tokenizer.chat_templates:
-        last = None
-        for r in model.generate(args.prompt, max_tokens=settings.max_tokens, sampling=settings.sampling):
-            print(r.text, end="", flush=True)
-            last = r
-        print()
-    else:
-        last = _print_reply(ChatSession(model, settings).send(args.prompt))
-        last = last.response if last else None
+    token = CancelToken()
+    try:
+        with ctrl_c_cancels(token):  # Ctrl-C stops at the next prefill piece or token
+            if args.raw or model.tokenizer is None or not model.tokenizer.chat_templates:
+                last = print_completion(model.generate(args.prompt, max_tokens=settings.max_tokens,
+                                                       sampling=settings.sampling, cancel=token, progress=True))
+            else:
+                last = print_reply(ChatSession(model, settings, cancel=token, progress=True).send(args.prompt))
+                last = last.response if last else None
+    except Cancelled:
+        print("(stopped)", file=sys.stderr)
+        raise KeyboardInterrupt from None  # exit status 130, as for any interrupted command
     if last:
         print(_stats(last), file=sys.stderr)
     _print_hit_rate(model)
@@ -234,9 +221,11 @@ def cmd_chat(args) -> None:
 
 
 def _chat_loop(args, model) -> None:
+    from engine.cancel import Cancelled, CancelToken
+    from engine.cli_reply import ctrl_c_cancels, print_reply
     from engine.session import ChatSession
 
-    chat = ChatSession(model, _chat_settings(args, model))
+    chat = ChatSession(model, _chat_settings(args, model), progress=True)
     print(f"{model.path.name}: context {model.runtime.max_context} tokens. {CHAT_HELP}", file=sys.stderr)
     while True:
         try:
@@ -271,13 +260,17 @@ def _chat_loop(args, model) -> None:
         if reply is None:
             continue
         gen = None
+        chat.cancel = CancelToken()
         try:
-            gen = chat.regenerate() if reply == "regen" else chat.send(line)
-            last = _print_reply(gen)
-        except KeyboardInterrupt:
+            with ctrl_c_cancels(chat.cancel):  # Ctrl-C stops the reply, even while the prompt is read
+                gen = chat.regenerate() if reply == "regen" else chat.send(line)
+                last = print_reply(gen)
+        except (Cancelled, KeyboardInterrupt) as e:
             if gen is not None:
                 gen.close()
-            print("\n(stopped)", file=sys.stderr)
+            if isinstance(e, KeyboardInterrupt):  # a second Ctrl-C may have cut a GPU submission short
+                model.runtime.reset()
+            print("(stopped)", file=sys.stderr)
             continue
         except (ValueError, ZeroTVMError) as e:
             print(f"error: {e}", file=sys.stderr)

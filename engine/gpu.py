@@ -398,3 +398,32 @@ class Recorder:
         self.pass_ = self.encoder.begin_compute_pass(label="after-flush")
         self._handle = self.pass_._internal if self._raw else None
         self._pipe = None
+
+
+class MapWait:
+    """A read mapping of a MAP_READ buffer, waited for with a cancel check: the wait for the GPU work queued before
+    it can be abandoned (Stop, close) without interrupting that work. An abandoned wait stays pending: wait() for
+    it again, then release(), before the buffer is used again."""
+
+    def __init__(self, buf, size: int):
+        self.buf, self.size = buf, size
+        # "READ_NOSYNC": wgpu-py otherwise submits an empty command buffer first (so mapped bytes are fresh), and that
+        # submit blocks while the queue is busy: a wait that must stay abandonable cannot afford it. Callers read
+        # these bytes only as a fence, never for their content.
+        self.promise = buf.map_async("READ_NOSYNC", 0, size)
+
+    def wait(self, cancel=None, poll_s: float = 0.01) -> bool:
+        """Block until mapped (True), or until `cancel` (a CancelToken) is set first (False)."""
+        # wgpu-native's per-device poll thread sets this event when the mapping lands (wgpu 0.32's GPUPromise).
+        event = getattr(self.promise, "_thread_event", None)
+        if cancel is not None and event is not None:
+            while not event.wait(poll_s):
+                if cancel.cancelled:
+                    return False
+        self.promise.sync_wait()
+        return True
+
+    def release(self) -> None:
+        """Unmap after a completed wait."""
+        self.buf.unmap()
+

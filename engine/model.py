@@ -36,15 +36,17 @@ class Model:
         self.runtime.reset()
         return self.runtime.logits(ids)
 
-    def generate(self, prompt: str | list[int], max_tokens: int = 256, sampling: SamplingParams | None = None):
-        """Stream a completion of raw text or token ids (no chat template; see engine.session for chats)."""
+    def generate(self, prompt: str | list[int], max_tokens: int = 256, sampling: SamplingParams | None = None,
+                 **stream):
+        """Stream a completion of raw text or token ids (no chat template; see engine.session for chats); `stream`:
+        stream_generate's other keywords (cancel, progress, batch, reuse)."""
         from engine.generate import stream_generate
 
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ModelFormatError(f"{self.path}: no tokenizer.json, pass token ids instead of text")
             prompt = self.tokenizer.encode(prompt)
-        return stream_generate(self, list(prompt), max_tokens, sampling or self.default_sampling)
+        return stream_generate(self, list(prompt), max_tokens, sampling or self.default_sampling, **stream)
 
 
 def load_model(path: str | Path, gpu: Gpu | None = None, max_context: int | None = None,

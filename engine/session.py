@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 
+from engine.cancel import Cancelled, CancelToken
 from engine.errors import ContextLimitError, ZeroTVMError
-from engine.generate import GenerationResponse, stream_generate
+from engine.generate import GenerationResponse, PrefillProgress, stream_generate
 from engine.sampling import SamplingParams
 
 POLICIES = ("refuse", "drop_oldest")
@@ -38,16 +40,18 @@ class ChatSettings:
 
 @dataclass
 class ChatEvent:
-    """One step of a reply: new thinking and answer text, the generation stats, and the prompt's fit."""
+    """One step of a reply: new thinking and answer text, the generation stats, and the prompt's fit. With
+    ChatSession.progress, the prompt's reading comes first as events whose `progress` is set (response None)."""
 
     thinking: str
     answer: str
-    response: GenerationResponse
+    response: GenerationResponse | None
     dropped_turns: int = 0  # oldest messages left out of the prompt to fit the context
+    progress: PrefillProgress | None = None
 
     @property
     def finish_reason(self) -> str | None:
-        return self.response.finish_reason
+        return self.response.finish_reason if self.response is not None else None
 
 
 @dataclass
@@ -55,6 +59,8 @@ class ChatSession:
     model: object
     settings: ChatSettings = field(default_factory=ChatSettings)
     messages: list[dict] = field(default_factory=list)
+    cancel: CancelToken | None = None  # Stop: the reply ends with Cancelled at the next piece or token
+    progress: bool = False  # also yield the prompt's reading (ChatEvent.progress)
 
     def send(self, text: str) -> Iterator[ChatEvent]:
         """Add a user message and stream the reply. On refusal the message is taken back out."""
@@ -100,11 +106,18 @@ class ChatSession:
             del messages[first:nxt]
 
     def _reply(self, undo_user: bool = False) -> Iterator[ChatEvent]:
+        from engine.chat import TemplateCancelled, render_cancel
+
+        token = self.cancel
         try:
-            prompt, dropped = self._prompt()
-        except Exception:
+            # Stop also ends a chat template still rendering (engine/chat_guard.py checks between steps).
+            with render_cancel(lambda: token.cancelled) if token is not None else nullcontext():
+                prompt, dropped = self._prompt()
+        except BaseException as e:
             if undo_user:
                 self.messages.pop()
+            if isinstance(e, TemplateCancelled) and token is not None and token.cancelled:
+                raise Cancelled from None
             raise
         return self._stream(prompt, dropped)
 
@@ -117,7 +130,11 @@ class ChatSession:
         reply = {"role": "assistant", "content": ""}
         self.messages.append(reply)
         try:
-            for r in stream_generate(self.model, prompt.ids, s.max_tokens, sampling):
+            for r in stream_generate(self.model, prompt.ids, s.max_tokens, sampling, cancel=self.cancel,
+                                     progress=self.progress):
+                if isinstance(r, PrefillProgress):
+                    yield ChatEvent("", "", None, dropped, progress=r)
+                    continue
                 parts = splitter.feed(r.text) + (splitter.flush() if r.finish_reason else [])
                 t = "".join(text for kind, text in parts if kind == "thinking")
                 a = "".join(text for kind, text in parts if kind == "answer")

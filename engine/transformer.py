@@ -9,6 +9,7 @@ sampled id feeds the next embedding on the GPU, so nothing is read back per toke
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -24,12 +25,17 @@ from engine.blocks.residual import ResidualNorms
 from engine.blocks.sampler import Sampler
 from engine.blocks.vocab import VocabEnds
 from engine.blocks.workspace import RING, Workspace
+from engine.cancel import Cancelled, CancelToken, check
 from engine.errors import ContextLimitError, GpuError, ModelFormatError, ZeroTVMError
-from engine.gpu import Gpu, PlanRecorder, Recorder, SegmentRecorder
+from engine.gpu import Gpu, MapWait, PlanRecorder, Recorder, SegmentRecorder
 from engine.kernels.norm import norm_can_write_int8
 from engine.models.base import FFNS, MIXERS
 from engine.runtime_options import RuntimeOptions
 from engine.sampling import SamplingParams
+
+FIRST_PIECE = 32  # rows of the first piece of a prefill that reports progress; later pieces double up to the chunk
+QUICK_PIECE_S = 0.1  # a prefill piece that landed this fast lets the next one queue behind it
+BATCH_SECONDS = 0.25  # a decode batch holds about this much GPU time: Stop and close wait at most two of them
 
 
 def layer_blocks(spec) -> list[tuple[str, str]]:
@@ -230,6 +236,8 @@ class Transformer:
         self.n_cached = 0
         self.cached_ids: list[int] = []
         self._lag: int | None = None  # position the stateful blocks are at when behind n_cached (replay pending)
+        self._unsettled: list[MapWait] = []  # fence waits a stopped prefill left pending
+        self._last_fence = self._next_fence = None
         self.dispatches_per_token = len(self.decode_plan(1).items)  # greedy, attention not split
 
     def _load(self, weights) -> None:
@@ -385,8 +393,9 @@ class Transformer:
         self._catch_up()
         return self._run(ids, then, out_index)
 
-    def _run(self, ids: np.ndarray, then: str, out_index: int = 0) -> np.ndarray | None:
-        """One pass over `ids`; `then` is "logits" (every row's), "sample" (the next token) or "none"."""
+    def _run(self, ids: np.ndarray, then: str, out_index: int = 0, fence=None) -> np.ndarray | None:
+        """One pass over `ids`; `then` is "logits" (every row's), "sample" (the next token) or "none". `fence`: a
+        readback buffer that gets 4 bytes copied at the pass's end, so mapping it waits for exactly this pass."""
         T = len(ids)
         self._check_room(T)
         pos0 = self.n_cached
@@ -403,6 +412,8 @@ class Transformer:
         elif then == "sample":
             self.vocab.record_head(rec, 1)
             self.sampler.record(rec)
+        if fence is not None:
+            rec.copy(self.ws.ring, 0, fence, 0, 4)
         rec.submit()
         if len(self.cached_ids) == self.n_cached:
             self.cached_ids += ids.tolist()
@@ -412,23 +423,74 @@ class Transformer:
             return self.gpu.read(self.vocab.logits, np.float32, T * V).reshape(T, V)
         return None
 
-    def prefill(self, ids, out_index: int = 0, on_chunk: Callable[[int, int], None] | None = None) -> None:
+    def prefill(self, ids, out_index: int = 0, on_chunk: Callable[[int, int], None] | None = None,
+                cancel: CancelToken | None = None) -> None:
         """Absorb `ids` into the cache in chunks; the last chunk samples the next token on the GPU (ring[out_index]).
         A stateful block snapshots its state before the prompt's last token, which then goes alone (where a
-        regenerate of the same prompt resumes). `on_chunk(done, total)` runs after each chunk; an exception from it
-        stops the prefill there, with the cache holding the chunks done."""
+        regenerate of the same prompt resumes). Without `on_chunk` and `cancel` every chunk is queued at once; with
+        either, the prompt goes in pieces waited for one by one (prefill_steps): `on_chunk(done, total)` runs after
+        each piece, and an exception from it stops the prefill there, with the cache holding the pieces done."""
+        if on_chunk is None and cancel is None:
+            for _ in self._prefill_pieces(ids, out_index, self.chunk, None, None):
+                pass
+            return
+        for done, total in self.prefill_steps(ids, out_index, cancel, queue_ahead=False):
+            if on_chunk is not None:
+                on_chunk(done, total)
+
+    def prefill_steps(self, ids, out_index: int = 0, cancel: CancelToken | None = None,
+                      queue_ahead: bool = True) -> Iterator[tuple[int, int]]:
+        """prefill() in pieces that grow from FIRST_PIECE rows to the chunk, yielding (done, total) as each piece
+        completes on the GPU, so a caller can show progress and stop between pieces. `cancel` is checked before each
+        piece and while waiting for one: on cancel this raises Cancelled at once, the cache holding every piece
+        submitted (work already queued is never interrupted; anything submitted later runs after it). A piece is
+        queued ahead of the one running only while pieces are quick (a slow GPU then holds at most one piece of
+        work after a Stop); `queue_ahead=False` never does, so the cache holds exactly the pieces yielded."""
+        self._settle_fences(cancel)
+        fences = list(self.ws.readback)
+        waits: list[tuple[MapWait, int]] = []  # (mapping of a piece's fence, tokens done once it lands)
+        quick = False
+        total = len(ids)
+        try:
+            for done in self._prefill_pieces(ids, out_index, FIRST_PIECE, fences.pop(), cancel):
+                waits.append((MapWait(self._last_fence, 4), done))
+                while waits and (len(waits) >= (2 if quick else 1) or done == total):
+                    started = time.perf_counter()
+                    wait, landed = waits[0]
+                    if not wait.wait(cancel):
+                        raise Cancelled
+                    waits.pop(0)
+                    wait.release()
+                    fences.append(wait.buf)
+                    quick = queue_ahead and time.perf_counter() - started < QUICK_PIECE_S
+                    yield landed, total
+                    check(cancel)
+                if fences:
+                    self._next_fence = fences.pop()
+        finally:
+            self._unsettled += [w for w, _ in waits]  # abandoned waits: the GPU finishes them before later work
+
+    def _prefill_pieces(self, ids, out_index: int, first: int, fence, cancel) -> Iterator[int]:
+        """Submit the prompt piece by piece (sizes doubling from `first` to the chunk); yields tokens submitted
+        after each piece. With a fence, each piece's pass ends with a copy into it (self._last_fence), and the
+        consumer sets self._next_fence before the next piece."""
         ids = np.asarray(ids, np.uint32)
         if len(ids) == 0:
             raise ValueError("prefill needs at least one token")
         self._check_room(len(ids))
         self._catch_up()
         snapshot = bool(self._stateful)
-        head = ids[:-1] if snapshot else ids
-        pieces = [head[i:i + self.chunk] for i in range(0, len(head), self.chunk)]
+        head_len = len(ids) - 1 if snapshot else len(ids)
+        pieces, at, size = [], 0, min(first, self.chunk)
+        while at < head_len:
+            pieces.append(ids[at:min(at + size, head_len)])
+            at += len(pieces[-1])
+            size = min(2 * size, self.chunk)
         if snapshot:
             pieces.append(ids[-1:])
-        done = 0
+        done, self._next_fence = 0, fence
         for j, piece in enumerate(pieces):
+            check(cancel)
             last = j == len(pieces) - 1
             if last:
                 if snapshot:
@@ -437,10 +499,18 @@ class Transformer:
                 if not self.sampler.greedy:
                     # Only the sampling forward updates the penalty window; bring it up to the cache first.
                     self.sampler.sampler.set_history(self.cached_ids[: self.n_cached])
-            self._run(piece, "sample" if last else "none", out_index)
+            self._last_fence, self._next_fence = self._next_fence, None
+            self._run(piece, "sample" if last else "none", out_index, self._last_fence)
             done += len(piece)
-            if on_chunk is not None:
-                on_chunk(done, len(ids))
+            yield done
+
+    def _settle_fences(self, cancel: CancelToken | None = None) -> None:
+        """Finish the fence waits a stopped prefill abandoned, so the readback buffers can be mapped again (the
+        wait for that piece of GPU work can itself be abandoned: Cancelled)."""
+        while self._unsettled:
+            if not self._unsettled[-1].wait(cancel):
+                raise Cancelled
+            self._unsettled.pop().release()
 
     def read_sampled(self, index: int) -> int:
         """Blocking read of one sampled token id from the ring (used for the first token)."""
@@ -451,8 +521,11 @@ class Transformer:
 
         Tokens stay on the GPU (each step's sampled id feeds the next embedding). Each batch is copied to a
         staging buffer that is mapped only once the next batch is queued, so the GPU never idles on a
-        readback. Closing the generator stops early; the caller then truncates the cache to what it keeps.
+        readback. Batches hold at most `batch` tokens and, on a slow GPU, about BATCH_SECONDS of work (the first
+        is one token). Closing the generator stops early without waiting for the batch still queued; the caller
+        then truncates the cache to what it keeps.
         """
+        self._settle_fences()
         self._catch_up()  # eagerly: the rest is a generator
         return self._decode(last_index, count, batch)
 
@@ -461,30 +534,35 @@ class Transformer:
         pending: list[tuple[object, int]] = []  # (staging buffer, n tokens)
         free = list(self.ws.readback)
         idx, remaining = last_index, count
-        try:
-            while remaining > 0 or pending:
-                if remaining > 0 and free:
-                    first = (idx + 1) % RING
-                    n = min(batch, remaining, RING - first)  # a batch never wraps around the ring
-                    self._check_room(n)
-                    buf = free.pop()
-                    for j in range(n):
-                        rec = Recorder(g, "decode")
-                        self.record_decode_token(rec, first + j)
-                        if j == n - 1:
-                            rec.copy(self.ws.ring, first * 4, buf, 0, n * 4)
-                        rec.submit()
-                    pending.append((buf, n))
-                    idx, remaining = (idx + n) % RING, remaining - n
-                    if len(pending) < 2 and remaining > 0:
-                        continue  # keep one more batch queued before blocking on a readback
-                buf, n = pending.pop(0)
-                buf.map_sync(mode=wgpu.MapMode.READ)
-                got = np.frombuffer(buf.read_mapped(0, n * 4), np.uint32).tolist()
-                buf.unmap()
-                free.append(buf)
-                yield got
-        finally:
-            for buf, _ in pending:  # drain work still in flight so buffers are reusable
-                buf.map_sync(mode=wgpu.MapMode.READ)
-                buf.unmap()
+        size, landed_at = 1, None  # tokens in the next batch; when the previous batch's readback landed
+        while remaining > 0 or pending:
+            if remaining > 0 and free:
+                first = (idx + 1) % RING
+                n = min(size, remaining, RING - first)  # a batch never wraps around the ring
+                self._check_room(n)
+                buf = free.pop()
+                for j in range(n):
+                    rec = Recorder(g, "decode")
+                    self.record_decode_token(rec, first + j)
+                    if j == n - 1:
+                        rec.copy(self.ws.ring, first * 4, buf, 0, n * 4)
+                    rec.submit()
+                pending.append((buf, n))
+                idx, remaining = (idx + n) % RING, remaining - n
+                if len(pending) < 2 and remaining > 0:
+                    continue  # keep one more batch queued before blocking on a readback
+            buf, n = pending.pop(0)
+            buf.map_sync(mode=wgpu.MapMode.READ)
+            got = np.frombuffer(buf.read_mapped(0, n * 4), np.uint32).tolist()
+            buf.unmap()
+            free.append(buf)
+            now = time.perf_counter()
+            if landed_at is not None:  # batches land back to back, so the gap is this batch's GPU time
+                per_token = (now - landed_at) / n
+                size = max(1, min(batch, int(BATCH_SECONDS / max(per_token, 1e-6))))
+            else:
+                size = min(batch, 2)  # the first readback's wait includes the queue's start-up: no measure yet
+            landed_at = now
+            yield got
+        # Closed early: the batch still queued just lands later; its staging buffer is only a copy target, never
+        # left mapped, so the next decode can reuse it at once (the queue orders the copies).

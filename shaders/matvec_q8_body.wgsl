@@ -1,8 +1,11 @@
 // The body of the int8-activation decode matvecs (matvec_q8, moe_matvec_q8): one subgroup computes ROWS outputs
-// from 4-bit weight rows and one int8 activation row (q8_pack.wgsl's layout) through dot4I8Packed. Per 32-element
-// chunk: Σ (q − ZERO)·x = xs·(Σ q·xq − ZERO·Σ xq), or with AFFINE Σ (s·q + m)·x = xs·(s·Σ q·xq + m·Σ xq).
+// from 4-bit (or, BITS 3, MLX 3-bit) weight rows and one int8 activation row (q8_pack.wgsl's layout) through
+// dot4I8Packed. Per 32-element chunk: Σ (q − ZERO)·x = xs·(Σ q·xq − ZERO·Σ xq), or with AFFINE
+// Σ (s·q + m)·x = xs·(s·Σ q·xq + m·Σ xq).
+// A 4-bit chunk is one vec4<u32> of a row; a 3-bit chunk is words 3c..3c+2 of the row's LSB-first bitstream (rows of
+// 3K/32 words), read as three u32 so that a subgroup's lanes read one contiguous run of 12-byte chunks.
 // The including kernel declares xq (vec4<u32>), w (vec4<u32>), s (f16), y (f32), xm (vec2<f32>) and imports
-// reduce; constants K, N, ROWS, GATE_UP, ZERO, AFFINE, GROUP.
+// reduce; constants K, N, ROWS, GATE_UP, BITS (4, or 3), ZERO, AFFINE, GROUP.
 
 const CHUNKS: u32 = K / 32u;
 const GROUPS: u32 = K / GROUP;
@@ -11,6 +14,35 @@ const SPG: u32 = select(1u, 2u, AFFINE);     // f16 per group: scale, or (scale,
 const MATS: u32 = select(1u, 2u, GATE_UP);
 const WROWS: u32 = ROWS * MATS;
 const NIB: u32 = 0x0F0F0F0Fu;
+const EVEN3: u32 = 0x1C71C7u;                // 3-bit fields at bits 0, 6, 12, 18 of a 24-bit run of 8 codes
+
+// Chunk c of weight row `row` of the rows starting at u32 `wbase` of w (a multiple of 4): the vec4 of a 4-bit row,
+// or with `three` the three words of a 3-bit row's chunk in .xyz.
+fn chunk_words(row: u32, c: u32, three: bool, wbase: u32) -> vec4<u32> {
+    if (three) {
+        let b = wbase + (row * CHUNKS + c) * 3u;
+        return vec4<u32>(w[b / 4u][b % 4u], w[(b + 1u) / 4u][(b + 1u) % 4u], w[(b + 2u) / 4u][(b + 2u) % 4u], 0u);
+    }
+    return w[wbase / 4u + row * CHUNKS + c];
+}
+
+// Fields at bits 0, 6, 12, 18 (3 bits each) moved to bytes 0..3.
+fn spread3(v: u32) -> u32 {
+    return (v & 7u) | ((v & 0x1C0u) << 2u) | ((v & 0x7000u) << 4u) | ((v & 0x1C0000u) << 6u);
+}
+
+// Σ q·xq over a 3-bit chunk: codes 8j..8j+7 are the 24 bits at 24j; its even codes meet activation u32 2j and its
+// odd codes u32 2j + 1 (q8_pack's order), each as 4 bytes.
+fn dot32_3(v: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> i32 {
+    let r0 = v.x;
+    let r1 = (v.x >> 24u) | (v.y << 8u);
+    let r2 = (v.y >> 16u) | (v.z << 16u);
+    let r3 = v.z >> 8u;
+    return dot4I8Packed(spread3(r0 & EVEN3), a.x) + dot4I8Packed(spread3((r0 >> 3u) & EVEN3), a.y)
+         + dot4I8Packed(spread3(r1 & EVEN3), a.z) + dot4I8Packed(spread3((r1 >> 3u) & EVEN3), a.w)
+         + dot4I8Packed(spread3(r2 & EVEN3), b.x) + dot4I8Packed(spread3((r2 >> 3u) & EVEN3), b.y)
+         + dot4I8Packed(spread3(r3 & EVEN3), b.z) + dot4I8Packed(spread3((r3 >> 3u) & EVEN3), b.w);
+}
 
 // Σ q·xq over one chunk: word j's even nibbles meet u32 2j of the chunk's activation bytes, odd ones u32 2j + 1.
 fn dot32(v: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> i32 {
@@ -23,8 +55,9 @@ fn dot32(v: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> i32 {
 fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 
 // Outputs first .. first + ROWS of the matrix whose weight rows start at row0 (gate rows, then up rows with
-// GATE_UP), from int8 activation row xrow, written to y[y_base + first + i]. Call from subgroup-uniform flow.
-fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane) {
+// GATE_UP), from int8 activation row xrow, written to y[y_base + first + i]. The rows are 3-bit with `three` (else
+// 4-bit) and counted from u32 wbase of w and f16 sbase of s. Call from subgroup-uniform flow.
+fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane, three: bool, wbase: u32, sbase: u32) {
     var row: array<u32, WROWS>;  // rows past N are clamped to N - 1: read, summed, never written
     for (var i = 0u; i < WROWS; i++) { row[i] = row0 + (i / ROWS) * N + min(first + i % ROWS, N - 1u); }
     var acc = array<f32, WROWS>();
@@ -33,8 +66,8 @@ fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane) {
         var scales: array<f32, WROWS>;
         var mins: array<f32, WROWS>;
         for (var i = 0u; i < WROWS; i++) {
-            words[i] = w[row[i] * CHUNKS + c];
-            let si = (row[i] * GROUPS + c / CPG) * SPG;
+            words[i] = chunk_words(row[i], c, three, wbase);
+            let si = sbase + (row[i] * GROUPS + c / CPG) * SPG;
             scales[i] = f32(s[si]);
             if (AFFINE) { mins[i] = f32(s[si + 1u]); }
         }
@@ -44,7 +77,8 @@ fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane) {
         let m = xm[xc];  // (activation scale, Σ xq)
         let qsum = i32(m.y);
         for (var i = 0u; i < WROWS; i++) {
-            let d = dot32(words[i], a, b);
+            var d: i32;
+            if (three) { d = dot32_3(words[i], a, b); } else { d = dot32(words[i], a, b); }
             if (AFFINE) {
                 acc[i] += m.x * (scales[i] * f32(d) + mins[i] * m.y);
             } else {

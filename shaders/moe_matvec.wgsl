@@ -5,8 +5,8 @@
 // gate_up output). A stack of one expert (EXPERTS = 1) ignores the ids: the shared expert run apart, or the
 // router logits of a prefill as a plain per-token matvec. The inner loop is matvec_int4's (shaders/matvec_body):
 // ROWS outputs per workgroup, 32-element chunks, every weight load of a chunk issued before the math. For T > 1 each
-// (token, slot) re-reads its expert's weights: prefill costs T times the decode weight traffic (no batching
-// across tokens that share an expert).
+// (token, slot) re-reads its expert's weights, so prefill runs the experts through moe_sort + moe_gemm instead; this
+// kernel serves decode (f32 activations) and the router logits of a prefill.
 // Weight format (engine/kernels/matmul.py FORMATS): BITS 4 or 8 codes, element k at bits BITS·(k % (32/BITS)) of word
 //   k·BITS/32, w = (q − ZERO)·scale (+ min with AFFINE, (scale, min) f16 pairs), one scale per GROUP along K;
 //   BITS 16: f16 weights (binding 3 bound but unread). Experts are stacked: expert e's rows start at row
@@ -15,6 +15,7 @@
 //   BITS, ZERO, AFFINE, GROUP, SLOTS (slots per token in ids), SLOT0 (the slot of grid z = 0),
 //   X_SLOT (x row = t·SLOTS + s instead of t), X_STRIDE (floats per x row, a multiple of 4),
 //   Y_STRIDE (floats per y row; y row = t·SLOTS + s).
+// Streaming contract (issue 20): the expert is read from ids only; weights are expert e of the stacked bindings 2, 3.
 // Bindings: 0 x f32 (read), 1 ids u32[T, SLOTS] (read), 2 w u32[EXPERTS, MATS·N, K·BITS/32] (read),
 //   3 s f16[EXPERTS, MATS·N, K/GROUP (, 2)] (read), 4 y f32 (write), 5 step uniform (n_tokens).
 // Grid: (ceil(N / ROWS), T, slots in this dispatch).

@@ -317,7 +317,7 @@ def moe_canonical(weights: dict, layer: int = 0) -> tuple[dict, dict]:
     return tensors, formats
 
 
-def moe_block(gpu, layers: list[dict], top_k, norm=True, max_tokens=8, int8=False):
+def moe_block(gpu, layers: list[dict], top_k, norm=True, max_tokens=8, int8=False, int8_prefill=False):
     """The runtime's MoE block over len(layers) layers (MLX-keyed PackedWeights each) with its workspace, built:
     (block, workspace)."""
     from engine.blocks.linear import Arithmetic
@@ -331,11 +331,11 @@ def moe_block(gpu, layers: list[dict], top_k, norm=True, max_tokens=8, int8=Fals
         t, f = moe_canonical(w, i)
         tensors |= t
         formats |= f
-    ar = Arithmetic(int8=int8, int8_prefill=False, norm_int8=False, subgroup_rows=gpu.use_subgroups,
+    ar = Arithmetic(int8=int8, int8_prefill=int8_prefill, norm_int8=False, subgroup_rows=gpu.use_subgroups,
                     subgroup_size=gpu.subgroup_size)
     block = MoeFfn(D, E, top_k, F, Fs, tuple(range(len(layers))), formats, ar, max_tokens, norm)
     assert set(block.tensors()) == set(tensors)
-    ws = Workspace(D, max_tokens, D, False, {})
+    ws = Workspace(D, max_tokens, D, int8_prefill, {})
     ws.build(gpu)
     ws.dummy_f16 = gpu.upload("dummy", np.zeros(4, np.float16))
     for name, arr in tensors.items():

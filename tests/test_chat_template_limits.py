@@ -194,9 +194,10 @@ def test_the_app_worker_stops_and_closes_during_a_runaway_template(qtbot):
     from PySide6.QtCore import QObject, Signal
 
     from app.worker import WorkerThread
+    from engine.cancel import CancelToken
 
     class Window(QObject):  # asks for replies the way app/window.py does: a queued signal
-        request_reply = Signal(int, list, dict)
+        request_reply = Signal(int, list, dict, object)
 
     worker_thread = WorkerThread()
     worker = worker_thread.worker
@@ -207,15 +208,16 @@ def test_the_app_worker_stops_and_closes_during_a_runaway_template(qtbot):
     worker.reply_done.connect(lambda request, stats: done.append((request, stats)))
     worker.failed.connect(lambda *args: failed.append(args))
     try:
-        window.request_reply.emit(7, HELLO, {})
+        token = CancelToken()
+        window.request_reply.emit(7, HELLO, {}, token)
         time.sleep(0.5)  # the worker is inside the template's loops
         t0 = time.monotonic()
-        worker.stop()
+        token.cancel()
         qtbot.waitUntil(lambda: bool(done), timeout=3000)
         assert time.monotonic() - t0 < 1.0
         assert done == [(7, {"finish_reason": "stopped", "tokens": 0})] and failed == []
 
-        window.request_reply.emit(8, HELLO, {})
+        window.request_reply.emit(8, HELLO, {}, CancelToken())
         time.sleep(0.5)
         t0 = time.monotonic()
         assert worker_thread.close(timeout_ms=5000)

@@ -217,12 +217,12 @@ def test_combine(gpu, rng):
 DIMS = dict(E=8, top_k=2, D=128, F=64)
 
 
-def random_moe(rng, E, D, F, shared, shared_fmt="mlx4"):
+def random_moe(rng, E, D, F, shared, shared_fmt="mlx4", routed_fmt="mlx4"):
     """MoE weights in our layouts as MlxCheckpoint.moe_weights keys them (router 8-bit like MLX's)."""
     w = {"gate": random_weight(rng, (E, D), "mlx8", 0.03),
-         "switch_mlp.gate_proj": random_weight(rng, (E, F, D), "mlx4"),
-         "switch_mlp.up_proj": random_weight(rng, (E, F, D), "mlx4"),
-         "switch_mlp.down_proj": random_weight(rng, (E, D, F), "mlx4", 0.03)}
+         "switch_mlp.gate_proj": random_weight(rng, (E, F, D), routed_fmt),
+         "switch_mlp.up_proj": random_weight(rng, (E, F, D), routed_fmt),
+         "switch_mlp.down_proj": random_weight(rng, (E, D, F), routed_fmt, 0.03)}
     if shared:
         w |= {"shared_expert.gate_proj": random_weight(rng, (shared, D), shared_fmt),
               "shared_expert.up_proj": random_weight(rng, (shared, D), shared_fmt),
@@ -255,7 +255,8 @@ def transformers_moe(weights, E, top_k, D, F, shared):
 def run_block(gpu, weights, x, top_k, norm=True, max_tokens=8):
     block, ws = moe_block(gpu, [weights], top_k, norm, max_tokens)
     out, dispatches = record_moe_block(gpu, block, ws, x)
-    assert dispatches == block.dispatches_per_token()  # T rows take as many dispatches as one
+    # T > 1 rows: router, top-k, the sorts and grouped GEMMs, combine
+    assert dispatches == (3 + len(block.passes[0]["grouped"]) if len(x) > 1 else block.dispatches_per_token())
     return block, out
 
 
@@ -353,9 +354,20 @@ def test_two_layers_share_scratch(gpu, rng):
     w1, w2 = random_moe(rng, E, D, F, F), random_moe(rng, E, D, F, F)
     x = rng.standard_normal((3, D)).astype(np.float32)
     block, ws = moe_block(gpu, [w1, w2], top_k, max_tokens=4)
-    assert sum(n.label.startswith("moe.") for n in block.needs()) == 5  # logits, ids, weights, act, y: once
+    # logits, ids, weights, act, y and the prefill sort's order and tiles: once
+    assert sum(n.label.startswith("moe.") for n in block.needs()) == 7
     out, _ = record_moe_block(gpu, block, ws, x, layers=(0, 1))
     assert_close(out, reference_moe(w2, reference_moe(w1, x, top_k, True), top_k, True))
+
+
+def test_moe_block_names_a_chunk_too_large_for_its_slots():
+    from engine.blocks.linear import Arithmetic
+    from engine.blocks.moe import MoeFfn
+    from engine.errors import UnsupportedModelError
+
+    ar = Arithmetic(int8=True, int8_prefill=True, norm_int8=True, subgroup_rows=True, subgroup_size=32)
+    with pytest.raises(UnsupportedModelError, match="prefill_chunk ≤ 3855"):
+        MoeFfn(128, 64, 16, 64, 64, (0,), {}, ar, 4096)  # 17 slots × 4096 rows
 
 
 def test_moe_block_refuses_too_many_tokens(gpu, rng):
@@ -383,10 +395,11 @@ def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: i
     return xq, xm, codes * np.repeat(scales.astype(np.float64), 32, axis=1)
 
 
+@pytest.mark.parametrize("fmt", ["mlx4", "mlx3"])
 @pytest.mark.parametrize("gate_up", [True, False])
-def test_expert_matvec_int8(gpu, rng, gate_up):
+def test_expert_matvec_int8(gpu, rng, gate_up, fmt):
     E, slots, K, N = 6, 3, 192, 37
-    w = random_weight(rng, (E, 2 * N if gate_up else N, K), "mlx4")
+    w = random_weight(rng, (E, 2 * N if gate_up else N, K), fmt)
     ids = rng.permutation(E)[:slots]
     if gate_up:  # one x row for every slot
         xq, xm, x_hat = quantized_rows(gpu, rng.standard_normal((1, K)).astype(np.float32))
@@ -394,7 +407,7 @@ def test_expert_matvec_int8(gpu, rng, gate_up):
     else:  # a row per slot, K + 32 floats apart
         xq, xm, xs = quantized_rows(gpu, rng.standard_normal((slots, K)).astype(np.float32), K + 32)
     consts, grid = expert_q8_plan(K, N, E, slots, gpu.subgroup_size, gate_up=gate_up, x_slot=not gate_up,
-                                  **format_knobs("mlx4"))
+                                  **format_knobs(fmt))
     y = poisoned(gpu, "y", (slots, N))
     run(gpu, "moe_matvec_q8", consts, [xq, gpu.upload("ids", ids.astype(np.uint32)),
                                         gpu.upload("w", w["q_weight"].view(np.uint32)), gpu.upload("s", w["q_scale"]),
@@ -416,6 +429,71 @@ def test_moe_block_int8_decode(gpu, rng, shared):
     got, dispatches = record_moe_block(gpu, block, ws, x)
     # one quantize for x, one for each down's slot rows
     assert dispatches == block.dispatches_per_token() == f32_block.dispatches_per_token() + (2 if shared == F else 3)
-    assert "moe_matvec_q8" in [p[1][0].label for p in block.passes[0]["experts_q8"] if p]
+    assert "moe_matvec_q8" in [pipe.label for pipe, _, _ in block.passes[0]["decode"]]
     ref = transformers_moe(weights, E, top_k, D, F, shared)(x)
+    assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()
+
+
+def test_moe_block_int8_decode_3bit_experts(gpu, rng):
+    """Qwen3.6's 3-bit build in miniature: 3-bit routed experts beside a 4-bit shared expert of the same width, stored
+    after the routed stack: int8 decode runs routed and shared slots in one moe_matvec_q8 dispatch per stack (as many
+    dispatches as the f32 block's separate passes: the two quantizes replace the shared expert's two), prefill binds
+    the shared rows as a stack of one."""
+    E, top_k, D, F = DIMS.values()
+    weights = random_moe(rng, E, D, F, F, routed_fmt="mlx3")
+    x = rng.standard_normal((1, D)).astype(np.float32)
+    f32_block, _ = moe_block(gpu, [weights], top_k, max_tokens=4)
+    block, ws = moe_block(gpu, [weights], top_k, max_tokens=4, int8=True)
+    assert not block.stacked[0] and block.mixed[0] and not f32_block.mixed[0]
+    got, dispatches = record_moe_block(gpu, block, ws, x)
+    assert dispatches == block.dispatches_per_token() == f32_block.dispatches_per_token() == 7
+    labels = [pipe.label for pipe, _, _ in block.passes[0]["decode"]]
+    assert labels == ["quantize_q8", "moe_matvec_q8", "quantize_q8", "moe_matvec_q8"]
+    ref = reference_moe(weights, x, top_k, True)
+    assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()
+    rows = rng.standard_normal((3, D)).astype(np.float32)  # prefill: grouped GEMMs, the shared rows bound as a view
+    got, _ = record_moe_block(gpu, block, ws, rows)
+    assert_close(got, reference_moe(weights, rows, top_k, True))
+
+
+def test_expert_matvec_int8_3bit_stack_with_4bit_expert_after_it(gpu, rng):
+    # moe_matvec_q8 with MIXED_W/MIXED_S: slots routed to 3-bit experts and the shared slot (id E) to the 4-bit rows
+    # stored after the stack at 256-byte-aligned offsets; a bad id clamps to that last expert.
+    E, K, N = 5, 128, 24
+    routed, shared = random_weight(rng, (E, 2 * N, K), "mlx3"), random_weight(rng, (2 * N, K), "mlx4")
+    wr, sr = -(-routed["q_weight"].size // 64) * 64, -(-routed["q_scale"].size // 128) * 128
+    w = np.zeros(wr + shared["q_weight"].size, np.uint32)
+    s = np.zeros(sr + shared["q_scale"].size, np.float16)
+    w[:routed["q_weight"].size], w[wr:] = routed["q_weight"].reshape(-1), shared["q_weight"].reshape(-1)
+    s[:routed["q_scale"].size], s[sr:] = routed["q_scale"].reshape(-1), shared["q_scale"].reshape(-1)
+    ids = np.array([3, 0, 0xFFFFFFFF, E], np.uint32)
+    xq, xm, x_hat = quantized_rows(gpu, rng.standard_normal((1, K)).astype(np.float32))
+    consts, grid = expert_q8_plan(K, N, E + 1, 4, gpu.subgroup_size, gate_up=True, mixed=(wr, sr),
+                                  **format_knobs("mlx3"))
+    y = poisoned(gpu, "y", (4, N))
+    run(gpu, "moe_matvec_q8", consts, [xq, gpu.upload("ids", ids), gpu.upload("w", w), gpu.upload("s", s), y, xm],
+        grid)
+    dense = np.concatenate([values(routed), values(shared)[None]])[[3, 0, E, E]]
+    full = np.einsum("k,snk->sn", x_hat[0], dense)
+    ref = silu(full[:, :N]) * full[:, N:]
+    np.testing.assert_allclose(read(gpu, y, (4, N)), ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    with pytest.raises(ValueError, match="3-bit stack"):
+        expert_q8_plan(K, N, E + 1, 4, 32, mixed=(wr, sr), **format_knobs("mlx4"))
+
+
+@pytest.mark.parametrize("routed_fmt,shared", [("mlx4", 64), ("mlx3", 64), ("mlx4", 128)])
+def test_moe_block_int8_prefill(gpu, rng, routed_fmt, shared):
+    """Prefill rows through the int8 grouped GEMMs (moe_gemm_q8): x quantized once, every pair's activations once
+    (per down pass where their K differ), within the int8 rounding of the float64 reference."""
+    E, top_k, D, F = DIMS.values()
+    weights = random_moe(rng, E, D, F, shared, routed_fmt=routed_fmt)
+    x = rng.standard_normal((5, D)).astype(np.float32)
+    block, ws = moe_block(gpu, [weights], top_k, max_tokens=8, int8=True, int8_prefill=True)
+    got, dispatches = record_moe_block(gpu, block, ws, x)
+    labels = [pipe.label for pipe, _, _, _ in block.passes[0]["grouped"]]
+    quantizes = 1 + (1 if shared == F else 2)  # x; the pairs' activations (twice when the shared width differs)
+    assert labels.count("quantize_q8") == quantizes and "moe_gemm" not in labels
+    assert labels.count("moe_gemm_q8") == (2 if block.stacked[0] else 4)
+    assert dispatches == 3 + len(labels)
+    ref = reference_moe(weights, x, top_k, True)
     assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()

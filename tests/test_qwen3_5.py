@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pytest
 
+from engine.cancel import Cancelled, CancelToken
 from engine.cli import main as cli_main
 from engine.convert import _bf16_bytes, convert_hf_to_mlc
 from engine.errors import ModelFormatError, UnsupportedModelError, ZeroTVMError
@@ -193,6 +194,27 @@ def test_logits_after_rollback_equal_fresh_prefill(model):
     np.testing.assert_allclose(rt.logits(seq[77:]), fresh[77:], rtol=0, atol=tol)
     rt.truncate(0)
     np.testing.assert_allclose(rt.logits(seq[:10]), fresh[:10], rtol=0, atol=tol)
+
+
+def test_a_prefill_stopped_between_pieces_keeps_a_state_the_next_turn_continues(model):
+    """The recurrent state after a Stop is the state of exactly the pieces kept: answering the same prompt then
+    reads only the rest and gives the fresh run's tokens."""
+    from engine.generate import stream_generate
+
+    rt = model.runtime
+    rt.reset()
+    seq = np.random.default_rng(5).integers(3, 250, 120).tolist()
+    token = CancelToken()
+    with pytest.raises(Cancelled):
+        for p in stream_generate(model, seq, 10, cancel=token, progress=True):
+            if p.done >= 32:
+                token.cancel()
+    kept = rt.n_cached
+    assert 32 <= kept < len(seq) - 1 and rt.cached_ids == seq[:kept] and rt.pending_replay is None
+    resumed = list(stream_generate(model, seq, 10))
+    assert resumed[-1].prompt_reused == kept
+    rt.reset()
+    assert tokens_of(resumed) == tokens_of(stream_generate(model, seq, 10))
 
 
 def test_follow_up_turn_prefills_only_new_tokens(model):

@@ -209,13 +209,14 @@ def test_mlx_logits_match_mlx_lm_at_every_position(gpu, mlx_variant):
     if variant == "dense":
         assert rt.block("moe") is None and rt.formats["embed"] == "mlx4" and rt.spec.tied_embeddings
     else:
-        q3 = variant == "q3exp"  # 3-bit routed experts read as stored; the 4-bit shared expert runs apart
+        q3 = variant == "q3exp"  # 3-bit routed experts read as stored; the 4-bit shared expert is stored after them
         moe = rt.block("moe")
         assert moe.layers == (0, 1, 2, 3) and all(stacked != q3 for stacked in moe.stacked.values())
         assert rt.formats["layers.0.moe.router"] == rt.formats["layers.0.moe.shared_gate"] == "mlx8"
         assert rt.formats["layers.1.moe.gate_up"] == ("mlx3" if q3 else "mlx4")
-        # + quantize_q8 before o / GDN out and before the (4-bit) experts' down (the norms quantize the rest)
-        assert rt.dispatches_per_token == 4 + (15 if q3 else 13) * 4 + 4 + 4
+        assert all(mixed == q3 for mixed in moe.mixed.values())  # so int8 decode runs it in the routed dispatches
+        # + quantize_q8 before o / GDN out and before the experts' down (the norms quantize the rest)
+        assert rt.dispatches_per_token == 4 + 13 * 4 + 4 + 4
     ids = np.random.default_rng(5).integers(0, rt.spec.vocab, 150)
     compare(model.logits(ids), mlx_reference(path)(ids))
 
@@ -237,6 +238,26 @@ def test_int8_decode(gpu):
     model = load_model(cached_mlx("q4"), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48)
     assert_int8_decode_steps_match_the_full_forward(model, outliers=1)
     assert_recorded_count(model.runtime)
+
+
+def test_int8_decode_3bit_experts(gpu):
+    """The 3-bit build's default decode: its 3-bit routed experts and 4-bit shared expert in int8 (moe_matvec_q8),
+    each step close to the full forward, whose prefill runs the experts as f32 grouped GEMMs (moe_gemm)."""
+    model = load_model(cached_mlx("q3exp"), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48)
+    rt = model.runtime
+    assert "moe_matvec" not in rt.dispatched_kernels() and "moe_gemm" in rt.dispatched_kernels(8)
+    assert_int8_decode_steps_match_the_full_forward(model, outliers=1)
+    assert_recorded_count(rt)
+
+
+@pytest.mark.parametrize("variant", ["q4", "q3exp"])
+def test_int8_prefill_grouped_experts_match_int8_decode_steps(gpu, variant):
+    """int8 prefill forced (the real Qwen3.6's default, dim ≥ 2048): the experts of a chunk run as int8 grouped GEMMs
+    (moe_gemm_q8); each int8 decode step after a prefix stays within the int8 tolerance of the full forward."""
+    model = load_model(cached_mlx(variant), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, q8_prefill=True)
+    kernels = model.runtime.dispatched_kernels(8)
+    assert "moe_gemm_q8" in kernels and "moe_gemm" not in kernels and "moe_sort" in kernels
+    assert_int8_decode_steps_match_the_full_forward(model, outliers=1)
 
 
 @pytest.mark.slow
@@ -408,11 +429,11 @@ def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
     from engine.bench import run_bench
 
     r = run_bench(shape, decode_tokens=8, prompt_tokens=24, runs=1, gpu=gpu, long_prompt=0)
-    moe, q3 = "moe" in shape, shape.endswith("3bit")  # 3-bit routed experts: the 4-bit shared one runs apart
+    moe = "moe" in shape  # 3-bit routed experts: the 4-bit shared one, stored after them, joins their dispatches
     # Speeds are only checked to be real rates: on a fast GPU this tiny model's share of the ceiling rounds to 0.0%.
     assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["ceiling_tok_s"] > 0 and r["pct_of_ceiling"] >= 0
-    q8 = 2 * 4  # quantize_q8 before o / GDN out, and before the MLP's or the 4-bit experts' down
-    assert r["dispatches_per_token"] == 4 + (15 if q3 else 13 if moe else 10) * 4 + q8
+    q8 = 2 * 4  # quantize_q8 before o / GDN out, and before the MLP's or the experts' down
+    assert r["dispatches_per_token"] == 4 + (13 if moe else 10) * 4 + q8
     assert r["moe_layers"] == (4 if moe else 0)
     assert r["active_gb_per_token"] > 0 and "pct_of_ceiling" in r["table"]
 

@@ -4,6 +4,7 @@ byte-level tokenizer and chat template (tests/tiny_models.py)."""
 import numpy as np
 import pytest
 
+from engine.cancel import Cancelled, CancelToken
 from engine.cli import main as cli_main
 from engine.errors import ContextLimitError
 from engine.generate import stream_generate
@@ -131,6 +132,85 @@ def test_cancelled_reply_keeps_partial_text_and_a_consistent_cache(model):
     assert tokens(e.response for e in follow) == tokens(e.response for e in fresh.send("go on"))
 
 
+def test_prefill_reports_progress_and_a_stop_during_it_leaves_a_cache_the_next_turn_reuses(model):
+    """Stop between prefill pieces: the reply is gone (nothing produced), the cache holds exactly the prompt tokens
+    it has state for, and answering again equals a fresh session token for token."""
+    rt = model.runtime
+    rt.reset()
+    settings = ChatSettings(max_tokens=12, sampling=SamplingParams())
+    token = CancelToken()
+    chat = ChatSession(model, settings, cancel=token, progress=True)
+    question = "tell me everything about " + "the quick brown fox " * 6
+    gen = chat.send(question)
+    seen = []
+    with pytest.raises(Cancelled):  # the cancel lands between pieces: Cancelled, never a token
+        for event in gen:
+            assert event.response is None and event.answer == ""
+            seen.append((event.progress.done, event.progress.total))
+            if event.progress.done >= 64:
+                token.cancel()
+    assert seen[0][0] == 0 and seen[-1][0] >= 64 and seen[-1][0] < seen[-1][1]
+    assert [d for d, _ in seen] == sorted({d for d, _ in seen})  # strictly increasing
+    assert chat.messages[-1] == {"role": "user", "content": question}
+    prompt = model.tokenizer.chat_prompt(chat.messages).ids
+    assert seen[-1][0] <= rt.n_cached < len(prompt) and rt.cached_ids == prompt[:rt.n_cached]
+
+
+def test_stopped_prefill_then_answer_equals_a_fresh_run(model):
+    rt = model.runtime
+    settings = ChatSettings(max_tokens=16, sampling=SamplingParams())
+
+    def stopped_chat() -> ChatSession:
+        rt.reset()
+        token = CancelToken()
+        chat = ChatSession(model, settings, cancel=token, progress=True)
+        with pytest.raises(Cancelled):
+            for event in chat.send("a long question " * 10):
+                if event.progress.done >= 32:
+                    token.cancel()
+        chat.cancel, chat.progress = None, False
+        return chat
+
+    chat = stopped_chat()
+    prompt = model.tokenizer.chat_prompt(chat.messages).ids
+    kept = rt.n_cached
+    assert 32 <= kept < len(prompt)
+    # The rest of the prompt read on top of what the stop kept gives the fresh run's logits (same rows, same
+    # kernels: bit for bit).
+    resumed = rt.logits(prompt[kept:])
+    rt.reset()
+    np.testing.assert_array_equal(resumed, rt.logits(prompt)[kept:])
+
+    chat = stopped_chat()
+    answer = list(chat.regenerate())
+    assert answer[-1].response.prompt_reused == kept  # the pieces read before the Stop were reused
+    rt.reset()
+    fresh = list(ChatSession(model, settings, [dict(m) for m in chat.messages[:-1]]).regenerate())
+    assert tokens(e.response for e in answer) == tokens(e.response for e in fresh)
+    assert chat.messages[-1]["content"] == "".join(e.answer for e in fresh)
+
+
+def test_a_stop_during_the_wait_for_a_piece_leaves_it_queued_and_the_next_turns_are_exact(model):
+    """A Stop that lands while the GPU still runs a piece: the wait is abandoned at once (the piece stays queued and
+    counts as read), the next reply settles the wait first, and its tokens equal a fresh run's."""
+
+    class StopsInTheWait(CancelToken):  # pieces still start (check() passes); every fence wait sees a Stop
+        @property
+        def cancelled(self) -> bool:
+            return True
+
+    rt = model.runtime
+    rt.reset()
+    ids = list(range(3, 103))
+    with pytest.raises(Cancelled):
+        list(stream_generate(model, ids, 10, cancel=StopsInTheWait(), progress=True))
+    assert rt.n_cached == 32 and len(rt._unsettled) == 1  # the first piece was submitted, its wait abandoned
+    answer = [r for r in stream_generate(model, ids, 10, cancel=CancelToken(), progress=True) if hasattr(r, "token")]
+    assert rt._unsettled == [] and answer[-1].prompt_reused == 32
+    rt.reset()
+    assert tokens(answer) == tokens(stream_generate(model, ids, 10))
+
+
 def test_cli_chat_runs_turns_and_commands(model, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
     lines = iter(["hello", "/regen", "/system Be brief.", "/new", "again", "/quit"])
@@ -157,3 +237,50 @@ def test_cli_chat_reports_a_full_context_and_carries_on(model, monkeypatch, caps
     err = capsys.readouterr().err
     assert "error: the conversation needs" in err and "context holds 128" in err
     assert err.count("finish:") == 1
+
+
+def test_cli_ctrl_c_while_the_prompt_is_read_stops_that_reply_and_the_chat_goes_on(model, monkeypatch, capsys,
+                                                                                     tmp_path):
+    import signal
+
+    from engine import cli_reply
+
+    monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
+    lines = iter(["tell me " + "about the fox " * 8, "short", "/quit"])
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    update = cli_reply.PrefillMeter.update
+    pressed = []
+
+    def press_ctrl_c_once(meter, done, total, seconds):
+        if done and not pressed:  # between two pieces of the first prompt
+            pressed.append(done)
+            signal.raise_signal(signal.SIGINT)
+        update(meter, done, total, seconds)
+
+    monkeypatch.setattr(cli_reply.PrefillMeter, "update", press_ctrl_c_once)
+    args = ["chat", str(model.path), "--max-tokens", "4", "--temperature", "0", "--context", "256"]
+    assert cli_main(args) == 0
+    err = capsys.readouterr().err
+    assert pressed and err.count("(stopped)") == 1 and err.count("finish:") == 1  # "short" was answered
+
+
+def test_cli_prefill_meter_shows_reading_progress_on_a_terminal(monkeypatch):
+    import io
+
+    from engine import cli_reply
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(cli_reply, "SHOW_AFTER_S", 0.0)
+    out = Terminal()
+    meter = cli_reply.PrefillMeter(out)
+    meter.update(0, 480, 0.0)
+    meter.update(120, 480, 4.0)
+    meter.finish()
+    text = out.getvalue()
+    assert "reading your message… 0/480 tokens" in text
+    assert "reading your message… 120/480 tokens · 30 tok/s · about 12 s left" in text
+    assert text.endswith("\r\033[K")  # the line makes way for the answer
+

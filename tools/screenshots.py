@@ -2,8 +2,8 @@
 
     xvfb-run -a -s "-screen 0 1280x900x24" python3 tools/screenshots.py docs/ [NAME ...]
 
-NAME picks some of the shots (empty, chat, downloading, settings, software-adapter); none: all. Uses a throwaway
-data folder with the demo model (installed if missing) and real replies from it.
+NAME picks some of the shots (empty, chat, downloading, settings, software-adapter, prefill); none: all. Uses a
+throwaway data folder with the demo model (installed if missing) and real replies from it.
 """
 
 from __future__ import annotations
@@ -15,6 +15,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")
+
+
+# A long message, so the prompt takes several prefill pieces to read.
+LONG_MESSAGE = ("Here are my meeting notes from this week. Please summarise them in five bullet points and list the "
+                "open questions at the end.\n\n" + "\n".join(
+                    f"- Day {d}: the team reviewed the release plan, agreed to move the beta by one week, asked design "
+                    f"for new onboarding screens, and found that the installer fails on machines without a GPU "
+                    f"driver; support tickets rose by {d * 7} percent." for d in range(1, 11)))
 
 
 def main(out: Path, only: set[str] | None = None) -> None:
@@ -58,7 +66,14 @@ def main(out: Path, only: set[str] | None = None) -> None:
     settings = ChatSettings(max_tokens=160, sampling=SamplingParams(temperature=0.3, top_p=0.9), seed=7)
     if only is None or "software-adapter" in only:
         software_adapter(home, store, settings, wait, shot)
-    if only is not None and not only - {"software-adapter"}:
+    if only is not None and not only - {"software-adapter", "prefill"}:
+        if "prefill" in only:
+            w = MainWindow(store, settings, AppPrefs(context=2048), home / "app.json", [], None)
+            w.resize(1200, 800)
+            w.show()
+            wait(lambda: w.facts is not None)
+            prefill_shot(w, wait, shot)
+            w.close()
         store.close()
         return
     w = MainWindow(store, settings, AppPrefs(context=2048), home / "app.json", ["[0] this machine's GPU"], None)
@@ -71,6 +86,8 @@ def main(out: Path, only: set[str] | None = None) -> None:
         w.on_send()
         wait(lambda: w.request == 0)
     shot(w, "screenshot-chat.png")
+    if only is None or "prefill" in only:
+        prefill_shot(w, wait, shot)
     w.on_download_progress({"key": "qwen3-4b-q4f16_1", "file": "params_shard_12.bin", "file_done": 21_000_000,
                             "file_total": 33_000_000, "done": 914_000_000,
                             "total": 2_285_014_203, "speed": 48_300_000, "eta_s": 28, "files_done": 12,
@@ -103,6 +120,17 @@ def software_adapter(home, store, settings, wait, shot) -> None:
     wait(lambda: w.facts is not None)
     shot(w, "screenshot-software-adapter.png")
     w.close()
+
+
+def prefill_shot(w, wait, shot) -> None:
+    """A long message being read: the reply shows "Reading your message… done/total tokens · rate" (then Stop)."""
+    w.start_new_chat()
+    w.input.setPlainText(LONG_MESSAGE)
+    w.on_send()
+    wait(lambda: "Reading your message" in w.chat.messages[-1].status.text()
+         and not w.chat.messages[-1].status.text().split("… ")[1].startswith("0/"))
+    shot(w, "screenshot-prefill.png")
+    w.stop()
 
 
 if __name__ == "__main__":

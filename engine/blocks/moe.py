@@ -9,19 +9,30 @@ Dispatches per forward of T rows:
      tiles leave 257 rows 5 workgroups; BENCH.md)
   2. moe_router: softmax, top-k, renormalise; writes ids [T, SLOTS] and weights [T, SLOTS], the shared expert as
      slot k with id E and weight sigmoid(logit E)
-  3. moe_matvec gate_up (+ SiLU·mul): grid (F/ROWS, T, SLOTS) -> act [T, SLOTS, F]
-  4. moe_matvec down: grid (D/ROWS, T, SLOTS) -> y [T, SLOTS, D]
-  5. moe_combine: out = Σ_s weights[t, s]·y[t, s]
-Decode with int8 arithmetic runs the 4-bit expert passes as moe_matvec_q8: gate_up on the norm's int8 row, down
-after one quantize_q8 of the slots' activations. The shared expert is stacked as expert E of the routed stacks when
-its width and formats match theirs (Qwen3.6), so steps 3 and 4 run it in the same dispatch; otherwise it gets its
-own dispatch of each. Prefill re-reads each (token, slot)'s expert weights: a grouped kernel (tokens sorted by
-expert) is the way past that.
+  Decode (T = 1):
+  3. moe_matvec gate_up (+ SiLU·mul): grid (F/ROWS, 1, SLOTS) -> act [SLOTS, F]
+  4. moe_matvec down: grid (D/ROWS, 1, SLOTS) -> y [SLOTS, D]
+  Prefill (T > 1), tokens grouped by expert so each selected expert's weights are read once per tile of pairs:
+  3. moe_sort: the (token, slot) pairs by expert -> order, tiles
+  4. moe_gemm gate_up over every expert's tiles -> act [T, SLOTS, F]
+  5. moe_gemm down -> y [T, SLOTS, D]
+  then moe_combine: out = Σ_s weights[t, s]·y[t, s] (each token sums its slots in slot order: deterministic).
+Decode with int8 arithmetic runs the 4-bit and 3-bit expert passes as moe_matvec_q8: gate_up on the norm's int8
+row, down after one quantize_q8 of the slots' activations. The shared expert is stacked as expert E of the routed
+stacks when its width and formats match theirs (Qwen3.6 4-bit), so the expert passes run it in the same dispatch;
+otherwise it gets its own dispatch of each (and in prefill its own sort, of slot k alone in a stack of one). A 4-bit
+shared expert beside 3-bit routed stacks of its width (Qwen3.6 3-bit) is stored after the 3-bit stack ("mixed"):
+int8 decode runs it as expert E of moe_matvec_q8 (MIXED_W/MIXED_S), the other passes bind its rows as a view.
+Every expert kernel finds its expert through the ids buffer it binds (prefill: through moe_sort's tiles, built from
+those ids), so expert streaming can remap ids to cache slots there before they run.
 With `cache_slots` (a MoE model over its weights budget) the routed stacks hold that many experts (plus the stacked
 shared expert) and the rest stream from host memory: engine/blocks/expert_cache.py. The contract every expert pass
 keeps: it addresses expert weights only through the ids buffer it binds, `self.expert_ids` (the router's ids when
 resident; host-written slots [T, SLOTS] u32 when streaming, the stacked shared expert at slot `cache_slots`), over a
-stack of `stack_experts(i)` experts; a prefill chunk in batches also runs `experts_batch` (down into y_batch).
+stack of `stack_experts(i)` experts; a prefill chunk in batches runs the grouped passes once per batch with down
+into y_batch (`grouped_batch`), whose rows of the batch's experts the select copies into y. Each grouped output row is
+computed alone, so streamed and resident prefills give the same bits. Streaming never joins a 3-bit stack with a
+4-bit shared expert (its cache slots are whole routed experts).
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ from engine.blocks.expert_cache import ExpertStream
 from engine.blocks.linear import Arithmetic, matrix_tensors
 from engine.errors import GpuError, UnsupportedModelError
 from engine.gpu import PlanRecorder
-from engine.kernels import fold_grid
+from engine.kernels import MAX_GROUPS_PER_DIM, fold_grid
 from engine.kernels.expert_cache import EXPERT_SELECT, select_plan
 from engine.kernels.matmul import (
     FORMATS,
@@ -46,13 +57,19 @@ from engine.kernels.matmul import (
 )
 from engine.kernels.moe import (
     MOE_COMBINE,
+    MOE_GEMM,
+    MOE_GEMM_Q8,
     MOE_MATVEC,
     MOE_MATVEC_Q8,
     MOE_ROUTER,
+    MOE_SORT,
     combine_plan,
     expert_plan,
     expert_q8_plan,
+    grouped_plan,
+    grouped_q8_plan,
     router_plan,
+    sort_plan,
 )
 
 
@@ -99,6 +116,7 @@ class MoeFfn(Block):
                                                      (f["shared_gate_up"], f["shared_down"]))
             else:
                 self.stacked[i] = False
+        self.mixed = {i: cache_slots is None and self._joins_mixed(i) for i in self.layers}
         self.stream = None
         if cache_slots is not None:
             if not top_k <= cache_slots < experts:
@@ -106,14 +124,40 @@ class MoeFfn(Block):
             self.stream = ExpertStream(experts, cache_slots, top_k, self.slots, self.max_tokens, self.layers, policy,
                                        self.routed_part_bytes())
         T, n_logits = self.max_tokens, experts + self.shared
+        if T * self.slots > MAX_GROUPS_PER_DIM:  # a prefill quantizes every (token, slot) row in one grid column
+            raise UnsupportedModelError(f"prefill_chunk={T} with {self.slots} expert slots per token is more rows than "
+                                        f"a dispatch holds; use prefill_chunk ≤ {MAX_GROUPS_PER_DIM // self.slots}")
         self._topk = router_plan(experts, top_k, self.shared, norm_topk_prob, T)
         self._combine = combine_plan(dim, self.slots, T)
         self.plans = {i: self._layer_plans(i) for i in self.layers}
+        self.grouped = {i: self._grouped_plans(i) for i in self.layers} if T > 1 else {}
         self._router_mv = {i: matvec_plan(dim, n_logits, **format_knobs(self.fmt[i, "router"])) for i in self.layers}
         self._router_tokens = {i: expert_plan(dim, n_logits, 1, T, 1, **format_knobs(self.fmt[i, "router"]))
                                if T > 1 else None for i in self.layers}
         self.w: dict[int, dict] = {}
         self._held: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+
+    def _joins_mixed(self, i: int) -> bool:
+        """Whether layer i stores its 4-bit shared expert after its 3-bit routed stacks (Qwen3.6's 3-bit build), so
+        that int8 decode runs routed and shared slots in one moe_matvec_q8 dispatch per stack; the shared expert's
+        f32 and prefill passes bind its rows there as a stack of one."""
+        if not (self.shared and not self.stacked[i] and self.ar.int8 and self.F == self.Fs):
+            return False
+        pairs = (("gate_up", "shared_gate_up"), ("down", "shared_down"))
+        fmt = {p: FORMATS.get(self.fmt[i, p]) for pair in pairs for p in pair}  # None: a format outside FORMATS
+        if None in fmt.values():
+            return False
+        knobs = lambda p: tuple(fmt[p][k] for k in ("zero", "affine", "group"))  # noqa: E731
+        return all(fmt[r]["bits"] == 3 and fmt[sh]["bits"] == 4 and knobs(r) == knobs(sh) for r, sh in pairs)
+
+    def _mixed_layout(self, i: int, stack: str) -> tuple[int, int, int, int]:
+        """A mixed stack's sizes: (routed u32 words padded to 256 bytes, routed f16 scales padded likewise, shared
+        u32 words, shared f16 scales); the shared rows start at the padded offsets (bindable views)."""
+        n, k = (2 * self.F, self.D) if stack == "gate_up" else (self.D, self.F)
+        group = FORMATS[self.fmt[i, stack]]["group"]
+        pad = lambda v, unit: -(-v // unit) * unit  # noqa: E731
+        return (pad(self.E * n * k * 3 // 32, 64), pad(self.E * n * (k // group) * 2, 128), n * k // 8,
+                n * (k // group) * 2)
 
     def _layer_plans(self, i: int) -> list[tuple]:
         """Expert passes of layer i: (stack, expert_plan, input ("x" or "act"), output ("act" or "y")), every gate_up
@@ -132,6 +176,25 @@ class MoeFfn(Block):
                     ("shared_down", expert_plan(Fs, D, 1, T, x_slot=True, x_stride=stride, **one,
                                                 **format_knobs(self.fmt[i, "shared_down"])), "act", "y")]
         return out
+
+    def _grouped_plans(self, i: int) -> dict:
+        """Prefill passes of layer i: {"sorts": [(key ("routed" or "shared"), sort_plan)], "passes": [(stack, key,
+        kernel, plan, input, output)] every gate_up before every down}. 4-bit and 3-bit stacks take int8 activations
+        (moe_gemm_q8) with int8 prefill, other stacks the f32 moe_gemm."""
+        T = self.max_tokens
+        sorts, gate_ups, downs = {}, [], []
+        for stack, (c, grid), src, dst in self.plans[i]:
+            key = "shared" if stack.startswith("shared_") else "routed"
+            sorts.setdefault(key, sort_plan(c["EXPERTS"], self.slots, T, slot0=c["SLOT0"], n_slots=grid[2]))
+            fmt = dict(bits=c["BITS"], zero=c["ZERO"], affine=c["AFFINE"], group=c["GROUP"])
+            shape = dict(n_slots=grid[2], gate_up=c["GATE_UP"], x_slot=c["X_SLOT"], y_stride=c["Y_STRIDE"])
+            if self.ar.int8_prefill and c["BITS"] in (3, 4):
+                kernel, plan = MOE_GEMM_Q8, grouped_q8_plan(c["K"], c["N"], c["EXPERTS"], T, self.slots, **shape, **fmt)
+            else:
+                kernel, plan = MOE_GEMM, grouped_plan(c["K"], c["N"], c["EXPERTS"], T, self.slots, **shape,
+                                                      x_stride=c["X_STRIDE"], **fmt)
+            (gate_ups if src == "x" else downs).append((stack, key, kernel, plan, src, dst))
+        return {"sorts": list(sorts.items()), "passes": gate_ups + downs}
 
     # ---- plan --------------------------------------------------------------------------------------------
     def stack_experts(self, i: int) -> int:
@@ -181,6 +244,12 @@ class MoeFfn(Block):
         out = []
         for i in self.layers:
             for name, (tag, n_exp, n, k) in self._stacks(i).items():
+                if self.mixed[i] and name != "router":  # routed and shared rows in one buffer each (_mixed_layout)
+                    if name in ("gate_up", "down"):
+                        wr, sr, wsh, ssh = self._mixed_layout(i, name)
+                        out += [BufferNeed.upload(f"layers.{i}.moe.{name}.w", 4 * (wr + wsh)),
+                                BufferNeed.upload(f"layers.{i}.moe.{name}.s", 2 * (sr + ssh))]
+                    continue
                 shapes = packed_shapes(tag, n, k)
                 w_shape, w_dtype = shapes[_weight_key(tag)]
                 out.append(BufferNeed.upload(f"layers.{i}.moe.{name}.w", n_exp * array_bytes(w_shape, w_dtype)))
@@ -189,10 +258,20 @@ class MoeFfn(Block):
         T = self.max_tokens
         sizes = dict(logits=T * (self.E + self.shared), ids=T * self.slots, weights=T * self.slots,
                      act=T * self.slots * self.act_stride, y=T * self.slots * self.D)
+        for key in ("routed", "shared"):  # prefill's pairs sorted by expert and their tiles, at the largest layer's
+            sorts = [sp for i in self.grouped for k, sp in self.grouped[i]["sorts"] if k == key]
+            if sorts:
+                sizes |= {f"order-{key}": max(T * c["NSLOTS"] for c, _, _ in sorts),
+                          f"tiles-{key}": 4 * max(v for _, _, v in sorts)}
         out += [BufferNeed.buffer(f"moe.{name}", 4 * count) for name, count in sizes.items()]
         if self.stream:  # slot ids, the ids' readback, the batch rows and their mask, the upload staging
             out += [*self.stream.needs(), BufferNeed.buffer("moe.y_batch", 4 * sizes["y"])]
-        if self.ar.int8:  # the slots' activations in int8 for the 4-bit down passes
+        if any(k is MOE_GEMM_Q8 for i in self.grouped for _, _, k, _, src, _ in self.grouped[i]["passes"]
+               if src == "act"):  # every pair's activations in int8 for the int8 grouped down passes
+            act = T * self.slots * self.act_stride
+            out += [BufferNeed.buffer("moe-act-rows-int8", act),
+                    BufferNeed.buffer("moe-act-rows-int8-scales", act // 32 * 8)]
+        if self.ar.int8:  # the slots' activations in int8 for the decode down passes
             act = self.slots * self.act_stride
             out += [BufferNeed.buffer("moe-act-int8", act), BufferNeed.buffer("moe-act-int8-scales", act // 32 * 8)]
         return out
@@ -220,9 +299,29 @@ class MoeFfn(Block):
         stacks = {"router": _join(parts["router"], parts.get("shared_gate"), axis=0),
                   "gate_up": _join(parts["gate_up"], one("shared_gate_up") if self.stacked[i] else None, axis=0),
                   "down": _join(parts["down"], one("shared_down") if self.stacked[i] else None, axis=0)}
+        if self.mixed[i]:
+            return {"router": self._upload(gpu, f"layers.{i}.moe.router", stacks["router"]),
+                    **self._upload_mixed(gpu, i, parts, "gate_up"), **self._upload_mixed(gpu, i, parts, "down")}
         if self.shared and not self.stacked[i]:
             stacks |= {"shared_gate_up": one("shared_gate_up"), "shared_down": one("shared_down")}
         return {name: self._upload(gpu, f"layers.{i}.moe.{name}", arrays) for name, arrays in stacks.items()}
+
+    def _upload_mixed(self, gpu, i: int, parts: dict, stack: str) -> dict:
+        """A 3-bit routed stack and the 4-bit shared expert after it (_mixed_layout): the stack's (w, s) buffers,
+        and the shared expert's as views into them."""
+        wr, sr, wsh, ssh = self._mixed_layout(i, stack)
+        shared = "shared_" + stack
+        w, s = np.zeros(wr + wsh, np.uint32), np.zeros(sr + ssh, np.float16)
+        flat = lambda part, key: np.asarray(parts[part][key]).reshape(-1)  # noqa: E731  (lazy joins read now)
+        routed_w, routed_s = flat(stack, "q_weight").view(np.uint32), flat(stack, "q_scale")
+        w[:routed_w.size], w[wr:] = routed_w, flat(shared, "q_weight").view(np.uint32)
+        s[:routed_s.size], s[sr:] = routed_s, flat(shared, "q_scale")
+        label = f"layers.{i}.moe.{stack}"
+        for a in (w, s):
+            if a.nbytes > gpu.max_binding:
+                raise GpuError(f"{label} needs a {a.nbytes}-byte binding; this GPU allows {gpu.max_binding}")
+        wb, sb = gpu.upload(f"{label}.w", w), gpu.upload(f"{label}.s", s)
+        return {stack: (wb, sb), shared: ((wb, 4 * wr, 4 * wsh), (sb, 2 * sr, 2 * ssh))}
 
     def _cache_layer(self, gpu, i: int, parts: dict, one) -> dict:
         """Streaming: the routed stacks stay on the host; their GPU stacks are cache slots (+ the shared expert in
@@ -295,42 +394,99 @@ class MoeFfn(Block):
                                                          s=w[stack][1], y=buf[dst], step=st), f"{c}.{stack}")
                             for stack, plan, src, dst in self.plans[i]]
             if self.stream:  # a prefill chunk in batches of cached experts: down writes y_batch, then the select
-                batch = buf | {"y": self.y_batch}
-                p["experts_batch"] = [bound(MOE_MATVEC, plan, dict(x=batch[src], ids=self.expert_ids, w=w[stack][0],
-                                                                   s=w[stack][1], y=batch[dst], step=st),
-                                            f"{c}.{stack}.batch") for stack, plan, src, dst in self.plans[i]]
                 p["select"] = bound(EXPERT_SELECT, select_plan(self.D, self.slots, self.max_tokens), dict(
                     yb=self.y_batch, mask=self.rows_mask, y=self.y, step=st), f"{c}.select")
-            if self.ar.int8:
-                p["experts_q8"] = self._int8_passes(i, bound, ws, act_q8, act_q8_meta)
+            one_token = [(pipe, bg, (c, (grid[0], 1, grid[2]))) for pipe, bg, (c, grid) in p["experts"]]
+            p["decode"] = (self._int8_passes(i, bound, ws, act_q8, act_q8_meta, one_token) if self.ar.int8
+                           else one_token)
+            p["grouped"] = self._grouped_passes(i, bound, ws, made, self.y) if i in self.grouped else []
+            if self.stream and i in self.grouped:
+                p["grouped_batch"] = self._grouped_passes(i, bound, ws, made, self.y_batch)
             p["combine"] = bound(MOE_COMBINE, self._combine, dict(y=self.y, weights=self.weights, out=out, step=st),
                                  f"{c}.combine")
             self.passes[i] = p
 
-    def _int8_passes(self, i: int, bound, ws, act_q8, act_q8_meta) -> list:
-        """Per expert pass: (quantize pass or None, moe_matvec_q8 pass), or None to keep the f32 pass (non-4-bit)."""
-        out, x_ready = [], self.ar.norm_int8  # x's int8 copy is made once: the down passes quantize other scratch
-        for stack, (c, grid), src, dst in self.plans[i]:
-            if c["BITS"] != 4:
-                out.append(None)
+    def _grouped_passes(self, i: int, bound, ws, made: dict, y) -> list:
+        """Layer i's prefill expert dispatches in order, (pipeline, bind group, plan, rows) each: the sorts, every
+        gate_up, every down; with int8 passes one quantize_q8 of the chunk's x rows before the gate_ups and one of
+        every pair's activations before the downs (one per down pass where their K differ). `rows`: None (the
+        plan's grid) or what a quantize's grid rows are per token (1 for x, SLOTS for the pairs). The sorts read
+        `expert_ids`; the down passes write `y`."""
+        c, w, g = f"layers.{i}.moe", self.w[i], self.grouped[i]
+        out = []
+        for key, sp in g["sorts"]:
+            out.append((*bound(MOE_SORT, sp[:2], dict(ids=self.expert_ids, order=made[f"moe.order-{key}"],
+                                                      tiles=made[f"moe.tiles-{key}"], step=ws.step),
+                               f"{c}.sort-{key}"), None))
+        buf = {"x": ws.hidden, "act": self.act, "y": y}
+        quantized = {"x": None, "act": None}  # K of the rows quantized last
+        for stack, key, kernel, plan, src, dst in g["passes"]:
+            order, tiles = made[f"moe.order-{key}"], made[f"moe.tiles-{key}"]
+            if kernel is MOE_GEMM:
+                out.append((*bound(kernel, plan, dict(x=buf[src], order=order, tiles=tiles, w=w[stack][0],
+                                                      s=w[stack][1], y=buf[dst]), f"{c}.{stack}-grouped"), None))
                 continue
-            qplan = expert_q8_plan(c["K"], c["N"], c["EXPERTS"], c["SLOTS"], self.ar.subgroup_size,
-                                   slot0=c["SLOT0"], n_slots=grid[2], gate_up=c["GATE_UP"], x_slot=c["X_SLOT"],
-                                   y_stride=c["Y_STRIDE"], zero=c["ZERO"], affine=c["AFFINE"], group=c["GROUP"])
-            label = f"layers.{i}.moe.{stack}"
-            if src == "x":  # gate_up on x: the norm's int8 row, or quantize it here
-                xq, xm = ws.x_q8, ws.x_q8_meta
-                quant = None if x_ready else bound(QUANTIZE_Q8, quantize_q8_plan(c["K"]), dict(
-                    x=ws.hidden, xq=xq, xm=xm, step=ws.step), f"{label}.q8")
-                x_ready = True
-            else:  # down on each slot's activations: quantize those rows of act (X_STRIDE apart)
-                xq, xm = act_q8, act_q8_meta
-                quant = bound(QUANTIZE_Q8, quantize_q8_plan(c["K"], rows=grid[2], row0=c["SLOT0"],
-                                                            x_stride=c["X_STRIDE"]),
-                              dict(x=self.act, xq=xq, xm=xm, step=ws.step), f"{label}.q8")
-            w, s = self.w[i][stack]
-            out.append((quant, bound(MOE_MATVEC_Q8, qplan, dict(xq=xq, ids=self.expert_ids, w=w, s=s,
-                                                                y=self.y if dst == "y" else self.act, xm=xm), label)))
+            K = plan[0]["K"]
+            xq, xm = ((ws.rows_q8, ws.rows_q8_meta) if src == "x"
+                      else (made["moe-act-rows-int8"], made["moe-act-rows-int8-scales"]))
+            if quantized[src] != K:
+                qplan = quantize_q8_plan(K, x_stride=None if src == "x" else self.act_stride)
+                out.append((*bound(QUANTIZE_Q8, qplan, dict(x=buf[src], xq=xq, xm=xm, step=ws.step),
+                                   f"{c}.{stack}-rows-q8"), 1 if src == "x" else self.slots))
+                quantized[src] = K
+            out.append((*bound(kernel, plan, dict(xq=xq, order=order, tiles=tiles, w=w[stack][0], s=w[stack][1],
+                                                  y=buf[dst], xm=xm), f"{c}.{stack}-grouped"), None))
+        return out
+
+    def _int8_passes(self, i: int, bound, ws, act_q8, act_q8_meta, f32_passes: list) -> list:
+        """Layer i's decode expert dispatches in order, (pipeline, bind group, plan) each: every gate_up, then every
+        down. 4-bit and 3-bit stacks run moe_matvec_q8 (others keep their f32 pass): gate_up on the norm's int8 row
+        (or one quantize of x), down after a quantize of the slots' activations, one for all the down passes when
+        they share K (Qwen3.6's 3-bit experts beside the 4-bit shared one), else one per pass."""
+        passes = list(zip(self.plans[i], f32_passes, strict=True))
+        if self.mixed[i]:  # the shared slot joins the routed dispatches (expert E: the 4-bit rows after the stack)
+            passes = [p for p in passes if not p[0][0].startswith("shared_")]
+        int8 = {stack: c["BITS"] in (3, 4) for (stack, (c, _), _, _), _ in passes}
+        downs = [(c, grid) for (stack, (c, grid), src, _), _ in passes if src == "act" and int8[stack]]
+        one_quant = len({c["K"] for c, _ in downs}) == 1
+        out, x_ready, act_ready = [], self.ar.norm_int8, False  # x's int8 row: the norm's, or quantized once here
+        for want_src in ("x", "act"):
+            for (stack, (c, grid), src, dst), f32_pass in passes:
+                if src != want_src:
+                    continue
+                if not int8[stack]:
+                    out.append(f32_pass)
+                    continue
+                label = f"layers.{i}.moe.{stack}"
+                if src == "x":
+                    xq, xm = ws.x_q8, ws.x_q8_meta
+                    if not x_ready:
+                        out.append(bound(QUANTIZE_Q8, quantize_q8_plan(c["K"]), dict(
+                            x=ws.hidden, xq=xq, xm=xm, step=ws.step), f"{label}.q8"))
+                        x_ready = True
+                else:  # the slots' activations, rows X_STRIDE apart in act
+                    xq, xm = act_q8, act_q8_meta
+                    if not act_ready:
+                        if one_quant:
+                            row0 = min(d["SLOT0"] for d, _ in downs)
+                            end = self.slots if self.mixed[i] else max(d["SLOT0"] + g[2] for d, g in downs)
+                            rows = end - row0
+                        else:
+                            row0, rows = c["SLOT0"], grid[2]
+                        out.append(bound(QUANTIZE_Q8, quantize_q8_plan(c["K"], rows=rows, row0=row0,
+                                                                       x_stride=c["X_STRIDE"]),
+                                         dict(x=self.act, xq=xq, xm=xm, step=ws.step), f"{label}.q8"))
+                        act_ready = one_quant
+                experts, n_slots, mixed = c["EXPERTS"], grid[2], (0, 0)
+                if self.mixed[i]:
+                    experts, n_slots, mixed = self.E + 1, self.slots, self._mixed_layout(i, stack)[:2]
+                qplan = expert_q8_plan(c["K"], c["N"], experts, c["SLOTS"], self.ar.subgroup_size,
+                                       slot0=c["SLOT0"], n_slots=n_slots, gate_up=c["GATE_UP"], x_slot=c["X_SLOT"],
+                                       y_stride=c["Y_STRIDE"], bits=c["BITS"], zero=c["ZERO"], affine=c["AFFINE"],
+                                       group=c["GROUP"], mixed=mixed)
+                w, s = self.w[i][stack]
+                out.append(bound(MOE_MATVEC_Q8, qplan, dict(xq=xq, ids=self.expert_ids, w=w, s=s,
+                                                            y=self.y if dst == "y" else self.act, xm=xm), label))
         return out
 
     # ---- record ------------------------------------------------------------------------------------------
@@ -350,33 +506,34 @@ class MoeFfn(Block):
             per_token(passes["router_tokens"])
         pipe, bg, _ = passes["topk"]
         rec.dispatch(pipe, bg, *fold_grid(T))
-        int8 = passes.get("experts_q8") if T == 1 else None
         if self.stream and hasattr(rec, "cut"):  # a streamed decode token captured in segments: the routing
             rec.cut((self, layer))  # is read back at the cut, then the segment's experts read their slots
-            self._record_experts(rec, passes["experts"], int8, T)
+            self._record_experts(rec, layer, T)
         elif self.stream and not isinstance(rec, PlanRecorder):
-            self._stream_experts(rec, layer, T, passes, int8)
+            self._stream_experts(rec, layer, T)
         else:
-            self._record_experts(rec, passes["experts"], int8, T)
+            self._record_experts(rec, layer, T)
         pipe, bg, plan = passes["combine"]
         rec.dispatch(pipe, bg, *fold_grid(-(-T * self.D // 4 // plan[0]["WG"])))
 
-
-    def _record_experts(self, rec, passes: list, int8, T: int) -> None:
-        for j, (pipe, bg, plan) in enumerate(passes):
-            if int8 and int8[j]:
-                for p in int8[j]:
-                    if p:
-                        rec.dispatch(p[0], p[1], *p[2][1])
-            else:  # moe_matvec grids are (row groups, tokens, slots)
-                rec.dispatch(pipe, bg, plan[1][0], T, plan[1][2])
+    def _record_experts(self, rec, layer: int, T: int, batch: bool = False) -> None:
+        """The expert dispatches of T rows: a decode token's list (int8 or f32, as build made it), else the sorts and
+        grouped GEMMs (grids fixed: workgroups past a sort's tile count leave at once); `batch`: the streamed batch
+        variant, down into y_batch."""
+        passes = self.passes[layer]
+        if T == 1:
+            for pipe, bg, plan in passes["decode"]:
+                rec.dispatch(pipe, bg, *plan[1])
+            return
+        for pipe, bg, plan, rows in passes["grouped_batch" if batch else "grouped"]:
+            rec.dispatch(pipe, bg, *(plan[1] if rows is None else (plan[1][0], rows * T)))
 
     def resolve(self, rec, layer: int) -> None:
         """At a streamed decode segment's cut: read the token's routing back and make its experts resident; the
         next segment's expert passes read their slots."""
-        self._stream_experts(rec, layer, 1, None, None, record=False)
+        self._stream_experts(rec, layer, 1, record=False)
 
-    def _stream_experts(self, rec, layer: int, T: int, passes: dict | None, int8, record: bool = True) -> None:
+    def _stream_experts(self, rec, layer: int, T: int, record: bool = True) -> None:
         """The routing so far is submitted and read back; the experts it picked are made resident (batches of
         them when a chunk's outnumber the slots) and the expert passes recorded reading their slots."""
         st, S, k = self.stream, self.slots, self.top_k
@@ -402,15 +559,15 @@ class MoeFfn(Block):
             self._gpu.write(self.expert_ids, slot_ids)
             if len(batches) == 1:
                 if record:
-                    self._record_experts(rec, passes["experts"], int8, T)
+                    self._record_experts(rec, layer, T)
                 return
             mask = np.zeros((T, S), np.uint32)
             mask[:, :k] = chosen
             if b == 0:
                 mask[:, k:] = 1  # the shared expert's rows come with the first batch
             self._gpu.write(self.rows_mask, mask)
-            self._record_experts(rec, passes["experts_batch"], None, T)
-            pipe, bg, plan = passes["select"]
+            self._record_experts(rec, layer, T, batch=True)
+            pipe, bg, plan = self.passes[layer]["select"]
             rec.dispatch(pipe, bg, *fold_grid(-(-T * S * self.D // 4 // plan[0]["WG"])))
             rec.flush()  # the next batch's slots and ids are written after this one ran
 

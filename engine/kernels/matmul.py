@@ -148,18 +148,19 @@ def matvec_sg_plan(
 
 def matvec_q8_plan(
     K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None, wg: int = MATVEC_SG_WG,
-    *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
+    *, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32, three_bit: bool = False,
 ) -> tuple[dict, tuple[int, int]]:
-    """Constants and grid for shaders/matvec_q8.wgsl (x comes quantized by quantize_q8: no LAST_ROW here)."""
-    if bits != 4:
-        raise ValueError(f"matvec_q8 reads 4-bit codes, got BITS={bits}")
-    fmt = _format_consts(K, bits, zero, affine, group)
+    """Constants and grid for shaders/matvec_q8.wgsl (x comes quantized by quantize_q8: no LAST_ROW here).
+    `three_bit`: the caller's kernel reads MLX 3-bit rows too (moe_matvec_q8 does)."""
+    if bits not in ((3, 4) if three_bit else (4,)):
+        raise ValueError(f"matvec_q8 reads 4-bit codes{' or 3-bit rows' if three_bit else ''}, got BITS={bits}")
+    fmt = _format_consts(K, bits, zero, affine, group, three_bit=three_bit)
     _check_n(N)
     if subgroup_size < 1 or wg % subgroup_size:
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
     rows = rows or max(MATVEC_Q8_SLOTS // (2 if gate_up else 1), 1)
     blocks = wg // subgroup_size
-    consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, ZERO=fmt["ZERO"],
+    consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, BITS=bits, ZERO=fmt["ZERO"],
                   AFFINE=fmt["AFFINE"], GROUP=fmt["GROUP"])
     return consts, fold_grid(-(-N // (rows * blocks)))
 

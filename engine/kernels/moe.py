@@ -1,21 +1,31 @@
 """Mixture-of-experts kernels' host side: router top-k, the expert matvecs (f32 or int8 activations, the expert id
-read on the GPU), and the weighted combine of the slots."""
+read on the GPU), the prefill's sort of routing pairs by expert and grouped expert GEMM, and the weighted combine
+of the slots."""
 
 from __future__ import annotations
 
 from engine.kernels import MAX_GROUPS_PER_DIM, declare, fold_grid
-from engine.kernels.matmul import MATVEC_SG_WG, _format_consts, matvec_q8_plan
+from engine.kernels.matmul import GEMM_Q8_KC, MATVEC_SG_WG, WORKGROUP_BYTES, _format_consts, matvec_q8_plan
 
 MOE_ROUTER = declare("moe_router", writes=("ids", "weights"))
 MOE_MATVEC = declare("moe_matvec", writes=("y",))
 MOE_MATVEC_Q8 = declare("moe_matvec_q8", writes=("y",))
 MOE_COMBINE = declare("moe_combine", writes=("out",))
+MOE_SORT = declare("moe_sort", writes=("order", "tiles"))
+MOE_GEMM = declare("moe_gemm", writes=("y",))
+MOE_GEMM_Q8 = declare("moe_gemm_q8", writes=("y",))
 ROUTER_WG = 64
 # Expert matvec shape, measured on the H200 at Qwen3.6 sizes (ROWS 1/2/4/8/16, WG ≤ 32/64): 4 rows and at most
 # 32 threads gave the lowest time per layer (BENCH.md).
 EXPERT_ROWS = 4
 EXPERT_WG = 32  # fewer threads when K has fewer 32-element chunks
 COMBINE_WG = 64
+SORT_WG = 256
+MAX_EXPERTS = 1024  # moe_sort's two per-expert arrays in workgroup memory: 8 KiB at most
+# Grouped GEMM tile: a 512-token chunk gives a routed expert ~T·k/E = 16 pairs, so taller tiles would mostly
+# compute padding; the shared expert (every token) takes T/16 tiles.
+GROUPED_TM = 16
+GROUPED_TN = 64  # outputs per tile; halved with gate_up so the staged weight rows stay 64
 
 
 def router_plan(E: int, top_k: int, shared: bool, norm_topk: bool, T: int, wg: int = ROUTER_WG):
@@ -54,16 +64,21 @@ def expert_plan(K: int, N: int, experts: int, T: int, slots: int, *, slot0: int 
 def expert_q8_plan(K: int, N: int, experts: int, slots: int, subgroup_size: int, *, slot0: int = 0,
                    n_slots: int | None = None, gate_up: bool = False, x_slot: bool = False, y_stride: int | None = None,
                    rows: int | None = None, wg: int = MATVEC_SG_WG, bits: int = 4, zero: int = 0, affine: bool = True,
-                   group: int = 64):
+                   group: int = 64, mixed: tuple[int, int] = (0, 0)):
     """Constants and grid for shaders/moe_matvec_q8.wgsl (decode, one token) over slots [slot0, slot0 + n_slots):
-    matvec_q8's constants plus the routing ones."""
+    matvec_q8's constants plus the routing ones; 4-bit stacks or MLX 3-bit ones (read as stored). `mixed`: (u32
+    offset in w, f16 offset in s) of a 4-bit last expert stored after a 3-bit stack, or (0, 0)."""
+    if mixed[0] and (bits != 3 or mixed[0] % 4 or experts < 2):
+        raise ValueError(f"a 4-bit expert after the stack needs a 3-bit stack and a u32 offset that is a multiple of "
+                         f"4; got BITS={bits}, offset {mixed[0]}, {experts} experts")
     consts, _ = matvec_q8_plan(K, N, subgroup_size, gate_up=gate_up, rows=rows, wg=wg, bits=bits, zero=zero,
-                               affine=affine, group=group)
+                               affine=affine, group=group, three_bit=True)
     n_slots = slots - slot0 if n_slots is None else n_slots
     y_stride = y_stride or N
     if y_stride < N or not 0 < slot0 + n_slots <= slots:
         raise ValueError(f"bad stride or slots: Y_STRIDE={y_stride}, slots {slot0}+{n_slots} of {slots}")
-    consts |= dict(EXPERTS=experts, SLOTS=slots, SLOT0=slot0, X_SLOT=x_slot, Y_STRIDE=y_stride)
+    consts |= dict(EXPERTS=experts, SLOTS=slots, SLOT0=slot0, X_SLOT=x_slot, Y_STRIDE=y_stride, MIXED_W=mixed[0],
+                   MIXED_S=mixed[1])
     return consts, (-(-N // (consts["ROWS"] * consts["BLOCKS"])), 1, n_slots)
 
 
@@ -72,3 +87,78 @@ def combine_plan(D: int, slots: int, T: int, accumulate: bool = False, wg: int =
     if D % 4:
         raise ValueError(f"D must be a multiple of 4, got {D}")
     return dict(D=D, SLOTS=slots, ACCUMULATE=accumulate, WG=wg), fold_grid(-(-max(T, 1) * D // 4 // wg))
+
+
+def sort_plan(experts: int, slots: int, T: int, *, slot0: int = 0, n_slots: int | None = None, tm: int = GROUPED_TM,
+              wg: int = SORT_WG):
+    """Constants and grid for shaders/moe_sort.wgsl over slots [slot0, slot0 + n_slots) of up to T tokens, and the
+    tile list's size in vec4s: (constants, grid, tile vec4s)."""
+    n_slots = slots - slot0 if n_slots is None else n_slots
+    if not 1 <= experts <= MAX_EXPERTS:
+        raise ValueError(f"moe_sort handles 1..{MAX_EXPERTS} experts per stack, got {experts}")
+    if wg & (wg - 1) or not 0 < slot0 + n_slots <= slots or n_slots < 1 or tm < 1:
+        raise ValueError(f"bad sort plan: WG={wg} (a power of two), slots {slot0}+{n_slots} of {slots}, TM={tm}")
+    return (dict(EXPERTS=experts, SLOTS=slots, SLOT0=slot0, NSLOTS=n_slots, TM=tm, WG=wg), (1, 1, 1),
+            1 + max_tiles(experts, max(T, 1) * n_slots, tm))
+
+
+def max_tiles(experts: int, pairs: int, tm: int = GROUPED_TM) -> int:
+    """The most tiles moe_sort can make: Σ_e ceil(c_e / TM) ≤ floor(pairs / TM) + (experts holding a pair)."""
+    return pairs // tm + min(experts, pairs)
+
+
+def grouped_plan(K: int, N: int, experts: int, T: int, slots: int, *, n_slots: int | None = None,
+                 gate_up: bool = False, x_slot: bool = False, x_stride: int | None = None,
+                 y_stride: int | None = None, tm: int = GROUPED_TM, tn: int | None = None, bits: int = 4,
+                 zero: int = 0, affine: bool = True, group: int = 64):
+    """Constants and grid for shaders/moe_gemm.wgsl: the pairs of n_slots slots of up to T tokens, sorted by
+    moe_sort with the same TM (the grid's y covers its largest tile list)."""
+    fmt = _format_consts(K, bits, zero, affine, group, three_bit=True)  # the GEMM reads 3-bit rows as stored
+    n_slots = slots if n_slots is None else n_slots
+    tn = tn or (GROUPED_TN // 2 if gate_up else GROUPED_TN)
+    wn = tn * (2 if gate_up else 1)
+    x_stride, y_stride = x_stride or K, y_stride or N
+    if tm % 4 or tn % 4 or tm < 4 or tn < 4 or (tm // 4) * (wn // 4) > 256 or 128 * (tm + wn) > WORKGROUP_BYTES:
+        raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4, ≤ 256 threads and 128·(TM + staged W rows) ≤ "
+                         f"{WORKGROUP_BYTES} bytes")
+    if x_stride % 4 or x_stride < K or y_stride < N:
+        raise ValueError(f"bad strides: X_STRIDE={x_stride} for K={K}, Y_STRIDE={y_stride} for N={N}")
+    tiles = max_tiles(experts, max(T, 1) * n_slots, tm)
+    if tiles > MAX_GROUPS_PER_DIM:
+        raise ValueError(f"{tiles} tiles exceed {MAX_GROUPS_PER_DIM} workgroups per dimension: use smaller chunks")
+    consts = dict(K=K, N=N, EXPERTS=experts, TM=tm, TN=tn, GATE_UP=gate_up, SLOTS=slots, X_SLOT=x_slot,
+                  X_STRIDE=x_stride, Y_STRIDE=y_stride, **fmt)
+    x, z = fold_grid(-(-N // tn))
+    return consts, (x, tiles, z)
+
+
+def grouped_q8_plan(K: int, N: int, experts: int, T: int, slots: int, *, n_slots: int | None = None,
+                    gate_up: bool = False, x_slot: bool = False, y_stride: int | None = None, tm: int = GROUPED_TM,
+                    tn: int | None = None, kc: int | None = None, bits: int = 4, zero: int = 0, affine: bool = True,
+                    group: int = 64):
+    """Constants and grid for shaders/moe_gemm_q8.wgsl (int8 activations, 4-bit or MLX 3-bit stacks): the pairs of
+    n_slots slots of up to T tokens, sorted by moe_sort with the same TM."""
+    if bits not in (3, 4):
+        raise ValueError(f"moe_gemm_q8 reads 4-bit codes or 3-bit rows, got BITS={bits}")
+    fmt = _format_consts(K, bits, zero, affine, group, three_bit=True)
+    n_slots = slots if n_slots is None else n_slots
+    tn = tn or (GROUPED_TN // 2 if gate_up else GROUPED_TN)
+    wn = tn * (2 if gate_up else 1)
+    chunks = K // 32
+    kc = kc or next(c for c in (GEMM_Q8_KC, 2, 1) if chunks % c == 0)
+    lds = kc * (tm + wn) * (48 if affine else 40) + 4 * tm
+    if tm % 4 or tn % 4 or tm < 4 or tn < 4 or (tm // 4) * (wn // 4) > 256 or lds > WORKGROUP_BYTES:
+        raise ValueError(f"TM={tm}, TN={tn}, KC={kc}: need multiples of 4, ≤ 256 threads and ≤ {WORKGROUP_BYTES} "
+                         f"bytes of workgroup memory (got {lds})")
+    if kc < 1 or chunks % kc:
+        raise ValueError(f"KC={kc} must divide the {chunks} chunks of K={K}")
+    y_stride = y_stride or N
+    if y_stride < N:
+        raise ValueError(f"Y_STRIDE={y_stride} is narrower than N={N}")
+    tiles = max_tiles(experts, max(T, 1) * n_slots, tm)
+    if tiles > MAX_GROUPS_PER_DIM:
+        raise ValueError(f"{tiles} tiles exceed {MAX_GROUPS_PER_DIM} workgroups per dimension: use smaller chunks")
+    consts = dict(K=K, N=N, EXPERTS=experts, TM=tm, TN=tn, KC=kc, GATE_UP=gate_up, SLOTS=slots, X_SLOT=x_slot,
+                  Y_STRIDE=y_stride, **fmt)
+    x, z = fold_grid(-(-N // tn))
+    return consts, (x, tiles, z)
