@@ -3,7 +3,8 @@
 // staged key) and walks the keys in blocks of 32, online softmax. Rows and keys meet in register tiles: thread
 // (tr = lid / 8, tk = lid % 8) scores rows 2tr, 2tr+1 against keys tk + 8j (j < 4) and accumulates the same two
 // rows' outputs for the vec4 columns tk + 8d (d < HD/32). Q and K are staged 32 dims at a time, V 32 dims at a
-// time into K's tile; everything is f32 arithmetic on the f16 cache, as attention.wgsl.
+// time into K's tile; each step's global loads are issued into registers before the step before computes (one
+// step ahead, as matmul_q8w). Everything is f32 arithmetic on the f16 cache, as attention.wgsl.
 // Query t sits at position pos0 + t and sees keys 0..pos0+t, all in the paged cache (the chunk's own keys
 // were appended before). Grid (H / HG, ceil(T / BT)); token blocks run last-first, so the longest start first.
 // Constants: H, KVH, HD (a multiple of 32), HG (a power of two dividing H / KVH, ≤ 32), PAGE, SCALE (1/√HD).
@@ -38,6 +39,42 @@ fn cache_row(key: u32, kvh: u32) -> u32 {
     return ((page_table[key / PAGE] * KVH + kvh) * PAGE + key % PAGE) * C;
 }
 
+// What a thread stages for one step (its two items: rows / keys lid / 8 and lid / 8 + 16, vec4 column lid % 8).
+struct Staged { q0: vec4<f32>, q1: vec4<f32>, kv0: vec4<f32>, kv1: vec4<f32> }
+
+struct Tile { tb: u32, h0: u32, kvh: u32, T: u32, n_keys: u32 }
+
+fn fetch_kv(w: Tile, key: u32, col: u32, v: bool) -> vec4<f32> {
+    if (key >= w.n_keys) { return vec4<f32>(0.0); }  // past the end: p = 0, but the cache there may hold anything
+    let at = cache_row(key, w.kvh) + col;
+    if (v) { return vec4<f32>(v_cache[at]); }
+    return vec4<f32>(k_cache[at]);
+}
+
+fn fetch_q(w: Tile, r: u32, col: u32) -> vec4<f32> {
+    let t = w.tb + r / HG;
+    if (t >= w.T) { return vec4<f32>(0.0); }
+    return q[(t * H + w.h0 + r % HG) * C + col] * SCALE;
+}
+
+// Step g of key block kb: g < NCH stages Q and K dims 32g..32g+31, g ≥ NCH stages V dims 32(g − NCH)...
+fn fetch(w: Tile, kb: u32, g: u32, lid: u32) -> Staged {
+    let r = lid / 8u;
+    let v = g >= NCH;
+    let col = (g % NCH) * 8u + lid % 8u;
+    var out: Staged;
+    out.kv0 = fetch_kv(w, kb + r, col, v);
+    out.kv1 = fetch_kv(w, kb + r + 16u, col, v);
+    if (v) {
+        out.q0 = vec4<f32>(0.0);
+        out.q1 = vec4<f32>(0.0);
+    } else {
+        out.q0 = fetch_q(w, r, col);
+        out.q1 = fetch_q(w, r + 16u, col);
+    }
+    return out;
+}
+
 @compute @workgroup_size(128)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let T = step.n_tokens;
@@ -60,6 +97,8 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
 
     // Scores and softmax state in named vectors (no private arrays in the hot loops); the output tile o is only
     // touched once per 32 keys, so where a compiler keeps it does not matter.
+    let w = Tile(tb, h0, kvh, T, n_keys);
+    var st = fetch(w, 0u, 0u, lid);
     var o: array<vec4<f32>, 2u * NCH>;
     var m = vec2<f32>(NEG_BIG);
     var l = vec2<f32>(0.0);
@@ -69,19 +108,12 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         var s1 = vec4<f32>(0.0);
         for (var d = 0u; d < NCH; d++) {
             workgroupBarrier();  // the previous readers of q_sh / kv_sh are done
-            for (var i = lid; i < ROWS * 8u; i += WG) {
-                let r = i / 8u;
-                let c = i % 8u;
-                let t = tb + r / HG;
-                var qv = vec4<f32>(0.0);
-                if (t < T) { qv = q[(t * H + h0 + r % HG) * C + d * 8u + c] * SCALE; }
-                q_sh[r * PAD + c] = qv;
-                let key = kb + r;
-                var kv = vec4<f32>(0.0);
-                if (key < n_keys) { kv = vec4<f32>(k_cache[cache_row(key, kvh) + d * 8u + c]); }
-                kv_sh[r * PAD + c] = kv;
-            }
+            q_sh[(lid / 8u) * PAD + lid % 8u] = st.q0;
+            q_sh[(lid / 8u + 16u) * PAD + lid % 8u] = st.q1;
+            kv_sh[(lid / 8u) * PAD + lid % 8u] = st.kv0;
+            kv_sh[(lid / 8u + 16u) * PAD + lid % 8u] = st.kv1;
             workgroupBarrier();
+            st = fetch(w, kb, d + 1u, lid);  // the next step's loads fly while this one computes
             for (var c = 0u; c < 8u; c++) {
                 let q0 = q_sh[(2u * tr) * PAD + c];
                 let q1 = q_sh[(2u * tr + 1u) * PAD + c];
@@ -124,13 +156,14 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         // ---- outputs: o(row) = alpha · o(row) + Σ_key p · v(key), over HD in chunks of 32 dims
         for (var d = 0u; d < NCH; d++) {
             workgroupBarrier();  // p_sh is written, the previous readers of kv_sh / red_sh are done
-            for (var i = lid; i < BK * 8u; i += WG) {
-                let key = kb + i / 8u;
-                var vv = vec4<f32>(0.0);  // keys past the end: p = 0, but the cache there may hold anything
-                if (key < n_keys) { vv = vec4<f32>(v_cache[cache_row(key, kvh) + d * 8u + i % 8u]); }
-                kv_sh[(i / 8u) * PAD + i % 8u] = vv;
-            }
+            kv_sh[(lid / 8u) * PAD + lid % 8u] = st.kv0;
+            kv_sh[(lid / 8u + 16u) * PAD + lid % 8u] = st.kv1;
             workgroupBarrier();
+            if (d + 1u < NCH) {
+                st = fetch(w, kb, NCH + d + 1u, lid);
+            } else {
+                st = fetch(w, kb + BK, 0u, lid);  // the next block's first step (all zeros past the last block)
+            }
             var o0 = o[d] * alpha.x;
             var o1 = o[NCH + d] * alpha.y;
             for (var j = 0u; j < BK; j++) {
