@@ -63,6 +63,16 @@ def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
     # These tiny models are below Q8_PREFILL_MIN_DIM: int8 prefill is asked for explicitly.
     model = load_model(mlc, gpu=gpu, max_context=256, prefill_chunk=64, q8_decode=q8, q8_prefill=q8)
     assert uses_q8_prefill(model.runtime) == q8
+    # With int8 prefill the norms write hidden's rows in int8: the GEMMs reading hidden record no quantize_q8.
+    rt = model.runtime
+    def steps(block, layer, m):
+        return [what for _, _, what in block.lin[layer][m].prefill_steps]
+
+    assert rt.ws.hidden_rows_q8 == q8
+    for i in (0, 1):
+        mixer, ffn = rt.plan.mixer_of[i], rt.plan.ffn_of[i]
+        assert steps(mixer, i, "qkv") == steps(ffn, i, "gate_up") == ["gemm"]
+        assert steps(mixer, i, "o") == (["quantize", "gemm"] if q8 else ["gemm"])  # o reads attention's output
     ref_model = reference_model(hf_dir, mlc)
     ids = np.random.default_rng(0).integers(0, model.runtime.spec.vocab, 150)
     ours = model.logits(ids)  # 150 tokens span ~10 KV pages and 3 prefill chunks

@@ -16,12 +16,15 @@ from engine.blocks.linear import Arithmetic, Linear, SplitLinear, matrix_binding
 from engine.kernels.attention import (
     ATTENTION,
     ATTENTION_DECODE,
+    ATTENTION_TILED,
     ATTN_GATE,
     COMBINE,
     ROPE_APPEND,
     attention_consts,
     attention_decode_consts,
     attention_decode_fits,
+    attention_tiled_grid,
+    attention_tiled_plan,
     attn_gate_plan,
     combine_consts,
     rope_append_consts,
@@ -177,6 +180,9 @@ class AttentionMixer(Block):
         attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
         self.p_attn = gpu.pipeline(ATTENTION, attn)
         self.p_split = gpu.pipeline(ATTENTION, dict(attn, SPLIT=True))
+        # Prefill chunks: 32 query rows share each staged key block (None: head_dim not a multiple of 32).
+        self.tiled = attention_tiled_plan(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
+        self.p_tiled = gpu.pipeline(ATTENTION_TILED, self.tiled) if self.tiled else None
         self.p_combine = gpu.pipeline(COMBINE, combine_consts(s.n_heads, s.head_dim, self.combine_int8))
         self.p_rope = gpu.pipeline(ROPE_APPEND, rope_append_consts(
             s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
@@ -215,6 +221,9 @@ class AttentionMixer(Block):
                 self.bg[i]["decode"] = gpu.bind(self.p_decode, dict(
                     qkv=self.qkv, **cache, inv_freq=self.decode_rope[i], out=o_in, step=ws.step, xq=ws.x_q8,
                     xm=ws.x_q8_meta), f"{c}.attn_decode")
+            if self.tiled:
+                self.bg[i]["tiled"] = gpu.bind(self.p_tiled, dict(q=self.q, **cache, out=self.attn, step=ws.step),
+                                               f"{c}.attn_tiled")
             fused = self.norms is not None
             lin["qkv"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.qkv", self.formats[i], dummy), self.qkv,
                             f"{c}.qkv", src_int8=self.ar.norm_int8,
@@ -244,6 +253,8 @@ class AttentionMixer(Block):
         if splits > 1:
             rec.dispatch(self.p_split, bg["split"], s.n_heads, T, splits)
             rec.dispatch(self.p_combine, self.bg_combine, s.n_heads, T)
+        elif T > 1 and self.tiled:
+            rec.dispatch(self.p_tiled, bg["tiled"], *attention_tiled_grid(self.tiled, T))
         else:
             rec.dispatch(self.p_attn, bg["attn"], s.n_heads, T, 1)
         if self.gated:

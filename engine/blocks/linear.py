@@ -180,7 +180,8 @@ class Linear:
         pipe = gpu.pipeline(kernel, consts)
         self.prefill_steps = []  # (pipeline, bind group, "quantize" | "gemm")
         if self.int8_prefill:
-            if not rows_ready:
+            # The prefill's norms write `hidden`'s rows in int8 themselves (engine/blocks/residual.py).
+            if not rows_ready and not (src is ws.hidden and getattr(ws, "hidden_rows_q8", False)):
                 qpipe = gpu.pipeline(QUANTIZE_Q8, quantize_q8_plan(self.k)[0])
                 self.prefill_steps.append((qpipe, gpu.bind(qpipe, dict(x=src, xq=ws.rows_q8, xm=ws.rows_q8_meta,
                                                                        step=ws.step), f"{label}.rows-q8"), "quantize"))

@@ -419,7 +419,8 @@ class MoeFfn(Block):
                                                       tiles=made[f"moe.tiles-{key}"], step=ws.step),
                                f"{c}.sort-{key}"), None))
         buf = {"x": ws.hidden, "act": self.act, "y": y}
-        quantized = {"x": None, "act": None}  # K of the rows quantized last
+        # K of the rows quantized last; the prefill's norm wrote x's rows in int8 (engine/blocks/residual.py)
+        quantized = {"x": self.D if getattr(ws, "hidden_rows_q8", False) else None, "act": None}
         for stack, key, kernel, plan, src, dst in g["passes"]:
             order, tiles = made[f"moe.order-{key}"], made[f"moe.tiles-{key}"]
             if kernel is MOE_GEMM:

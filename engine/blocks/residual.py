@@ -1,7 +1,9 @@
 """The residual stream's norms: the first RMSNorm (layer 0's input norm over the embedding), then after each mixer
 and each feed-forward block the residual add fused with the next RMSNorm (the layer's post-attention norm, the next
 layer's input norm, or the final norm). Residuals ping-pong between the workspace's two residual buffers; with int8
-arithmetic each norm also writes the int8 copy of its last row for the matvecs that read `hidden`.
+arithmetic each norm also writes the int8 copy of its last row for the matvecs that read `hidden`. With int8 prefill
+GEMMs, a prefill chunk's norms (all but the final one) write every row in int8 too (`ws.hidden_rows_q8`: the GEMMs
+that read `hidden` skip their quantize_q8); after the first norm one quantize_q8 does it.
 
 With `in_matvecs` (int8 dense or hybrid models whose matvecs are all matvec_q8s) a decode token runs
 no add + norm dispatch but the final one: the o and down matvecs add their outputs to the residual and write the
@@ -11,7 +13,15 @@ the chunks' sums of squares (`rms_input`)."""
 from __future__ import annotations
 
 from engine.blocks import Block, BufferNeed, upload_weight
-from engine.kernels.norm import ADD_RMS_NORM, RMS_NORM, norm_plan
+from engine.kernels.matmul import QUANTIZE_Q8, quantize_q8_plan
+from engine.kernels.norm import (
+    ADD_RMS_NORM,
+    ADD_RMS_NORM_ROWS,
+    RMS_NORM,
+    norm_can_write_rows_int8,
+    norm_plan,
+    norm_rows_plan,
+)
 
 
 class ResidualNorms(Block):
@@ -58,6 +68,7 @@ class ResidualNorms(Block):
                                             step=ws.step, **int8), f"{c}.add_norm2")
             self.bg_layers.append((mid, end))
         self.ws = ws
+        self._build_rows(gpu, ws)
 
     def epilogue(self, layer: int, after: str) -> dict:
         """Linear.bind's `norm_out` for the matvec that ends the layer's mixer ("mixer": o) or feed-forward block
@@ -79,12 +90,40 @@ class ResidualNorms(Block):
         """A decode token's add + norm that the matvec before it carries."""
         return T == 1 and self.in_matvecs and not (after == "ffn" and layer == self.n_layers - 1)
 
+    def _build_rows(self, gpu, ws) -> None:
+        """The prefill variants that also write every normed row in int8 to the workspace's rows (GEMM input)."""
+        self.rows_q8 = ws.rows_q8 is not None and norm_can_write_rows_int8(self.dim)
+        ws.hidden_rows_q8 = self.rows_q8
+        if not self.rows_q8:
+            return
+        rows = dict(xq=ws.rows_q8, xm=ws.rows_q8_meta, step=ws.step)
+        self.p_first_q8 = gpu.pipeline(QUANTIZE_Q8, quantize_q8_plan(self.dim)[0])
+        self.bg_first_q8 = gpu.bind(self.p_first_q8, dict(x=ws.hidden, **rows), "norm0.rows-q8")
+        self.p_rows = gpu.pipeline(ADD_RMS_NORM_ROWS, norm_rows_plan(self.dim, self.consts["EPS"],
+                                                                     self.consts["NORM_OFFSET"]))
+        self.bg_rows = []
+        for i in range(self.n_layers):
+            c, after = f"layers.{i}", self.w.get(f"layers.{i + 1}.attn_norm")
+            mid = gpu.bind(self.p_rows, dict(r_in=ws.res[0], delta=ws.delta, w=self.w[f"{c}.mlp_norm"],
+                                             r_out=ws.res[1], y=ws.hidden, **rows), f"{c}.add_norm1_rows")
+            end = None if after is None else gpu.bind(self.p_rows, dict(r_in=ws.res[1], delta=ws.delta, w=after,
+                                                                        r_out=ws.res[0], y=ws.hidden, **rows),
+                                                      f"{c}.add_norm2_rows")
+            self.bg_rows.append((mid, end))
+
     def record_first(self, rec, T: int) -> None:
         rec.dispatch(self.p_first, self.bg_first, T)
+        if T > 1 and self.rows_q8:
+            rec.dispatch(self.p_first_q8, self.bg_first_q8, *quantize_q8_plan(self.dim, rows=T)[1])
 
     def record(self, rec, layer: int, T: int, splits: int = 1, after: str = "mixer") -> None:
         """The add + norm after the layer's mixer ("mixer") or after its feed-forward block ("ffn")."""
-        if not self._skipped(layer, T, after):
+        if self._skipped(layer, T, after):
+            return
+        rows = self.bg_rows[layer][after == "ffn"] if T > 1 and self.rows_q8 else None
+        if rows is not None:  # the final norm keeps the last row's int8 copy for the LM head
+            rec.dispatch(self.p_rows, rows, T)
+        else:
             rec.dispatch(self.p_add, self.bg_layers[layer][after == "ffn"], T)
 
     def dispatches_per_token(self, splits: int = 1) -> int:

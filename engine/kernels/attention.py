@@ -9,6 +9,7 @@ from engine.kernels import declare
 
 ROPE_APPEND = declare("rope_append", writes=("q_out", "k_cache", "v_cache"))
 ATTENTION = declare("attention", writes=("out", "part_ml"))
+ATTENTION_TILED = declare("attention_tiled", writes=("out",))
 COMBINE = declare("attention_combine", writes=("out", "xq", "xm"))
 ATTN_GATE = declare("attn_gate", writes=("y",))
 ATTENTION_DECODE = declare("attention_decode", writes=("k_cache", "v_cache", "out", "xq", "xm"))
@@ -26,6 +27,27 @@ def attention_consts(n_heads: int, n_kv_heads: int, head_dim: int, page: int, sp
     wg = max(64, 1 << math.ceil(math.log2(head_dim // 4)))
     return dict(WG=min(wg, 256), H=n_heads, KVH=n_kv_heads, HD=head_dim, PAGE=page,
                 SCALE=1.0 / math.sqrt(head_dim), SPLIT=split)
+
+
+TILED_ROWS = 32  # query rows a workgroup of attention_tiled.wgsl owns
+
+
+def attention_tiled_plan(n_heads: int, n_kv_heads: int, head_dim: int, page: int) -> dict | None:
+    """Constants for attention_tiled.wgsl (prefill chunks), or None where it does not apply (head_dim not a multiple
+    of 32). HG query heads of one kv head share a workgroup: the largest power of two dividing the group, ≤ 32."""
+    if head_dim % 32 or n_heads % n_kv_heads:
+        return None
+    group = n_heads // n_kv_heads
+    hg = 1
+    while group % (2 * hg) == 0 and 2 * hg <= TILED_ROWS:
+        hg *= 2
+    return dict(H=n_heads, KVH=n_kv_heads, HD=head_dim, HG=hg, PAGE=page, SCALE=1.0 / math.sqrt(head_dim))
+
+
+def attention_tiled_grid(consts: dict, T: int) -> tuple[int, int, int]:
+    """Grid of attention_tiled.wgsl over T tokens: (H / HG, token blocks, 1)."""
+    bt = TILED_ROWS // consts["HG"]
+    return consts["H"] // consts["HG"], -(-T // bt), 1
 
 
 def combine_consts(n_heads: int, head_dim: int, q8: bool) -> dict:
