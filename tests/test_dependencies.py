@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCAL = {"engine", "app", "tests"}
+LOCAL = {"engine", "app", "tests", "bench"}  # this repository's own packages
 # Entries of the test extra that no test imports, and why they are needed all the same.
 USED_INDIRECTLY = {
     "pytest-qt": "a pytest plugin: the qtbot fixture",
