@@ -161,3 +161,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(mark)
         if _NO_QT is not None and "app" in item.keywords:
             item.add_marker(_NO_QT)
+    # app.main.main() quits the QApplication, after which Qt's worker threads no longer run their event loops (a later
+    # window's downloads never start): the tests that call it in-process run last.
+    items.sort(key=lambda item: item.nodeid.startswith("tests/test_app_signals.py"))
