@@ -417,9 +417,13 @@ class MapWait:
         # wgpu-native's per-device poll thread sets this event when the mapping lands (wgpu 0.32's GPUPromise).
         event = getattr(self.promise, "_thread_event", None)
         if cancel is not None and event is not None:
-            while not event.wait(poll_s):
-                if cancel.cancelled:
-                    return False
+            # The Stop is looked at before the mapping: a wait that sees one is abandoned even when the GPU has
+            # already finished, so what a Stop leaves queued does not depend on the GPU's speed.
+            while not cancel.cancelled:
+                if event.wait(poll_s):
+                    break
+            else:
+                return False
         self.promise.sync_wait()
         return True
 

@@ -51,6 +51,12 @@ var<workgroup> row_sh: array<u32, WG>;       // the block's cache row offsets (i
 var<workgroup> acc_sh: array<vec4<f32>, WG>; // the final meeting of the E key lanes
 
 // Element i of the head at qkv[src ..] after the optional RMSNorm (inv = the head's 1/rms; norm at inv_freq[w0 ..]).
+// The value the f16 cache will hold. Through pack2x16float: NVIDIA's compiler folds an f32 -> f16 -> f32 cast pair
+// away, and the new key must score exactly as it does once read back from the cache.
+fn f16_rounded(v: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(pack2x16float(v.xy)), unpack2x16float(pack2x16float(v.zw)));
+}
+
 fn normed(src: u32, i: u32, inv: f32, w0: u32) -> f32 {
     let v = qkv[src + i];
     if (!QK_NORM) { return v; }
@@ -101,15 +107,15 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
             qv[j] = roped(q_src, 4u * c + j, q_inv, HALF, p);
             kv[j] = roped(k_src, 4u * c + j, k_inv, HALF + HD, p);
         }
-        let k16 = vec4<f16>(kv);
-        let v16 = vec4<f16>(vec4<f32>(qkv[v_src + 4u * c], qkv[v_src + 4u * c + 1u], qkv[v_src + 4u * c + 2u],
-                                      qkv[v_src + 4u * c + 3u]));
+        let k16 = f16_rounded(kv);
+        let v16 = f16_rounded(vec4<f32>(qkv[v_src + 4u * c], qkv[v_src + 4u * c + 1u], qkv[v_src + 4u * c + 2u],
+                                        qkv[v_src + 4u * c + 3u]));
         q_sh[c] = qv * SCALE;
-        k_sh[c] = vec4<f32>(k16);
-        v_sh[c] = vec4<f32>(v16);
+        k_sh[c] = k16;
+        v_sh[c] = v16;
         if (h % GROUP == 0u) {
-            k_cache[new_row + c] = k16;
-            v_cache[new_row + c] = v16;
+            k_cache[new_row + c] = vec4<f16>(k16);
+            v_cache[new_row + c] = vec4<f16>(v16);
         }
     }
     workgroupBarrier();
