@@ -68,13 +68,15 @@ VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec
             ("gemm int8", dict(kc=4, tm=32, tn=32)), ("gemm int8", dict(tm=32, tn=128))]
 
 
-def random_weight(g: Gpu, tag: str, N: int, K: int, rng) -> tuple[list, int, np.ndarray]:
-    """(the two weight buffers as the kernels bind them, their bytes, float64 weights)."""
+def random_weight(g: Gpu, tag: str, N: int, K: int, rng, reference: bool = True) -> tuple[list, int, np.ndarray]:
+    """(the two weight buffers as the kernels bind them, their bytes, float64 weights: None without `reference`)."""
     if tag == "q4_0":
         q = rng.integers(0, 2**32, (N, K // 8), dtype=np.uint32)
         s = rng.uniform(0.002, 0.02, (N, K // 32)).astype(np.float16)
-        nib = (q[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & np.uint32(15)
-        W = (nib.reshape(N, -1).astype(np.float64) - 8) * np.repeat(s.astype(np.float64), 32, axis=1)
+        W = None
+        if reference:
+            nib = (q[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & np.uint32(15)
+            W = (nib.reshape(N, -1).astype(np.float64) - 8) * np.repeat(s.astype(np.float64), 32, axis=1)
         return [g.upload("w", q), g.upload("s", s)], q.nbytes + s.nbytes, W
     t = kquant.TYPES[tag]
     raw = rng.integers(0, 256, (N, K // t.elements * t.nbytes), dtype=np.uint8)
@@ -86,7 +88,8 @@ def random_weight(g: Gpu, tag: str, N: int, K: int, rng) -> tuple[list, int, np.
     w, wh = weight_buffers(arrays)
     wb = g.upload("w", w)
     bufs = [wb, wb if wh is w else g.upload("wh", wh)]
-    return bufs, sum(a.nbytes for a in arrays.values()), gguf_dequantize(raw, t.qtype).astype(np.float64)
+    W = gguf_dequantize(raw, t.qtype).astype(np.float64) if reference else None
+    return bufs, sum(a.nbytes for a in arrays.values()), W
 
 
 def plans(g: Gpu, tag: str, K: int, N: int, T: int) -> dict:
@@ -225,7 +228,7 @@ def main() -> None:
             copies = [random_weight(g, tag, N, K, rng)]
             wbufs, nbytes, W = copies[0]
             while len(copies) * nbytes < args.weight_mib * 2**20:
-                copies.append(random_weight(g, tag, N, K, rng))
+                copies.append(random_weight(g, tag, N, K, rng, reference=False))  # timed, never checked
             steps = {}
             for i, (kind, (shader, consts, grid)) in enumerate(plans(g, tag, K, N, T).items()):
                 pipe = g.pipeline(shader, consts)
