@@ -84,14 +84,16 @@ def copy_bandwidth(gpu: Gpu, nbytes: int = 1 << 30, reps: int = 5) -> float:
 
 def dispatch_seconds(gpu: Gpu, pipeline, bind_group, grid: tuple, reps: int = 100, tries: int = 3) -> float:
     """Seconds per dispatch of one kernel, dispatched `reps` times back to back in one pass (so each includes the
-    barrier to the next), best of `tries` submissions. The bench/ profilers share it."""
+    barrier to the next), best of `tries` submissions. The bench/ profilers share it. `bind_group` may be a list,
+    taken in turn (weights in several copies, so that a matrix smaller than the L2 cache is not read from it)."""
     from engine.gpu import Recorder
 
+    groups = bind_group if isinstance(bind_group, list) else [bind_group]
     best = float("inf")
     for _ in range(tries):
         rec = Recorder(gpu, "timed")
-        for _ in range(reps):
-            rec.dispatch(pipeline, bind_group, *grid)
+        for i in range(reps):
+            rec.dispatch(pipeline, groups[i % len(groups)], *grid)
         gpu.sync()
         t = time.perf_counter()
         rec.submit()

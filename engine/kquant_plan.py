@@ -7,10 +7,13 @@ arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
 | shader | role | bindings (in order) | grid |
 |---|---|---|---|
 | matvec_kq | decode, f32 x | x, w, wh, y, step | matvec_kq_plan |
-| matvec_kq_q8 | decode, int8 x (quantize_q8's layout) | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8 | decode, int8 x (quantize_q8's layout), w as u32 | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8_vec4 | the same, w as vec4 (blocks of whole 16-byte units) | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matmul_kq | prefill GEMM, f32 X | x, w, wh, y, step | gemm_kq_plan |
 | matmul_kq_q8 | prefill GEMM, int8 X (quantize_q8 rows) | xq, w, wh, y, xm, step | gemm_kq_q8_plan |
 | embedding_kq | embedding rows as f32 | tokens, w, wh, x, step | embedding_kq_plan |
+
+`matvec_kq_q8_kernel` picks between the two int8 decode kernels.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from engine.kernels import declare, fold_grid
 # The host's expectations of each kernel, checked against its WGSL declarations (engine/kernels/__init__.py).
 MATVEC_KQ = declare("matvec_kq", writes=("y",))
 MATVEC_KQ_Q8 = declare("matvec_kq_q8", writes=("y",))
+MATVEC_KQ_Q8_VEC4 = declare("matvec_kq_q8_vec4", writes=("y",))
 MATMUL_KQ = declare("matmul_kq", writes=("y",))
 MATMUL_KQ_Q8 = declare("matmul_kq_q8", writes=("y",))
 EMBEDDING_KQ = declare("embedding_kq", writes=("x",))
@@ -41,6 +45,7 @@ EMBED_WG = 64
 BINDINGS = {
     "matvec_kq": ("x", "w", "wh", "y", "step"),
     "matvec_kq_q8": ("xq", "w", "wh", "y", "xm"),
+    "matvec_kq_q8_vec4": ("xq", "w", "wh", "y", "xm"),
     "matmul_kq": ("x", "w", "wh", "y", "step"),
     "matmul_kq_q8": ("xq", "w", "wh", "y", "xm", "step"),
     "embedding_kq": ("tokens", "w", "wh", "x", "step"),
@@ -82,16 +87,39 @@ def matvec_kq_plan(tag: str, K: int, N: int, gate_up: bool = False, last_row: bo
     return consts, fold_grid(-(-N // rows))
 
 
+def q8_item(tag: str) -> int:
+    """Elements per lane item of the int8 decode matvec (shaders/kq_items.wgsl): 16 code bytes of a block, which
+    hold 64 elements of the 2- and 3-bit types and 32 of the others (Q5_0 / Q5_1: the whole block)."""
+    return 64 if tag in ("q2_k", "q3_k") else 32
+
+
+def has_vec4_blocks(tag: str) -> bool:
+    """Blocks of whole 16-byte units in q_blocks (Q4_K, Q5_K, Q6_K): matvec_kq_q8_vec4 can read them."""
+    return ktype(tag).words % 4 == 0
+
+
+def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None):
+    """The int8 decode kernel for `tag`: matvec_kq_q8_vec4 where the blocks allow (or `vec4` asks), else
+    matvec_kq_q8 (u32 loads; any type)."""
+    vec4 = has_vec4_blocks(tag) if vec4 is None else vec4
+    if vec4 and not has_vec4_blocks(tag):
+        raise ValueError(f"{tag} blocks are {ktype(tag).words * 4} bytes in q_blocks, not whole 16-byte units: "
+                         "matvec_kq_q8_vec4 cannot read them")
+    return MATVEC_KQ_Q8_VEC4 if vec4 else MATVEC_KQ_Q8
+
+
 def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None,
                       wg: int = MATVEC_Q8_WG) -> tuple[dict, tuple[int, int]]:
-    """Constants and grid for shaders/matvec_kq_q8.wgsl (x from quantize_q8 or a norm's Q8 output). BLOCKS row
-    blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size still covers all)."""
+    """Constants and grid for shaders/matvec_kq_q8.wgsl and matvec_kq_q8_vec4.wgsl (x from quantize_q8 or a norm's
+    Q8 output). BLOCKS row blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size
+    still covers all)."""
     fmt = _check(tag, K, N)
     if subgroup_size < 1 or wg % subgroup_size:
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
     rows = rows or max(MATVEC_Q8_ROWS // (2 if gate_up else 1), 1)
     blocks = wg // subgroup_size
-    consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
+    consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, HALVES=fmt["HALVES"],
+                  KTYPE=fmt["KTYPE"], QK=fmt["QK"], BW=fmt["BW"], ITEM=q8_item(tag))
     return consts, fold_grid(-(-N // (rows * blocks)))
 
 

@@ -1,16 +1,13 @@
-// Decode matvec on K-quant / Q5_0 / Q5_1 blocks with int8 activations (quantize_q8.wgsl's layout, q8_pack.wgsl: per
-// 32-element chunk int8 codes xq, scale xs and Σ xq), four products per dot4I8Packed as llama.cpp's q8_1 path does.
-// Per chunk and half h (16 elements): Σ w·x = xs·(a_h·Σ u·xq + b_h·Σ xq) in kq_decode.wgsl's form, the integer sums
-// exact. The codes come in element order, the activation bytes in q8_pack's (evens, odds) order: each lane puts its
-// chunk's activation words in element order once and reuses them for the ROWS rows it owns.
-// Each subgroup owns ROWS outputs (row blocks sg_id, sg_id + n_sg, ... of the workgroup's BLOCKS, as matvec_q8.wgsl);
-// its lanes walk K one chunk at a time and meet through subgroupAdd. Needs subgroup ops.
-// Constants: K (a multiple of QK), N, WG, ROWS, BLOCKS, GATE_UP (gate rows then up rows; y = silu(gate)·up),
-//   KTYPE, QK, BW, BH, HALVES.
+// Decode matvec on K-quant / Q5_0 / Q5_1 blocks read as stored, int8 activations (quantize_q8.wgsl's layout, or a
+// norm's Q8 output): y = W x̂ through dot4I8Packed, four products at a time as llama.cpp's q8_1 path. This variant
+// reads w as u32 words, for any type; the types whose blocks are whole 16-byte units (Q4_K, Q5_K, Q6_K) run
+// matvec_kq_q8_vec4.wgsl, the same arithmetic with 16-byte loads. Layout of the work: matvec_kq_q8_body.wgsl.
+// Needs subgroup ops.
+// Constants: K, N, WG, ROWS, BLOCKS, GATE_UP, HALVES, KTYPE, QK, BW, ITEM (engine/kquant_plan.py).
 // Bindings: 0 xq u32[K / 4] as vec4, 1 w u32 q_blocks, 2 wh f16 (q_d, or q_blocks again), 3 y f32[N] (write),
 //   4 xm vec2<f32>[K / 32] (scale, Σ codes). Grid: fold_grid(ceil(N / (ROWS · BLOCKS))).
 #import reduce
-#import kq_decode
+#import matvec_kq_q8_body
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
@@ -18,76 +15,10 @@
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> xm: array<vec2<f32>>;
 
-const CHUNKS: u32 = K / 32u;
-const NB: u32 = K / QK;
-const MATS: u32 = select(1u, 2u, GATE_UP);
-const WROWS: u32 = ROWS * MATS;
-const ONES: u32 = 0x01010101u;
-
-// Bytes 0 and 1 of v moved to bytes 0 and 2.
-fn spread2(v: u32) -> u32 { return ((v & 0xFFFFu) | ((v & 0xFFFFu) << 8u)) & 0x00FF00FFu; }
-
-// One 8-element word of q8_pack order (ev = elements 0, 2, 4, 6; od = 1, 3, 5, 7) in element order (0..3, 4..7).
-fn in_order(ev: u32, od: u32) -> vec2<u32> {
-    return vec2<u32>(spread2(ev) | (spread2(od) << 8u), spread2(ev >> 16u) | (spread2(od >> 16u) << 8u));
-}
-
-fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
+fn wv(word: u32) -> vec4<u32> { return vec4<u32>(w[word], w[word + 1u], w[word + 2u], w[word + 3u]); }
+fn ws(word: u32) -> u32 { return w[word]; }
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let group_id = wid.y * nwg.x + wid.x;
-    for (var blkrow = lane.sg_id; blkrow < BLOCKS; blkrow += lane.n_sg) {
-        let first = (group_id * BLOCKS + blkrow) * ROWS;
-        var blk0: array<u32, WROWS>;  // rows past N are clamped to N − 1: read, summed, never written
-        for (var i = 0u; i < WROWS; i++) { blk0[i] = ((i / ROWS) * N + min(first + i % ROWS, N - 1u)) * NB; }
-        var acc = array<f32, WROWS>();
-        for (var c = lane.sg_lane; c < CHUNKS; c += lane.sg_size) {
-            let blk_off = c / CPB;
-            let cc = c % CPB;
-            let a = xq[2u * c];
-            let b = xq[2u * c + 1u];
-            var xc: array<u32, 8>;
-            let w0 = in_order(a.x, a.y);
-            let w1 = in_order(a.z, a.w);
-            let w2 = in_order(b.x, b.y);
-            let w3 = in_order(b.z, b.w);
-            xc[0] = w0.x; xc[1] = w0.y; xc[2] = w1.x; xc[3] = w1.y;
-            xc[4] = w2.x; xc[5] = w2.y; xc[6] = w3.x; xc[7] = w3.y;
-            let m = xm[c];  // (activation scale, Σ xq over the chunk)
-            // Σ xq over the first half (elements 0..15 are a's bytes in either order); the second is the rest.
-            let s0 = dot4I8Packed(a.x, ONES) + dot4I8Packed(a.y, ONES) + dot4I8Packed(a.z, ONES)
-                   + dot4I8Packed(a.w, ONES);
-            let xsum = vec2<f32>(f32(s0), m.y - f32(s0));
-            for (var i = 0u; i < WROWS; i++) {
-                let blk = blk0[i] + blk_off;
-                let ab = kq_affine(blk, cc);
-                var d0 = 0;
-                var d1 = 0;
-                for (var j = 0u; j < 4u; j++) {
-                    d0 += dot4I8Packed(kq_word(blk, cc, j), xc[j]);
-                    d1 += dot4I8Packed(kq_word(blk, cc, j + 4u), xc[j + 4u]);
-                }
-                if (HALVES) {
-                    acc[i] += m.x * (ab.x * f32(d0) + ab.y * f32(d1) + ab.z * xsum.x + ab.w * xsum.y);
-                } else {  // one scale and offset for the whole chunk
-                    acc[i] += m.x * (ab.x * f32(d0 + d1) + ab.z * m.y);
-                }
-            }
-        }
-        var total: array<f32, WROWS>;
-        for (var i = 0u; i < WROWS; i++) { total[i] = subgroupAdd(acc[i]); }
-        if (lane.sg_lane == 0u) {
-            for (var i = 0u; i < ROWS; i++) {
-                let r = first + i;
-                if (r < N) {
-                    if (GATE_UP) {
-                        y[r] = silu(total[i]) * total[ROWS + i];
-                    } else {
-                        y[r] = total[i];
-                    }
-                }
-            }
-        }
-    }
+    kq_q8_rows(wid.y * nwg.x + wid.x, lane);
 }

@@ -21,7 +21,9 @@ from engine.kquant_plan import (
     embedding_kq_plan,
     gemm_kq_plan,
     gemm_kq_q8_plan,
+    has_vec4_blocks,
     matvec_kq_plan,
+    matvec_kq_q8_kernel,
     matvec_kq_q8_plan,
     weight_buffers,
 )
@@ -226,13 +228,13 @@ def scaled_activations(rng, T, K):
     return x.astype(np.float32)
 
 
-def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, **plan):
+def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, **plan):
     K = x_row.shape[0]
     xq, xm, x_hat, scale = quantize_x(gpu, x_row[None])
     consts, grid = matvec_kq_q8_plan(tag, K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, **plan)
     y = poisoned(gpu, "y", (N,))
     w, wh = upload_weight(gpu, tag, raw, K)
-    run(gpu, "matvec_kq_q8", consts, [xq, w, wh, y, xm], grid)
+    run(gpu, matvec_kq_q8_kernel(tag, vec4), consts, [xq, w, wh, y, xm], grid)
     return read(gpu, y, (N,)), x_hat[0], scale[0], grid
 
 
@@ -249,9 +251,35 @@ def test_matvec_kq_q8(gpu, rng, tag, blocks, N, gate_up):
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
+@pytest.mark.parametrize("tag", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"])
+@pytest.mark.parametrize("blocks,N,rows,gate_up", [(1, 9, 1, False), (5, 13, 3, False), (3, 7, 4, True)])
+def test_matvec_kq_q8_rows_and_block_counts(gpu, rng, tag, blocks, N, rows, gate_up):
+    # K a multiple of 256 only (1, 3, 5 blocks: the items of a row are not a multiple of the lanes, and one block
+    # has fewer items than a subgroup has lanes), odd N, and ROWS that leave rows past N in the last subgroup.
+    K = blocks * 256
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, rows=rows)
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+
+
+@pytest.mark.parametrize("tag", [t for t in TAGS if has_vec4_blocks(t)])
+@pytest.mark.parametrize("gate_up", [False, True])
+def test_matvec_kq_q8_u32_kernel_reads_the_vec4_types_too(gpu, rng, tag, gate_up):
+    # matvec_kq_q8 (u32 loads) takes every type: bench/kquant_probe.py's --variants compare it with the vec4 kernel.
+    K, N = 768, 19
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, vec4=False)
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+
+
+@pytest.mark.parametrize("tag", ["q6_k", "q3_k"])
 @pytest.mark.parametrize("claimed", [1, 4, 64])
-def test_matvec_kq_q8_covers_every_row_whatever_the_subgroup_size(gpu, rng, claimed):
-    tag, K, N = "q6_k", 512, 301
+def test_matvec_kq_q8_covers_every_row_whatever_the_subgroup_size(gpu, rng, tag, claimed):
+    K, N = 512, 301
     raw = random_raw(rng, tag, N, K)
     W, M = reference(tag, raw)
     x = rng.standard_normal(K).astype(np.float32)
@@ -266,6 +294,18 @@ def test_matvec_kq_q8_folded_grid(gpu, rng):
     W, M = reference(tag, raw)
     x = rng.standard_normal(K).astype(np.float32)
     out, x_hat, scale, grid = run_matvec_q8(gpu, tag, raw, x, N, False, wg=gpu.subgroup_size * 2, rows=1)
+    assert grid[1] > 1
+    check_int8_product(out, x, x_hat, scale, W, M, N, False, 8 + K // 32 + 64)
+
+
+@pytest.mark.slow
+def test_matvec_kq_q8_vec4_folded_grid(gpu, rng):
+    # One row a workgroup: more than 65,535 workgroups fold into (x, y); the vec4 kernel and Q6_K's split-off d.
+    tag, K, N = "q6_k", 256, MAX_GROUPS_PER_DIM + 1000
+    raw = random_raw(rng, tag, N, K)
+    W, M = reference(tag, raw)
+    x = rng.standard_normal(K).astype(np.float32)
+    out, x_hat, scale, grid = run_matvec_q8(gpu, tag, raw, x, N, False, wg=gpu.subgroup_size, rows=1)
     assert grid[1] > 1
     check_int8_product(out, x, x_hat, scale, W, M, N, False, 8 + K // 32 + 64)
 
@@ -431,6 +471,10 @@ def test_plans_refuse_what_they_cannot_run():
         gemm_kq_plan("q5_0", 48, 8, 4)
     with pytest.raises(ValueError, match="multiple of the subgroup size"):
         matvec_kq_q8_plan("q6_k", 256, 8, 48)
+    with pytest.raises(ValueError, match="not whole 16-byte units"):
+        matvec_kq_q8_kernel("q2_k", vec4=True)
+    # The vec4 kernel reads a block's words 16 bytes at a time from a 16-byte boundary: whole 16-byte blocks only.
+    assert [t for t in TAGS if has_vec4_blocks(t)] == ["q4_k", "q5_k", "q6_k"]
     with pytest.raises(ValueError, match="power of two"):
         matvec_kq_plan("q2_k", 256, 8, wg=48)
     with pytest.raises(ValueError, match="not a K-quant tag"):
@@ -441,4 +485,5 @@ def test_plans_refuse_what_they_cannot_run():
         gemm_kq_q8_plan("q4_k", 256, 8, 4, kc=3)
     with pytest.raises(ValueError, match="workgroup memory"):
         gemm_kq_q8_plan("q4_k", 1024, 8, 4, tm=128, tn=32, kc=4)
-    assert set(BINDINGS) == {"matvec_kq", "matvec_kq_q8", "matmul_kq", "matmul_kq_q8", "embedding_kq"}
+    assert set(BINDINGS) == {"matvec_kq", "matvec_kq_q8", "matvec_kq_q8_vec4", "matmul_kq", "matmul_kq_q8",
+                             "embedding_kq"}

@@ -36,11 +36,11 @@ from engine.kquant_plan import (
     MATMUL_KQ,
     MATMUL_KQ_Q8,
     MATVEC_KQ,
-    MATVEC_KQ_Q8,
     gemm_kq_plan,
     gemm_kq_q8_plan,
     is_kquant,
     matvec_kq_plan,
+    matvec_kq_q8_kernel,
     matvec_kq_q8_plan,
     weight_buffers,
 )
@@ -88,7 +88,7 @@ def decode_kernel(k: int, n: int, gate_up: bool, tag: str, ar: Arithmetic, last_
     """(Kernel, constants, grid) of the decode matvec for an [n (×2 with gate_up), k] matrix in format `tag`."""
     if is_kquant(tag):
         if ar.is_int8(tag):
-            return (MATVEC_KQ_Q8, *matvec_kq_q8_plan(tag, k, n, ar.subgroup_size, gate_up=gate_up))
+            return (matvec_kq_q8_kernel(tag), *matvec_kq_q8_plan(tag, k, n, ar.subgroup_size, gate_up=gate_up))
         return (MATVEC_KQ, *matvec_kq_plan(tag, k, n, gate_up=gate_up, last_row=last_row))
     knobs = format_knobs(tag)
     if ar.is_int8(tag):

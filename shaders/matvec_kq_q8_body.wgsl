@@ -1,0 +1,83 @@
+// The body of the int8-activation decode matvecs on K-quant / Q5_0 / Q5_1 blocks (matvec_kq_q8, matvec_kq_q8_vec4:
+// they differ only in how w is declared). Each subgroup owns ROWS outputs (row blocks sg_id, sg_id + n_sg, ... of
+// the workgroup's BLOCKS, as matvec_q8.wgsl); its lanes take consecutive items of the rows (kq_items.wgsl), so the
+// subgroup reads each row as one contiguous run of whole words, and meet through subgroupAdd.
+// Per item a lane loads its parts' activations (quantize_q8's layout, q8_pack.wgsl) once, puts them in element order
+// and reuses them for its WROWS weight rows; per row and part: Σ w·x = xs·(a·Σ u·xq + b·Σ xq), the integer sums
+// exact through dot4I8Packed.
+// The including kernel declares xq (vec4<u32>), w, wh (f16), y (f32), xm (vec2<f32>), defines wv / ws
+// (kq_items.wgsl) and imports reduce. Constants: K (a multiple of QK), N, WG, ROWS, BLOCKS, GATE_UP (gate rows then
+// up rows; y = silu(gate)·up), HALVES (per-16 offsets), KTYPE, QK, BW, ITEM.
+#import kq_items
+
+const NB: u32 = K / QK;
+const ITEMS: u32 = NB * IPB;  // items per row
+const MATS: u32 = select(1u, 2u, GATE_UP);
+const WROWS: u32 = ROWS * MATS;
+const ONES: u32 = 0x01010101u;
+
+// Bytes 0 and 1 of v moved to bytes 0 and 2.
+fn spread2(v: u32) -> u32 { return ((v & 0xFFFFu) | ((v & 0xFFFFu) << 8u)) & 0x00FF00FFu; }
+
+// One 8-element word pair of q8_pack order (ev = elements 0, 2, 4, 6; od = 1, 3, 5, 7) in element order.
+fn in_order(ev: u32, od: u32) -> vec2<u32> {
+    return vec2<u32>(spread2(ev) | (spread2(od) << 8u), spread2(ev >> 16u) | (spread2(od >> 16u) << 8u));
+}
+
+fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
+
+fn kq_q8_rows(group_id: u32, lane: Lane) {
+    for (var blkrow = lane.sg_id; blkrow < BLOCKS; blkrow += lane.n_sg) {
+        let first = (group_id * BLOCKS + blkrow) * ROWS;
+        var blk0: array<u32, WROWS>;  // rows past N are clamped to N − 1: read, summed, never written
+        for (var i = 0u; i < WROWS; i++) { blk0[i] = ((i / ROWS) * N + min(first + i % ROWS, N - 1u)) * NB; }
+        var acc = array<f32, WROWS>();
+        for (var item = lane.sg_lane; item < ITEMS; item += lane.sg_size) {
+            let bo = item / IPB;
+            let t = item % IPB;
+            var xw: array<vec4<u32>, PARTS>;  // part p's 16 activation codes in element order
+            var xs: array<f32, PARTS>;        // its chunk's activation scale
+            var xb: array<f32, PARTS>;        // the Σ xq its offset b multiplies
+            for (var p = 0u; p < PARTS; p++) {
+                let ch = kq_part(t, p);
+                let c = bo * CPB + ch.x;
+                let v = xq[2u * c + ch.y];
+                let m = xm[c];  // (activation scale, Σ xq over the chunk)
+                xw[p] = vec4<u32>(in_order(v.x, v.y), in_order(v.z, v.w));
+                xs[p] = m.x;
+                if (HALVES) {
+                    xb[p] = f32(dot4I8Packed(v.x, ONES) + dot4I8Packed(v.y, ONES) + dot4I8Packed(v.z, ONES)
+                                + dot4I8Packed(v.w, ONES));
+                } else {  // one offset per chunk: all of it on the half-0 part
+                    xb[p] = select(0.0, m.y, ch.y == 0u);
+                }
+            }
+            for (var i = 0u; i < WROWS; i++) {
+                let it = kq_item(blk0[i] + bo, t);
+                var s = 0.0;
+                for (var p = 0u; p < PARTS; p++) {
+                    let u = it.codes[p];
+                    let x = xw[p];
+                    let d = dot4I8Packed(u.x, x.x) + dot4I8Packed(u.y, x.y) + dot4I8Packed(u.z, x.z)
+                          + dot4I8Packed(u.w, x.w);
+                    s += xs[p] * (it.a[p] * f32(d) + it.b[p] * xb[p]);
+                }
+                acc[i] += s;
+            }
+        }
+        var total: array<f32, WROWS>;
+        for (var i = 0u; i < WROWS; i++) { total[i] = subgroupAdd(acc[i]); }
+        if (lane.sg_lane == 0u) {
+            for (var i = 0u; i < ROWS; i++) {
+                let r = first + i;
+                if (r < N) {
+                    if (GATE_UP) {
+                        y[r] = silu(total[i]) * total[ROWS + i];
+                    } else {
+                        y[r] = total[i];
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,33 @@
+"""bench/kquant_probe.py, the K-quant bandwidth probe the H200 runs in one call: on this GPU's smallest setting its
+kernel checks pass (every timed kernel agrees with float64 numpy or its f32 twin), and it reports each type's GB/s
+and ratio to Q4_0 in its closing table and --json, with weight copies past --weight-mib."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from engine.resources import root
+
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]
+
+
+def test_probe_checks_and_reports_every_type(tmp_path):
+    out = tmp_path / "kq.json"
+    types = ["q4_0", "q2_k", "q6_k"]
+    run = subprocess.run([sys.executable, str(root() / "bench" / "kquant_probe.py"), "--quick", "--kinds",
+                          "matvec int8", "--types", ",".join(types), "--weight-mib", "0.5", "--json", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(out.read_text())
+    assert report["failures"] == 0 and report["kinds"] == ["matvec int8"]
+    for name, entry in report["matrices"].items():
+        assert list(entry["types"]) == types
+        for tag, row in entry["types"].items():
+            gbs, ratio = row["matvec int8"]["gbs"], row["matvec int8"]["x_q4_0"]
+            assert gbs > 0 and ratio == pytest.approx(gbs / entry["types"]["q4_0"]["matvec int8"]["gbs"])
+            assert row["copies"] * row["bits_per_weight"] * entry["N"] * entry["K"] / 8 >= 0.5 * 2**20, (name, tag)
+            assert "matvec f32" not in row  # only the asked kinds are timed
+    table = run.stdout[run.stdout.index("| type |"):].splitlines()
+    assert [line.split("|")[1].strip() for line in table[2:]] == [t.upper() for t in types]
