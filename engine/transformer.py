@@ -338,9 +338,11 @@ class Transformer:
         self.ws.write_step(1, self.n_cached, out_index, splits)
         for b in self._stateful:
             b.before_single_token(rec, self.n_cached)
-        if self.plan.streaming:  # each MoE layer reads its routing back mid-token: the plan replays in segments
+        if st := self.plan.streaming:  # each MoE layer reads its routing back mid-token: the plan replays in segments
             for plan, cut in self.stream_plan(splits):
+                t0 = time.perf_counter()
                 rec.replay(plan)
+                st.seconds["record"] += time.perf_counter() - t0
                 if cut is not None:
                     block, layer = cut
                     block.resolve(rec, layer)

@@ -17,6 +17,7 @@ fit: each batch's down pass writes a second buffer whose rows of that batch are 
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -26,6 +27,9 @@ from engine.blocks import BufferNeed
 
 STAGING_EXPERTS = 32  # experts per upload round (the staging buffer holds this many, or the cache if smaller)
 STAGING = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
+# Host seconds of a streamed forward by phase (ExpertStream.seconds; bench/expert_stream.py --breakdown prints them).
+PHASES = ("record", "submit", "ids_wait", "ids_read", "policy", "staging_wait", "gather", "copy_submit",
+          "slot_write")
 
 
 class SlotMap:
@@ -108,6 +112,7 @@ class ExpertStream:
         self.host: dict[int, dict[tuple[str, str], np.ndarray]] = {}
         self.uploaded_bytes = 0
         self.upload_seconds = 0.0
+        self.seconds = dict.fromkeys(PHASES, 0.0)
         # A benchmark's stand-in for the router's choice: route(layer, T) -> expert ids [T, top_k] used in place of
         # the ones read back (bench/expert_stream.py: random and skewed routing). None in normal use.
         self.route = None
@@ -139,6 +144,7 @@ class ExpertStream:
         for m in self.maps.values():
             m.hits = m.misses = 0
         self.uploaded_bytes, self.upload_seconds = 0, 0.0
+        self.seconds = dict.fromkeys(PHASES, 0.0)
 
     def hit_rate(self) -> float | None:
         n = self.hits + self.misses
@@ -166,20 +172,22 @@ class ExpertStream:
     # ---- per forward -----------------------------------------------------------------------------------------
     def read_ids(self, T: int) -> np.ndarray:
         """The router's ids [T, n_slots] copied into the readback buffer by the forward just submitted."""
-        buf = self.readback
+        buf, t0 = self.readback, time.perf_counter()
         buf.map_sync(mode=wgpu.MapMode.READ)
+        t1 = time.perf_counter()
         try:
             return np.frombuffer(buf.read_mapped(0, T * self.n_slots * 4), np.uint32).reshape(T, self.n_slots).copy()
         finally:
             buf.unmap()
+            self.seconds["ids_wait"] += t1 - t0
+            self.seconds["ids_read"] += time.perf_counter() - t1
 
     def upload(self, layer: int, cache: dict[tuple[str, str], object], loads: list[tuple[int, int]]) -> None:
         """Copy the experts `loads` ([(expert, slot)]) from the host stacks into their cache slots: per round one
         mapped staging buffer holds every part of up to staging_experts experts, then GPU copies move each run of
         consecutive slots at once."""
-        import time
-
         started = time.perf_counter()
+        sec = self.seconds
         host, parts = self.host[layer], list(self.part_bytes)
         loads = sorted(loads, key=lambda es: es[1])
         for r0 in range(0, len(loads), self.staging_experts):
@@ -187,7 +195,10 @@ class ExpertStream:
             ids = np.fromiter((e for e, _ in batch), np.int64, len(batch))
             staging = self.staging[self._turn]
             self._turn ^= 1
+            t0 = time.perf_counter()
             staging.map_sync(mode=wgpu.MapMode.WRITE)  # waits for the copies that last read this buffer
+            t1 = time.perf_counter()
+            sec["staging_wait"] += t1 - t0
             offsets, offset = {}, 0
             for part in parts:
                 offsets[part], offset = offset, offset + len(batch) * self.part_bytes[part]
@@ -202,6 +213,8 @@ class ExpertStream:
             finally:
                 del mapped  # no view of the mapping may outlive it
                 staging.unmap()
+            t2 = time.perf_counter()
+            sec["gather"] += t2 - t1
             enc = self.gpu.device.create_command_encoder(label="expert-upload")
             for part in parts:
                 size = self.part_bytes[part]
@@ -209,6 +222,7 @@ class ExpertStream:
                     enc.copy_buffer_to_buffer(staging, offsets[part] + j * size, cache[part], first * size,
                                               count * size)
             self.gpu.queue.submit([enc.finish()])
+            sec["copy_submit"] += time.perf_counter() - t2
             self.uploaded_bytes += offset
         self.upload_seconds += time.perf_counter() - started
 

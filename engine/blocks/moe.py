@@ -37,6 +37,8 @@ computed alone, so streamed and resident prefills give the same bits. Streaming 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from engine.blocks import Block, BufferNeed, array_bytes, destroy_buffers
@@ -538,9 +540,12 @@ class MoeFfn(Block):
         """The routing so far is submitted and read back; the experts it picked are made resident (batches of
         them when a chunk's outnumber the slots) and the expert passes recorded reading their slots."""
         st, S, k = self.stream, self.slots, self.top_k
+        sec, t0 = st.seconds, time.perf_counter()
         rec.copy(self.ids, 0, st.readback, 0, T * S * 4)
         rec.flush()
+        sec["submit"] += time.perf_counter() - t0
         ids = st.read_ids(T)
+        t0 = time.perf_counter()
         if st.route is not None:
             ids[:, :k] = st.route(layer, T)
         np.minimum(ids[:, :k], self.E - 1, out=ids[:, :k])  # a bad id (NaN logits) reads a real expert, as resident
@@ -552,12 +557,18 @@ class MoeFfn(Block):
         for b, experts in enumerate(batches):
             where, loads = smap.assign(experts)
             if loads:
+                sec["policy"] += time.perf_counter() - t0
                 st.upload(layer, parts, loads)
+                t0 = time.perf_counter()
             lut = np.full(self.E + 1, st.slots, np.uint32)  # expert -> its slot in this batch
             lut[list(where)] = list(where.values())
             chosen = np.isin(ids[:, :k], experts)
             slot_ids[:, :k][chosen] = lut[np.minimum(ids[:, :k][chosen], self.E)]
+            t1 = time.perf_counter()
+            sec["policy"] += t1 - t0
             self._gpu.write(self.expert_ids, slot_ids)
+            t0 = time.perf_counter()
+            sec["slot_write"] += t0 - t1
             if len(batches) == 1:
                 if record:
                     self._record_experts(rec, layer, T)
