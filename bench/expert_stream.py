@@ -89,12 +89,25 @@ class Router:
         p, self.sigma = popularity(E) if skewed else (np.full(E, 1 / E), 0.0)
         self.logp = {i: np.log(p[self.rng.permutation(E)]) for i in layers}  # hot experts differ per layer
         self.counts = {i: np.zeros(E, np.int64) for i in layers}
+        self._blocks: dict[int, tuple[np.ndarray, int]] = {}  # layer -> (drawn rows, the next one to give)
+
+    BLOCK = 64  # single tokens' draws made at once per layer: one draw a call cost more host time than the policy
 
     def __call__(self, layer: int, T: int) -> np.ndarray:
+        if T > 1:
+            ids = self._draw(layer, T)
+            np.add.at(self.counts[layer], ids.reshape(-1), 1)
+            return ids
+        block, at = self._blocks.get(layer, (None, self.BLOCK))
+        if at == self.BLOCK:
+            block, at = self._draw(layer, self.BLOCK), 0
+        self._blocks[layer] = (block, at + 1)
+        self.counts[layer][block[at]] += 1  # a row's experts are distinct
+        return block[at:at + 1]
+
+    def _draw(self, layer: int, T: int) -> np.ndarray:
         g = self.logp[layer] + self.rng.gumbel(size=(T, self.E))
-        ids = np.argpartition(-g, self.k, axis=1)[:, :self.k].astype(np.uint32)
-        np.add.at(self.counts[layer], ids.reshape(-1), 1)
-        return ids
+        return np.argpartition(-g, self.k, axis=1)[:, :self.k].astype(np.uint32)
 
     def coverage(self) -> float:
         return float(np.mean([coverage_of(c) for c in self.counts.values() if c.sum()]))
