@@ -152,18 +152,29 @@ def test_gather_reads_experts_of_mapped_and_joined_stacks(tmp_path):
     assert out[8:].tobytes() == gate[ids].tobytes() and not out[:8].any()
 
 
-def test_gather_on_threads_splits_by_experts(monkeypatch):
+def test_gather_on_threads_splits_the_bytes_evenly(monkeypatch):
+    """Plain stacks and a lazy row join gathered on three threads: every byte where _gather puts it, each thread's
+    share the same size (the caller's, last, what is left)."""
     from engine.blocks import expert_cache
+    from engine.formats.mlx_layout import RowJoin
 
     monkeypatch.setattr(expert_cache, "MIN_THREAD_BYTES", 1)
     monkeypatch.setattr(expert_cache, "GATHER_THREADS", 3)
+    shares = []
+    copy_all = expert_cache._copy_all
+    monkeypatch.setattr(expert_cache, "_copy_all", lambda pairs: (shares.append(sum(d.size for _, d in pairs)),
+                                                                  copy_all(pairs)))
     rng = np.random.default_rng(1)
-    stacks = [rng.integers(0, 2**32, (9, 5, 4), dtype=np.uint32), rng.standard_normal((9, 7)).astype(np.float16)]
+    joined = RowJoin([rng.integers(0, 2**32, (9, n, 4), dtype=np.uint32) for n in (3, 2)])
+    stacks = [rng.integers(0, 2**32, (9, 5, 4), dtype=np.uint32), rng.standard_normal((9, 7)).astype(np.float16),
+              joined]
     ids = np.array([8, 0, 3, 4, 7, 2, 1])
     outs = [np.zeros(len(ids) * (a.nbytes // 9), np.uint8) for a in stacks]
     expert_cache._gather_all([(a, ids, o) for a, o in zip(stacks, outs, strict=True)])
     for a, o in zip(stacks, outs, strict=True):
-        assert o.tobytes() == a[ids].tobytes()
+        assert o.tobytes() == expert_cache._gather(a, ids).tobytes()
+    total = sum(o.size for o in outs)
+    assert len(shares) == 3 and shares[0] == shares[1] == -(-total // 3) and sum(shares) == total
 
 
 @pytest.mark.parametrize("top_k, slots", [(8, 9), (2, 2)])

@@ -393,29 +393,54 @@ def _gather(arr, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 _POOL = None
-GATHER_THREADS = min(8, os.cpu_count() or 1)  # numpy's take releases the GIL: host copies scale with cores
-MIN_THREAD_BYTES = 1 << 20  # below this a copy runs on the caller's thread
+GATHER_THREADS = min(8, os.cpu_count() or 1)  # numpy's copies release the GIL: host copies scale with cores
+MIN_THREAD_BYTES = 1 << 20  # below this a share runs on the caller's thread alone
+
+
+def _expert_bytes(arr, e: int) -> list[np.ndarray]:
+    """Expert e of a host stack as contiguous u8 runs, in the order of its GPU layout (a lazy row join: each part's
+    rows in turn)."""
+    return [np.asarray(p[e]).reshape(-1).view(np.uint8) for p in getattr(arr, "parts", None) or [arr]]
 
 
 def _gather_all(jobs: list[tuple]) -> None:
-    """Each (host stack, ids, out) gathered into `out`, split by experts over a thread pool."""
+    """Each (host stack, ids, out) gathered into `out`: the copies cut into one equal share of bytes per thread, the
+    caller's thread taking the last share (per-expert tasks left threads idle while one copied two experts)."""
     global _POOL
-    tasks = []
+    pieces, total = [], 0  # (source run, destination slice)
     for arr, ids, out in jobs:
-        per = len(out) // len(ids)
-        step = max(1, -(-len(ids) // GATHER_THREADS), MIN_THREAD_BYTES // max(per, 1))
-        tasks += [(arr, ids[j:j + step], out[j * per:(j + len(ids[j:j + step])) * per])
-                  for j in range(0, len(ids), step)]
-    if len(tasks) == 1 or GATHER_THREADS == 1:
-        for t in tasks:
-            _gather(*t)
-        return
-    if _POOL is None:
+        at = 0
+        for e in ids:
+            for run in _expert_bytes(arr, int(e)):
+                pieces.append((run, out[at:at + run.size]))
+                at += run.size
+        total += at
+    threads = max(1, min(GATHER_THREADS, total // MIN_THREAD_BYTES))
+    share = -(-total // threads)
+    shares, current, room = [], [], share
+    for src, dst in pieces:
+        while src.size:
+            n = min(room, src.size)
+            current.append((src[:n], dst[:n]))
+            src, dst, room = src[n:], dst[n:], room - n
+            if room == 0:
+                shares.append(current)
+                current, room = [], share
+    if current:
+        shares.append(current)
+    if len(shares) > 1 and _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _POOL = ThreadPoolExecutor(GATHER_THREADS, thread_name_prefix="expert-gather")
-    for f in [_POOL.submit(_gather, *t) for t in tasks]:
+    futures = [_POOL.submit(_copy_all, job) for job in shares[:-1]]
+    _copy_all(shares[-1] if shares else [])
+    for f in futures:
         f.result()
+
+
+def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    for src, dst in pairs:
+        np.copyto(dst, src)
 
 
 def _mapped_bytes(buf, size: int) -> np.ndarray | None:
