@@ -347,6 +347,7 @@ class Recorder:
         self._handle = self.pass_._internal if self._raw else None
         self._keep: list = []  # what the pass refers to stays alive until it is submitted
         self._first: list = []  # finished command buffers that go in the same submit, ahead of this one
+        self._sealed: list = []  # what seal() finished, submitted next, after _first
         self._pipe = None
         self.dispatches = 0
 
@@ -400,16 +401,33 @@ class Recorder:
 
     def submit(self) -> None:
         self.pass_.end()
-        self.gpu.queue.submit([*self._first, self.encoder.finish()])
+        self.gpu.queue.submit([*self._first, *self._sealed, self.encoder.finish()])
         self._first.clear()
+        self._sealed.clear()
         self._keep.clear()
 
     def flush(self) -> None:
         """Submit what is recorded so far and go on recording into a fresh encoder (a forward that reads back
         mid-way: the streamed experts' routing)."""
         self.submit()
-        self.encoder = self.gpu.device.create_command_encoder(label="after-flush")
-        self.pass_ = self.encoder.begin_compute_pass(label="after-flush")
+        self._reopen("after-flush")
+
+    def seal(self) -> None:
+        """Finish what is recorded so far into a command buffer for submit_sealed (the encoding work done now, not
+        when it is submitted) and go on recording into a fresh encoder."""
+        self.pass_.end()
+        self._sealed.append(self.encoder.finish())
+        self._reopen("after-seal")
+
+    def submit_sealed(self) -> None:
+        """Submit the sealed command buffers (after submit_first's); what was recorded since stays open."""
+        self.gpu.queue.submit([*self._first, *self._sealed])
+        self._first.clear()
+        self._sealed.clear()
+
+    def _reopen(self, label: str) -> None:
+        self.encoder = self.gpu.device.create_command_encoder(label=label)
+        self.pass_ = self.encoder.begin_compute_pass(label=label)
         self._handle = self.pass_._internal if self._raw else None
         self._pipe = None
 

@@ -349,24 +349,26 @@ class Transformer:
         self.n_cached += 1
 
     def _record_streamed_token(self, rec: Recorder, st, splits: int) -> None:
-        """stream_plan's segments: each is recorded, ending with its routing's copy to the host, while the one before
-        runs on the GPU; at each cut the host waits for that routing and makes its experts resident (their uploads
-        go ahead of the next segment, in its submit). The last segment stays in `rec` for the caller."""
+        """stream_plan's segments: each is recorded and sealed, ending with its routing's copy to the host, while the
+        one before runs on the GPU; at each cut the host waits for that routing and makes its experts resident
+        (their uploads go ahead of the next segment, in its submit). The last segment stays open in `rec` for the
+        caller."""
         segments, sec = self.stream_plan(splits), st.seconds
         t0 = time.perf_counter()
         for j, (plan, cut) in enumerate(segments):
             if j:
                 block, layer = segments[j - 1][1]
                 t1 = time.perf_counter()
-                rec.flush()
-                st.map_ids()
+                rec.submit_sealed()
                 t2 = time.perf_counter()
+                st.map_ids()
                 sec["record"] += t1 - t0
                 sec["submit"] += t2 - t1
                 t0 = t2
             rec.replay(plan)
             if cut is not None:
                 cut[0].request_routing(rec)
+                rec.seal()
             if j:
                 sec["record"] += time.perf_counter() - t0
                 block.resolve(rec, layer)
