@@ -498,3 +498,23 @@ def test_auto_budget_streams_a_moe_model_and_never_refuses():
     assert RuntimePlan(dense, dense_formats, options, tiny).streaming is None  # auto never refuses a dense model
     with pytest.raises(GpuError, match="only mixture-of-experts"):
         RuntimePlan(dense, dense_formats, RuntimeOptions(gpu_weights=2**30), DeviceTraits.typical())
+
+
+@pytest.mark.slow
+def test_the_stream_benchmark_runs_on_a_tiny_shape(tmp_path):
+    """bench/expert_stream.py end to end on the tiny hybrid MoE (3 of 8 experts cached): each routing's decode and
+    prefill, the hit rate, and the breakdown's phases, which are parts of the token's wall time."""
+    import json
+
+    from bench import expert_stream
+
+    out = tmp_path / "stream.json"
+    assert expert_stream.main(["--json", str(out), "--shapes", "tiny-hybrid-moe", "--budgets", "slots:3",
+                               "--tokens", "4", "--warmup", "2", "--prefill", "20", "--breakdown"]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["routing"] for r in rows] == ["random", "skewed"] and all(r["slots"] == 3 for r in rows)
+    for r in rows:
+        ms = r["host_ms_per_token"]
+        assert 0 < r["hit_rate"] < 1 and r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
+        assert ms["ids_wait"] > 0 and ms["policy"] > 0 and ms["route"] > 0 and ms["slot_write"] == 0
+        assert sum(v for k, v in ms.items() if k not in ("other", "wall")) <= ms["wall"]
