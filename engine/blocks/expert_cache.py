@@ -283,10 +283,10 @@ class ExpertStream:
     def wait_ids(self) -> np.ndarray:
         """The routing [T, n_slots] mapped last (map_ids), once the GPU has written it."""
         buf, promise, T = self._reading
-        self._reading = None
         t0 = time.perf_counter()
         self.gpu.wait_map(promise)
         t1 = time.perf_counter()
+        self._reading = None  # mapped now (an interrupted wait leaves it for forget)
         try:
             return np.frombuffer(buf.read_mapped(0, 4 * T * self.n_slots, copy=False), np.uint32).reshape(
                 T, self.n_slots).copy()
