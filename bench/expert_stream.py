@@ -18,6 +18,14 @@ combine weights stay the router's, so the work per token is unchanged.
   the temporal locality real text has. The JSON records the coverage the draws reached.
 
     python3 bench/expert_stream.py --json expert_stream.json
+    python3 bench/expert_stream.py --json small.json --shapes small-moe --budgets 0,slots:48,slots:16 --breakdown
+
+--breakdown adds the host seconds per decode token by phase (ExpertStream.seconds: recording, submits, waiting for
+the routing's readback and reading it, the benchmark's routing draws and their write to the GPU ("route", not part of
+the product's work), the policy, staging waits, gathers, recording the copies, slot writes; "other" is the rest of
+the token's wall time). --thread-wait waits for the mappings as sync_wait does, through wgpu-py's poll thread (an
+A/B of Gpu.wait_map). The small shapes run on a software GPU, where waits hold the GPU's compute but host phases are
+host costs. A budget "slots:N" leaves N cache slots per layer.
 
 Fits in about 5 minutes on one H200 (two shapes × four budgets, 64 decode tokens per run after a 24-token warm-up,
 one 256-token prefill per streamed budget).
@@ -35,14 +43,20 @@ from statistics import NormalDist
 import numpy as np
 
 from engine import bench
-from engine.bench_hybrid import hybrid_spec, random_weights
+from engine.bench_hybrid import _TINY, hybrid_spec, make_spec, random_weights
+from engine.blocks.expert_cache import PHASES
+from engine.blocks.moe import MoeFfn
 from engine.gpu import Gpu
 from engine.gpu_budget import parse_size
 from engine.runtime_options import RuntimeOptions
-from engine.transformer import Transformer
+from engine.transformer import RuntimePlan, Transformer
 
 SHAPES = ("qwen3.6-35b-a3b-4bit", "qwen3.6-35b-a3b-3bit")
 BUDGETS = ("0", "16G", "12G", "8G")  # 0: unlimited (every expert resident)
+# Qwen3.6's layer count and routing (40 MoE layers, top-8 + the shared expert) at toy widths: the host's per-layer
+# structure on a software GPU.
+SMALL = dict(_TINY, num_hidden_layers=40, full_attention_interval=4, num_experts=64, num_experts_per_tok=8,
+             moe_intermediate_size=64, shared_expert_intermediate_size=64, tie_word_embeddings=False)
 MEASURED_COVERAGE = 0.45  # share of experts holding 90% of the routing mass (narrow workload, see above)
 
 
@@ -77,19 +91,62 @@ class Router:
         p, self.sigma = popularity(E) if skewed else (np.full(E, 1 / E), 0.0)
         self.logp = {i: np.log(p[self.rng.permutation(E)]) for i in layers}  # hot experts differ per layer
         self.counts = {i: np.zeros(E, np.int64) for i in layers}
+        self._blocks: dict[int, tuple[np.ndarray, int]] = {}  # layer -> (drawn rows, the next one to give)
+
+    BLOCK = 64  # single tokens' draws made at once per layer: one draw a call cost more host time than the policy
 
     def __call__(self, layer: int, T: int) -> np.ndarray:
+        if T > 1:
+            ids = self._draw(layer, T)
+            np.add.at(self.counts[layer], ids.reshape(-1), 1)
+            return ids
+        block, at = self._blocks.get(layer, (None, self.BLOCK))
+        if at == self.BLOCK:
+            block, at = self._draw(layer, self.BLOCK), 0
+        self._blocks[layer] = (block, at + 1)
+        self.counts[layer][block[at]] += 1  # a row's experts are distinct
+        return block[at:at + 1]
+
+    def _draw(self, layer: int, T: int) -> np.ndarray:
         g = self.logp[layer] + self.rng.gumbel(size=(T, self.E))
-        ids = np.argpartition(-g, self.k, axis=1)[:, :self.k].astype(np.uint32)
-        np.add.at(self.counts[layer], ids.reshape(-1), 1)
-        return ids
+        return np.argpartition(-g, self.k, axis=1)[:, :self.k].astype(np.uint32)
 
     def coverage(self) -> float:
         return float(np.mean([coverage_of(c) for c in self.counts.values() if c.sum()]))
 
 
-def run(gpu: Gpu, shape: str, budget: int | None, tokens: int, warmup: int, prefill: int, policy: str) -> list[dict]:
-    spec, formats = hybrid_spec(shape)
+def shape_spec(shape: str):
+    return make_spec("qwen3_5_moe", SMALL, "mlx", 4) if shape == "small-moe" else hybrid_spec(shape)
+
+
+def budget_bytes(text: str, spec, formats) -> int | None:
+    """A --budgets entry in bytes: 0 (None: unlimited), a size, or slots:N (the budget leaving N slots a layer)."""
+    text = text.strip()
+    if text == "0":
+        return None
+    if not text.startswith("slots:"):
+        return parse_size(text, "--budgets")
+    plan = RuntimePlan(spec, formats, RuntimeOptions.of(max_context=2048, prefill_chunk=512))
+    moe = next(b for b in plan.blocks if isinstance(b, MoeFfn))
+    return plan.memory()["weights"] - (moe.E - int(text[6:])) * moe.routed_expert_bytes()
+
+
+def timed_decode(rt: Transformer, st, prompt: np.ndarray, n: int) -> tuple[float, float]:
+    """(decode tok/s, wall seconds) of n tokens after the prompt; the stream's counters cover the decode only."""
+    rt.reset()
+    rt.prefill(prompt)
+    rt.read_sampled(0)
+    if st:
+        st.reset_counters()
+    t = time.perf_counter()
+    got = sum(len(b) for b in rt.decode(0, n))
+    wall = time.perf_counter() - t
+    return got / wall, wall
+
+
+def run(gpu: Gpu, shape: str, budget: int | None, tokens: int, warmup: int, prefill: int, policy: str,
+        breakdown: bool = False) -> list[dict]:
+    spec, formats = shape_spec(shape)
     options = RuntimeOptions.of(max_context=2048, prefill_chunk=512, gpu_weights=budget, expert_policy=policy)
     started = time.perf_counter()
     rt = Transformer(gpu, spec, random_weights(spec, formats), formats=formats, options=options)
@@ -106,13 +163,15 @@ def run(gpu: Gpu, shape: str, budget: int | None, tokens: int, warmup: int, pref
             st.route = router
             r |= {"slots": st.slots, "experts": st.E, "resident_share": round(st.resident_share(), 3),
                   "expert_mb": round(st.expert_bytes() / 1e6, 3), "sigma": round(router.sigma, 3)}
-        bench.timed_decode(rt, prompt[:16], warmup)  # fills the cache, builds the pipelines
-        if st:
-            st.reset_counters()
-        tps = bench.timed_decode(rt, prompt[:16], tokens)
+        timed_decode(rt, st, prompt[:16], warmup)  # fills the cache, builds the pipelines
+        tps, wall = timed_decode(rt, st, prompt[:16], tokens)
         r["decode_tok_s"] = round(tps, 2)
         if st:
-            n = tokens + 1  # the prompt's sampling forward counts too
+            n = tokens
+            if breakdown:
+                ms = {p: round(1e3 * st.seconds[p] / n, 3) for p in PHASES}
+                r["host_ms_per_token"] = ms | {"other": round(1e3 * wall / n - sum(ms.values()), 3),
+                                               "wall": round(1e3 * wall / n, 3)}
             r |= {"hit_rate": round(st.hit_rate(), 4), "misses_per_token": round(st.misses / n, 1),
                   "upload_mb_per_token": round(st.uploaded_bytes / n / 1e6, 1),
                   "upload_gb_s": round(st.uploaded_bytes / st.upload_seconds / 1e9, 2) if st.upload_seconds else None,
@@ -141,23 +200,29 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=24)
     p.add_argument("--prefill", type=int, default=256, help="prompt tokens of the prefill run (0 = skip)")
     p.add_argument("--policy", default="lfu", choices=["lfu", "lru"], help="the expert cache's eviction policy")
+    p.add_argument("--breakdown", action="store_true", help="host ms per decode token by phase")
+    p.add_argument("--thread-wait", action="store_true", help="A/B: wait for mappings through wgpu-py's poll thread "
+                                                               "(sync_wait) instead of polling on the calling thread")
     p.add_argument("--time-limit", type=float, default=390, help="seconds; configurations not started by then are "
                                                                 "recorded as skipped (the run must fit 8 minutes)")
     args = p.parse_args(argv)
     started = time.perf_counter()
     gpu = Gpu()
+    if args.thread_wait:
+        gpu.wait_map = lambda promise: promise.sync_wait()
     results = []
     for shape in args.shapes.split(","):
         for budget in args.budgets.split(","):
-            size = None if budget.strip() == "0" else parse_size(budget, "--budgets")
+            size = budget_bytes(budget, *shape_spec(shape))
             if time.perf_counter() - started > args.time_limit:
                 results.append({"shape": shape, "budget": budget, "skipped": "past --time-limit"})
                 continue
-            results += run(gpu, shape, size, args.tokens, args.warmup, args.prefill, args.policy)
+            results += run(gpu, shape, size, args.tokens, args.warmup, args.prefill, args.policy, args.breakdown)
             with open(args.json, "w", encoding="utf-8") as f:  # what is done so far survives a kill
                 json.dump({"partial": True, "results": results}, f, indent=1)
     doc = {"date": datetime.date.today().isoformat(), "gpu": gpu.info.name, "backend": gpu.info.backend,
-           "driver": gpu.info.driver, "commit": bench.git_commit(), "results": results}
+           "driver": gpu.info.driver, "commit": bench.git_commit(), "thread_wait": args.thread_wait,
+           "results": results}
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
     print(f"{'shape':22s} {'budget':>7s} {'routing':8s} {'slots':>5s} {'tok/s':>7s} {'hits':>6s} {'MB/tok':>7s} "
@@ -171,6 +236,12 @@ def main(argv=None) -> int:
         print(f"{r['shape']:22s} {budget:>7s} {r['routing']:8s} {r.get('slots', '-')!s:>5s} {r['decode_tok_s']:7.1f} "
               f"{hits:>6s} {r.get('upload_mb_per_token', '-')!s:>7s} {r.get('upload_gb_s', '-')!s:>5s} "
               f"{r.get('prefill_tok_s', '-')!s:>8s}")
+    if args.breakdown:
+        print("host ms per decode token: " + " ".join(f"{p:>12s}" for p in (*PHASES, "other", "wall")))
+        for r in results:
+            if "host_ms_per_token" in r:
+                print(f"{r['shape'][:12]:12s} {r['budget_gib']:.3g}G {r['routing']:7s} "
+                      + " ".join(f"{v:12.3f}" for v in r["host_ms_per_token"].values()))
     return 0
 
 

@@ -207,6 +207,13 @@ class Gpu:
         raw = self.queue.read_buffer(buf, offset, size)
         return np.frombuffer(raw, dtype=dtype).copy()
 
+    def wait_map(self, promise) -> None:
+        """Block until a buffer mapping (map_async's promise) has landed, polling the device on this thread: the
+        wait ends when the GPU does, without the hand-off through wgpu-py's poll thread that sync_wait takes."""
+        if getattr(promise, "_state", None) == "pending" and hasattr(self.device, "_poll_wait"):
+            self.device._poll_wait()  # every submitted command buffer done; callbacks fired on this thread
+        promise.sync_wait()  # resolved by now, unless the poll thread took the callback (then a short wait)
+
     def sync(self) -> None:
         """Wait for all submitted work and pending uploads: read back 4 bytes (a submission, which also flushes
         the uploads' staging copies, then a wait; on_submitted_work_done_sync is broken in wgpu 0.32)."""
@@ -339,6 +346,8 @@ class Recorder:
         self._raw = _RAW_PASS_CALLS if raw else None
         self._handle = self.pass_._internal if self._raw else None
         self._keep: list = []  # what the pass refers to stays alive until it is submitted
+        self._first: list = []  # finished command buffers that go in the same submit, ahead of this one
+        self._sealed: list = []  # what seal() finished, submitted next, after _first
         self._pipe = None
         self.dispatches = 0
 
@@ -385,17 +394,40 @@ class Recorder:
         self._handle = self.pass_._internal if self._raw else None
         self._pipe = None
 
+    def submit_first(self, command_buffers: list) -> None:
+        """Command buffers (finished) that the next submit sends ahead of what this recorder holds, in one
+        submission: a streamed layer's expert uploads before the dispatches that read them."""
+        self._first += command_buffers
+
     def submit(self) -> None:
         self.pass_.end()
-        self.gpu.queue.submit([self.encoder.finish()])
+        self.gpu.queue.submit([*self._first, *self._sealed, self.encoder.finish()])
+        self._first.clear()
+        self._sealed.clear()
         self._keep.clear()
 
     def flush(self) -> None:
         """Submit what is recorded so far and go on recording into a fresh encoder (a forward that reads back
         mid-way: the streamed experts' routing)."""
         self.submit()
-        self.encoder = self.gpu.device.create_command_encoder(label="after-flush")
-        self.pass_ = self.encoder.begin_compute_pass(label="after-flush")
+        self._reopen("after-flush")
+
+    def seal(self) -> None:
+        """Finish what is recorded so far into a command buffer for submit_sealed (the encoding work done now, not
+        when it is submitted) and go on recording into a fresh encoder."""
+        self.pass_.end()
+        self._sealed.append(self.encoder.finish())
+        self._reopen("after-seal")
+
+    def submit_sealed(self) -> None:
+        """Submit the sealed command buffers (after submit_first's); what was recorded since stays open."""
+        self.gpu.queue.submit([*self._first, *self._sealed])
+        self._first.clear()
+        self._sealed.clear()
+
+    def _reopen(self, label: str) -> None:
+        self.encoder = self.gpu.device.create_command_encoder(label=label)
+        self.pass_ = self.encoder.begin_compute_pass(label=label)
         self._handle = self.pass_._internal if self._raw else None
         self._pipe = None
 

@@ -338,15 +338,42 @@ class Transformer:
         self.ws.write_step(1, self.n_cached, out_index, splits)
         for b in self._stateful:
             b.before_single_token(rec, self.n_cached)
-        if self.plan.streaming:  # each MoE layer reads its routing back mid-token: the plan replays in segments
-            for plan, cut in self.stream_plan(splits):
-                rec.replay(plan)
-                if cut is not None:
-                    block, layer = cut
-                    block.resolve(rec, layer)
+        if st := self.plan.streaming:  # each MoE layer reads its routing back mid-token: the plan replays in segments
+            try:
+                self._record_streamed_token(rec, st, splits)
+            except BaseException:
+                st.forget()  # uploads it planned may be lost with `rec`
+                raise
         else:
             rec.replay(self.decode_plan(splits))
         self.n_cached += 1
+
+    def _record_streamed_token(self, rec: Recorder, st, splits: int) -> None:
+        """stream_plan's segments: each is recorded and sealed, ending with its routing's copy to the host, while the
+        one before runs on the GPU; at each cut the host waits for that routing and makes its experts resident
+        (their uploads go ahead of the next segment, in its submit). The last segment stays open in `rec` for the
+        caller."""
+        segments, sec = self.stream_plan(splits), st.seconds
+        t0 = time.perf_counter()
+        for j, (plan, cut) in enumerate(segments):
+            if j:
+                block, layer = segments[j - 1][1]
+                t1 = time.perf_counter()
+                rec.submit_sealed()
+                t2 = time.perf_counter()
+                st.map_ids()
+                sec["record"] += t1 - t0
+                sec["submit"] += t2 - t1
+                t0 = t2
+            rec.replay(plan)
+            if cut is not None:
+                cut[0].request_routing(rec)
+                rec.seal()
+            if j:
+                sec["record"] += time.perf_counter() - t0
+                block.resolve(rec, layer)
+                t0 = time.perf_counter()
+        sec["record"] += time.perf_counter() - t0
 
     def _check_room(self, n: int) -> None:
         if self.n_cached + n > self.max_context:
@@ -411,18 +438,23 @@ class Transformer:
         self.ws.write_step(T, pos0, out_index, splits)
         self.gpu.write(self.ws.tokens, ids)
         rec = Recorder(self.gpu, "forward")
-        if T == 1:
-            for b in self._stateful:
-                b.before_single_token(rec, pos0)
-        self._record_body(rec, T, splits)
-        if then == "logits":
-            self.vocab.record_head(rec, T)
-        elif then == "sample":
-            self.vocab.record_head(rec, 1)
-            self.sampler.record(rec)
-        if fence is not None:
-            rec.copy(self.ws.ring, 0, fence, 0, 4)
-        rec.submit()
+        try:
+            if T == 1:
+                for b in self._stateful:
+                    b.before_single_token(rec, pos0)
+            self._record_body(rec, T, splits)
+            if then == "logits":
+                self.vocab.record_head(rec, T)
+            elif then == "sample":
+                self.vocab.record_head(rec, 1)
+                self.sampler.record(rec)
+            if fence is not None:
+                rec.copy(self.ws.ring, 0, fence, 0, 4)
+            rec.submit()
+        except BaseException:
+            if st := self.plan.streaming:
+                st.forget()  # uploads a streamed forward planned may be lost with `rec`
+            raise
         if len(self.cached_ids) == self.n_cached:
             self.cached_ids += ids.tolist()
         self.n_cached += T

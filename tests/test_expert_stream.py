@@ -3,6 +3,8 @@ MoE under a weights budget that forces misses gives the same logits and greedy t
 model (prefill in batches of cached experts, int8 and f32 decode); the slot map's eviction; the budget's errors
 and its spelling (--gpu-weights, ZEROTVM_GPU_WEIGHTS)."""
 
+from collections import OrderedDict
+
 import numpy as np
 import pytest
 
@@ -11,7 +13,7 @@ from engine.errors import GpuError
 from engine.gpu_budget import auto_budget, from_env, parse_size
 from engine.model import load_model
 from engine.sampling import SamplingParams
-from tests.helpers import assert_recorded_count, cached_mlx
+from tests.helpers import assert_recorded_count, cached_mlx, run
 
 KW = dict(max_context=320, prefill_chunk=32, split_keys=48)
 
@@ -79,6 +81,53 @@ def test_lfu_keeps_the_most_used_and_never_evicts_what_is_asked_for():
         m.assign([1, 2, 3])
 
 
+class ScanSlotMap:
+    """The policy as first written: LFU scans every slot for its victim (SlotMap keeps a heap instead)."""
+
+    def __init__(self, experts, slots, policy):
+        self.policy, self.slots, self.where = policy, slots, OrderedDict()
+        self.uses, self.free, self.requests = np.zeros(experts, np.int64), list(range(slots - 1, -1, -1)), 0
+
+    def assign(self, wanted):
+        wanted, out, loads = list(dict.fromkeys(wanted)), {}, []
+        self.requests += 1
+        if self.requests % SlotMap.HALF_LIFE == 0:
+            self.uses //= 2
+        for e in wanted:
+            self.uses[e] += 1
+            if e in self.where:
+                self.where.move_to_end(e)
+                out[e] = self.where[e]
+        for e in wanted:
+            if e not in out:
+                if self.free:
+                    slot = self.free.pop()
+                else:
+                    free = [x for x in self.where if x not in wanted]
+                    victim = free[0] if self.policy == "lru" else min(free, key=lambda x: self.uses[x])
+                    slot = self.where.pop(victim)
+                self.where[e] = out[e] = slot
+                loads.append((e, slot))
+        return out, loads
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+@pytest.mark.parametrize("experts, slots, k, spread", [(256, 101, 8, 0.0), (256, 223, 8, 1.5), (8, 3, 2, 0.0),
+                                                        (64, 16, 8, 1.0)])
+def test_slot_map_evicts_as_a_scan_of_every_slot_would(policy, experts, slots, k, spread):
+    """Skewed and uniform requests over several halvings of the LFU counts, some with repeated experts: the same
+    slots, loads and recency order as the scan."""
+    rng = np.random.default_rng(experts + slots)
+    p = np.exp(spread * rng.standard_normal(experts))
+    fast, scan = SlotMap(experts, slots, policy), ScanSlotMap(experts, slots, policy)
+    for t in range(3 * SlotMap.HALF_LIFE + 50):
+        wanted = rng.choice(experts, k, replace=False, p=p / p.sum()).tolist()
+        wanted += wanted[:2] if t % 7 == 0 else []
+        assert fast.assign(wanted) == scan.assign(wanted)
+        assert list(fast.where.items()) == list(scan.where.items())
+    assert fast.misses > slots  # it evicted
+
+
 def test_batches_put_resident_experts_first():
     m = SlotMap(8, 3)
     m.assign([4, 6])
@@ -103,18 +152,49 @@ def test_gather_reads_experts_of_mapped_and_joined_stacks(tmp_path):
     assert out[8:].tobytes() == gate[ids].tobytes() and not out[:8].any()
 
 
-def test_gather_on_threads_splits_by_experts(monkeypatch):
+def test_gather_on_threads_splits_the_bytes_evenly(monkeypatch):
+    """Plain stacks and a lazy row join gathered on three threads: every byte where _gather puts it, each thread's
+    share the same size (the caller's, last, what is left)."""
     from engine.blocks import expert_cache
+    from engine.formats.mlx_layout import RowJoin
 
     monkeypatch.setattr(expert_cache, "MIN_THREAD_BYTES", 1)
     monkeypatch.setattr(expert_cache, "GATHER_THREADS", 3)
+    shares = []
+    copy_all = expert_cache._copy_all
+    monkeypatch.setattr(expert_cache, "_copy_all", lambda pairs: (shares.append(sum(d.size for _, d in pairs)),
+                                                                  copy_all(pairs)))
     rng = np.random.default_rng(1)
-    stacks = [rng.integers(0, 2**32, (9, 5, 4), dtype=np.uint32), rng.standard_normal((9, 7)).astype(np.float16)]
+    joined = RowJoin([rng.integers(0, 2**32, (9, n, 4), dtype=np.uint32) for n in (3, 2)])
+    stacks = [rng.integers(0, 2**32, (9, 5, 4), dtype=np.uint32), rng.standard_normal((9, 7)).astype(np.float16),
+              joined]
     ids = np.array([8, 0, 3, 4, 7, 2, 1])
     outs = [np.zeros(len(ids) * (a.nbytes // 9), np.uint8) for a in stacks]
     expert_cache._gather_all([(a, ids, o) for a, o in zip(stacks, outs, strict=True)])
     for a, o in zip(stacks, outs, strict=True):
-        assert o.tobytes() == a[ids].tobytes()
+        assert o.tobytes() == expert_cache._gather(a, ids).tobytes()
+    total = sum(o.size for o in outs)
+    assert len(shares) == 3 and shares[0] == shares[1] == -(-total // 3) and sum(shares) == total
+
+
+@pytest.mark.parametrize("top_k, slots", [(8, 9), (2, 2)])
+def test_slot_lookup_reads_the_layer_table(gpu, top_k, slots):
+    """shaders/expert_slots.wgsl through a table at an offset (a layer's range): routed slots get their expert's
+    table entry, an id past the experts (NaN logits) the last expert's, the shared slot its fixed slot."""
+    from engine.kernels.expert_cache import EXPERT_SLOTS, slots_plan
+
+    E, shared_slot = 64, 40
+    rng = np.random.default_rng(top_k)
+    tables = rng.permutation(2 * 64).astype(np.uint32).reshape(2, 64)  # layer 1's table follows layer 0's
+    ids = np.append(rng.choice(E, top_k - 1, replace=False), E + 5).astype(np.uint32)
+    ids = np.append(ids, [E] * (slots - top_k)).astype(np.uint32)
+    table_buf, ids_buf = gpu.upload("table", tables), gpu.upload("ids", ids)
+    out = gpu.buffer("slot_ids", 4 * slots)
+    gpu.write(out, np.full(slots, 999, np.uint32))
+    consts, grid = slots_plan(E, top_k, slots, shared_slot)
+    run(gpu, EXPERT_SLOTS, consts, dict(ids=ids_buf, table=(table_buf, 256, 256), slot_ids=out), grid)
+    want = np.append(tables[1][np.minimum(ids[:top_k], E - 1)], [shared_slot] * (slots - top_k))
+    assert np.array_equal(gpu.read(out, np.uint32, slots), want)
 
 
 def test_runs_of_consecutive_slots():
@@ -207,7 +287,123 @@ def test_int8_decode_streamed_equals_resident(gpu):
     assert greedy(streamed, prompt, 32) == greedy(resident, prompt, 32)
     assert streamed.runtime.plan.streaming.hit_rate() < 1
     assert_recorded_count(streamed.runtime)  # the segments replayed are the resident token's dispatches
-    assert streamed.runtime.dispatches_per_token == resident.runtime.dispatches_per_token
+    moe = streamed.runtime.block("moe")  # and one slot lookup per MoE layer
+    assert streamed.runtime.dispatches_per_token == resident.runtime.dispatches_per_token + len(moe.layers)
+
+
+def table_of(model) -> dict[int, np.ndarray]:
+    """Each MoE layer's expert -> slot table as the GPU holds it."""
+    moe = model.runtime.block("moe")
+    st = moe.stream
+    words = model.runtime.gpu.read(moe.slot_table, np.uint32).reshape(len(st.layers), -1)
+    return {i: words[st.table_index[i], :st.E] for i in st.layers}
+
+
+@pytest.fixture(scope="module")
+def roomy(gpu):
+    """(resident, streamed with 7 of 8 experts a layer), default arithmetic."""
+    path = cached_mlx("q4")
+    resident = load_model(path, gpu=gpu, **KW)
+    return resident, load_model(path, gpu=gpu, gpu_weights=budgets(resident, 7), **KW)
+
+
+@pytest.mark.slow
+def test_the_gpu_slot_tables_follow_the_slot_maps(pair):
+    """After prefills in batches and decode tokens that evict and refill, every layer's table on the GPU says where
+    each expert is, as the host's SlotMap does (the slots' count for absent experts)."""
+    resident, streamed = pair
+    greedy(streamed, [int(t) for t in np.random.default_rng(5).integers(0, 256, 40)], 12)
+    st = streamed.runtime.plan.streaming
+    assert st.misses > st.slots * len(st.layers)
+    for i, table in table_of(streamed).items():
+        want = np.full(st.E, st.slots, np.uint32)
+        for e, slot in st.maps[i].where.items():
+            want[e] = slot
+        assert np.array_equal(table, want) and np.array_equal(st.slot_of[i], want)
+
+
+@pytest.mark.slow
+def test_a_token_whose_experts_are_cached_writes_nothing_to_the_moe_buffers(roomy, monkeypatch):
+    """A token and one decode step run twice from the same state: the second time every layer finds its experts
+    cached, so the host uploads nothing and writes none of the MoE block's buffers (the slots come from the GPU's
+    tables), and both runs' logits are the resident model's."""
+    resident, streamed = roomy
+    rt, st = streamed.runtime, streamed.runtime.plan.streaming
+
+    def one_step(model):
+        model.runtime.reset()
+        model.runtime.set_sampling(SamplingParams())
+        first = model.runtime.logits([7])  # one token: the decode kernels, its routing read back as it records
+        model.runtime.reset()
+        model.runtime.prefill([7])
+        return first, [t for b in model.runtime.decode(0, 1) for t in b]  # a captured decode step, in segments
+
+    want = one_step(resident)
+    got = one_step(streamed)
+    assert np.array_equal(got[0], want[0]) and got[1] == want[1]
+    written = []
+    write = rt.gpu.write
+    monkeypatch.setattr(rt.gpu, "write", lambda buf, *a, **k: (written.append(buf.label), write(buf, *a, **k)))
+    hits, misses, uploaded = st.hits, st.misses, st.uploaded_bytes
+    again = one_step(streamed)
+    assert np.array_equal(again[0], want[0]) and again[1] == want[1]
+    assert st.misses == misses and st.uploaded_bytes == uploaded
+    assert st.hits - hits == 3 * 2 * len(st.layers)  # three forwards of top-2 each
+    assert written and not [label for label in written if label.startswith("moe.")]
+
+
+@pytest.mark.slow
+def test_misses_between_cached_layers_of_a_token_are_exact(roomy):
+    """Greedy decode with 7 of 8 experts a layer cached: tokens where one layer misses while the layers before it
+    in the same token found every expert; the tokens are the resident model's."""
+    resident, streamed = roomy
+    moe = streamed.runtime.block("moe")
+    events = []  # (layer, experts loaded) per streamed layer, in order
+    upload = moe.stream.upload
+    moe.stream.upload = lambda layer, cache, loads: (events.append((layer, len(loads))), upload(layer, cache, loads))
+    resolve = moe.resolve
+    moe.resolve = lambda rec, layer: (events.append((layer, 0)), resolve(rec, layer))
+    try:
+        prompt = [int(t) for t in np.random.default_rng(6).integers(0, 256, 30)]
+        assert greedy(streamed, prompt, 40) == greedy(resident, prompt, 40)
+    finally:
+        del moe.stream.upload, moe.resolve
+    first = moe.layers[0]
+    tokens, token = [], None
+    for layer, loads in events:  # a resolve's (layer, 0), then its upload's (layer, n) when it missed
+        if loads == 0 and layer == first:
+            token = {}
+            tokens.append(token)
+        if token is not None:
+            token[layer] = token.get(layer, 0) + loads
+    mixed = [t for t in tokens if any(t[a] == 0 and t[b] > 0 for a in t for b in t if a < b)]
+    assert len(tokens) == 40 and mixed  # the prompt's last token (alone) and 39 decode steps
+
+
+@pytest.mark.slow
+def test_a_token_stopped_half_way_leaves_the_cache_exact(pair, monkeypatch):
+    """An error after a layer's uploads were handed to the token's recorder, which is then dropped unsubmitted:
+    the cache forgets what it held, and later tokens are still the resident model's."""
+    resident, streamed = pair
+    moe, st = streamed.runtime.block("moe"), streamed.runtime.plan.streaming
+    prompt = [int(t) for t in np.random.default_rng(7).integers(0, 256, 20)]
+    want = greedy(resident, prompt, 16)
+    resolve, calls = moe.resolve, []
+
+    def failing(rec, layer):
+        resolve(rec, layer)
+        calls.append(layer)
+        if len(calls) == 6:
+            assert rec._first  # uploads waiting for this recorder's submit
+            raise RuntimeError("stopped")
+
+    monkeypatch.setattr(moe, "resolve", failing)
+    with pytest.raises(RuntimeError, match="stopped"):
+        greedy(streamed, prompt, 16)
+    monkeypatch.setattr(moe, "resolve", resolve)
+    assert all(not m.where for m in st.maps.values())
+    assert greedy(streamed, prompt, 16) == want
+    assert all(np.array_equal(t, st.slot_of[i]) for i, t in table_of(streamed).items())
 
 
 @pytest.mark.slow
@@ -302,3 +498,23 @@ def test_auto_budget_streams_a_moe_model_and_never_refuses():
     assert RuntimePlan(dense, dense_formats, options, tiny).streaming is None  # auto never refuses a dense model
     with pytest.raises(GpuError, match="only mixture-of-experts"):
         RuntimePlan(dense, dense_formats, RuntimeOptions(gpu_weights=2**30), DeviceTraits.typical())
+
+
+@pytest.mark.slow
+def test_the_stream_benchmark_runs_on_a_tiny_shape(tmp_path):
+    """bench/expert_stream.py end to end on the tiny hybrid MoE (3 of 8 experts cached): each routing's decode and
+    prefill, the hit rate, and the breakdown's phases, which are parts of the token's wall time."""
+    import json
+
+    from bench import expert_stream
+
+    out = tmp_path / "stream.json"
+    assert expert_stream.main(["--json", str(out), "--shapes", "tiny-hybrid-moe", "--budgets", "slots:3",
+                               "--tokens", "4", "--warmup", "2", "--prefill", "20", "--breakdown"]) == 0
+    rows = json.loads(out.read_text())["results"]
+    assert [r["routing"] for r in rows] == ["random", "skewed"] and all(r["slots"] == 3 for r in rows)
+    for r in rows:
+        ms = r["host_ms_per_token"]
+        assert 0 < r["hit_rate"] < 1 and r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
+        assert ms["ids_wait"] > 0 and ms["policy"] > 0 and ms["route"] > 0 and ms["slot_write"] == 0
+        assert sum(v for k, v in ms.items() if k not in ("other", "wall")) <= ms["wall"]

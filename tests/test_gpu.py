@@ -100,6 +100,30 @@ def test_a_replayed_plan_dispatches_what_was_captured(gpu, raw):
         cap.copy(buf, 0, buf, 0, 4)
 
 
+def test_sealed_and_first_command_buffers_run_in_order(gpu):
+    """Copies into one word: submit_first's command buffers run before the sealed ones, the sealed before what is
+    still open; submit_sealed leaves the open part for the next submit."""
+    src = [gpu.upload(f"src{v}", np.array([v], np.uint32)) for v in range(4)]
+    dst = gpu.buffer("dst", 4)
+    word = lambda: int(gpu.read(dst, np.uint32, 1)[0])  # noqa: E731
+
+    def first_copying(v):
+        enc = gpu.device.create_command_encoder()
+        enc.copy_buffer_to_buffer(src[v], 0, dst, 0, 4)
+        return enc.finish()
+
+    rec = Recorder(gpu, "order")
+    rec.copy(src[1], 0, dst, 0, 4)
+    rec.seal()
+    rec.copy(src[2], 0, dst, 0, 4)  # open: not in submit_sealed
+    rec.submit_first([first_copying(3)])
+    rec.submit_sealed()
+    assert word() == 1
+    rec.submit_first([first_copying(0)])
+    rec.submit()
+    assert word() == 2
+
+
 def test_fold_grid():
     assert fold_grid(10) == (10, 1)
     for n in (65535, 65536, 151936, 10**6):

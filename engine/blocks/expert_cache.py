@@ -12,11 +12,20 @@ experts' bytes are gathered into one mapped staging buffer per upload round and 
 (consecutive slots in one copy). A prefill chunk whose experts outnumber the slots runs in batches of experts that
 fit: each batch's down pass writes a second buffer whose rows of that batch are then selected into y, so every
 (token, slot) row is computed once, by the same kernel as without a budget.
+
+A decode token keeps the host off the GPU's path where it can (engine/transformer.py records it): each segment up to
+a MoE layer's routing is recorded while the one before runs; the layer's slots come from a per-layer expert -> slot
+table on the GPU (shaders/expert_slots.wgsl) that every upload updates, so a layer whose experts are all cached
+needs no host write; the uploads go in the same submission as the segment after them; the routing's readback
+alternates between two buffers and is waited for on this thread; staging buffers are mapped again while the GPU
+runs, so an upload finds one ready.
 """
 
 from __future__ import annotations
 
+import heapq
 import os
+import time
 from collections import OrderedDict
 
 import numpy as np
@@ -26,6 +35,10 @@ from engine.blocks import BufferNeed
 
 STAGING_EXPERTS = 32  # experts per upload round (the staging buffer holds this many, or the cache if smaller)
 STAGING = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
+# Host seconds of a streamed forward by phase (ExpertStream.seconds; bench/expert_stream.py --breakdown prints them).
+PHASES = ("record", "submit", "ids_wait", "ids_read", "route", "policy", "staging_wait", "gather", "copies",
+          "slot_write")
+TABLE_ALIGN = 256  # bytes from one layer's slot table to the next (WebGPU's largest storage offset alignment)
 
 
 class SlotMap:
@@ -33,7 +46,9 @@ class SlotMap:
 
     lru: the least recently used expert goes; lfu: the least used (ties: the least recent), its counts halved every
     HALF_LIFE requests so a new topic's experts can displace an old one's. Experts asked for together are never
-    evicted by each other. Counts hits and misses. bench/expert_policy.py measures both."""
+    evicted by each other. Counts hits and misses. bench/expert_policy.py measures both. LFU finds its victim in a
+    heap of (uses, last use, expert) entries, stale ones skipped (a scan of every slot per miss cost more than the
+    rest of a decode layer's host work)."""
 
     HALF_LIFE = 256  # requests (decode tokens) between two halvings of the LFU counts
 
@@ -42,7 +57,10 @@ class SlotMap:
             raise ValueError(f"eviction policy must be 'lru' or 'lfu', got {policy!r}")
         self.experts, self.slots, self.policy = experts, slots, policy
         self.where: OrderedDict[int, int] = OrderedDict()  # expert -> slot, least recent first
-        self.uses = np.zeros(experts, np.int64)
+        self.uses = [0] * experts
+        self._last = [0] * experts  # when each expert was last asked for (the order of `where`)
+        self._clock = 0
+        self._heap: list[tuple[int, int, int]] = []  # lfu: (uses, last, expert), valid while it matches both
         self.free = list(range(slots - 1, -1, -1))  # popped from the end: slot 0 first
         self.hits = self.misses = 0
         self._requests = 0
@@ -53,31 +71,55 @@ class SlotMap:
         wanted = list(dict.fromkeys(int(e) for e in wanted))
         if len(wanted) > self.slots:
             raise ValueError(f"{len(wanted)} experts asked for at once; the cache has {self.slots} slots")
-        keep = set(wanted)
-        out, loads = {}, []
+        where, uses, lfu = self.where, self.uses, self.policy == "lfu"
+        out, loads, keep = {}, [], set(wanted)
         self._requests += 1
         if self._requests % self.HALF_LIFE == 0:
-            self.uses //= 2
+            self.uses = uses = [u >> 1 for u in uses]
+            if lfu:
+                self._heap = [(uses[e], self._last[e], e) for e in where]
+                heapq.heapify(self._heap)
         for e in wanted:
-            self.uses[e] += 1
-            if e in self.where:
-                self.where.move_to_end(e)
-                out[e] = self.where[e]
+            uses[e] += 1
+            if e in where:
+                where.move_to_end(e)
+                self._touch(e)
+                out[e] = where[e]
                 self.hits += 1
         for e in wanted:
             if e in out:
                 continue
             slot = self.free.pop() if self.free else self._evict(keep)
-            self.where[e] = out[e] = slot
+            where[e] = out[e] = slot
+            self._touch(e)
             loads.append((e, slot))
             self.misses += 1
         return out, loads
 
-    def _evict(self, keep: set) -> int:
+    def _touch(self, e: int) -> None:
+        self._clock += 1
+        self._last[e] = self._clock
+        if self.policy == "lfu":
+            if len(self._heap) > 4 * self.slots + 64:  # drop the stale entries now and then
+                self._heap = [(self.uses[x], self._last[x], x) for x in self.where if x != e]
+                heapq.heapify(self._heap)
+            heapq.heappush(self._heap, (self.uses[e], self._clock, e))
+
+    def _evict(self, keep) -> int:
         if self.policy == "lru":
             victim = next(e for e in self.where if e not in keep)
-        else:  # the first (least recent) of the least used
-            victim = min((e for e in self.where if e not in keep), key=lambda e: self.uses[e])
+        else:  # the least used, then the least recent
+            held, heap, uses, last, where = [], self._heap, self.uses, self._last, self.where
+            while True:
+                entry = heapq.heappop(heap)
+                u, t, victim = entry
+                if victim not in where or uses[victim] != u or last[victim] != t:
+                    continue  # stale: the expert was used again, evicted, or its count halved
+                if victim not in keep:
+                    break
+                held.append(entry)
+            for entry in held:
+                heapq.heappush(heap, entry)
         return self.where.pop(victim)
 
     def batches(self, experts) -> list[list[int]]:
@@ -104,10 +146,13 @@ class ExpertStream:
         self.layers, self.policy = tuple(layers), policy
         self.part_bytes = expert_part_bytes  # (stack, key) -> bytes of one expert in the GPU layout
         self.staging_experts = max(1, min(STAGING_EXPERTS, slots))
-        self.maps = {i: SlotMap(experts, slots, policy) for i in self.layers}
         self.host: dict[int, dict[tuple[str, str], np.ndarray]] = {}
         self.uploaded_bytes = 0
         self.upload_seconds = 0.0
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.table_stride = -(-experts * 4 // TABLE_ALIGN) * TABLE_ALIGN
+        self.table_index = {layer: j for j, layer in enumerate(self.layers)}
+        self._forget_slots()
         # A benchmark's stand-in for the router's choice: route(layer, T) -> expert ids [T, top_k] used in place of
         # the ones read back (bench/expert_stream.py: random and skewed routing). None in normal use.
         self.route = None
@@ -119,12 +164,21 @@ class ExpertStream:
     def needs(self) -> list[BufferNeed]:
         T, S = self.T, self.n_slots
         return [BufferNeed.buffer("moe.slot_ids", 4 * T * S),
-                BufferNeed.buffer("moe.ids_readback", 4 * T * S, usage="readback"),
+                BufferNeed.buffer("moe.slot_table", len(self.layers) * self.table_stride),
+                *(BufferNeed.buffer(f"moe.ids_readback.{j}", 4 * T * S, usage="readback") for j in range(2)),
                 BufferNeed.buffer("moe.rows_mask", 4 * T * S),
-                BufferNeed.buffer("moe.expert_staging", 2 * self.staging_bytes())]  # two, mapped in turn
+                BufferNeed.buffer("moe.expert_staging", 2 * self.staging_size())]  # two, mapped in turn
 
     def staging_bytes(self) -> int:
         return self.staging_experts * self.expert_bytes()
+
+    def staging_size(self) -> int:
+        """One staging buffer: a round of experts, then a layer's slot table."""
+        return self.staging_bytes() + 4 * self.E
+
+    def table_range(self, layer: int) -> tuple[int, int]:
+        """(offset, bytes) of `layer`'s expert -> slot table in the slot table buffer."""
+        return self.table_index[layer] * self.table_stride, 4 * self.E
 
     # ---- counters --------------------------------------------------------------------------------------------
     @property
@@ -139,6 +193,7 @@ class ExpertStream:
         for m in self.maps.values():
             m.hits = m.misses = 0
         self.uploaded_bytes, self.upload_seconds = 0, 0.0
+        self.seconds = dict.fromkeys(PHASES, 0.0)
 
     def hit_rate(self) -> float | None:
         n = self.hits + self.misses
@@ -156,61 +211,167 @@ class ExpertStream:
                              f"{self.E} × {self.part_bytes[stack, key]}")
         self.host.setdefault(layer, {})[stack, key] = arr
 
-    def build(self, gpu, readback) -> None:
-        self.gpu, self.readback = gpu, readback
-        size = max(16, (self.staging_bytes() + 3) // 4 * 4)
-        self.staging = [gpu.device.create_buffer(label=f"moe.expert_staging.{j}", size=size, usage=STAGING)
-                        for j in range(2)]
+    def build(self, gpu, readbacks: list, table) -> None:
+        self.gpu, self.readbacks, self.table = gpu, list(readbacks), table
+        size = max(16, (self.staging_size() + 3) // 4 * 4)
+        self.staging = [gpu.device.create_buffer(label=f"moe.expert_staging.{j}", size=size, usage=STAGING,
+                                                 mapped_at_creation=True) for j in range(2)]
+        self._staged: list = ["mapped", "mapped"]  # per staging buffer: "mapped", a map promise, or "used"
+        self._unsent: set[int] = set()  # staging buffers read by command buffers still in `pending`
+        self.pending: list = []  # upload command buffers not yet handed to a recorder
         self._turn = 0
+        self._requested: list = []  # readback buffers a recorded copy of the routing targets, oldest first
+        self._reading = None  # (readback buffer, its map promise, tokens) of the routing submitted last
+        self._rb_turn = 0
+        self._write_tables()
 
-    # ---- per forward -----------------------------------------------------------------------------------------
-    def read_ids(self, T: int) -> np.ndarray:
-        """The router's ids [T, n_slots] copied into the readback buffer by the forward just submitted."""
-        buf = self.readback
-        buf.map_sync(mode=wgpu.MapMode.READ)
+    # ---- the slot tables ---------------------------------------------------------------------------------------
+    def _forget_slots(self) -> None:
+        """Every layer's cache empty: new slot maps (counters kept) and tables of unused slots."""
+        old = getattr(self, "maps", {})
+        self.maps = {i: SlotMap(self.E, self.slots, self.policy) for i in self.layers}
+        for i, m in old.items():
+            self.maps[i].hits, self.maps[i].misses = m.hits, m.misses
+        # The host's copy of each GPU table: expert -> its slot, `slots` (the shared expert's, unread) when absent.
+        self.slot_of = {i: np.full(self.E, self.slots, np.uint32) for i in self.layers}
+        self._occupant = {i: [-1] * self.slots for i in self.layers}
+
+    def _write_tables(self) -> None:
+        rows = np.full((len(self.layers), self.table_stride // 4), self.slots, np.uint32)
+        for i, j in self.table_index.items():
+            rows[j, :self.E] = self.slot_of[i]
+        self.gpu.write(self.table, rows)
+
+    def forget(self) -> None:
+        """Empty the cache after a forward that stopped half-way (uploads it planned may never have been submitted):
+        later tokens load what they need again."""
+        self.pending.clear()
+        self._unsent.clear()
+        self._requested.clear()
+        if self._reading is not None:
+            buf, promise, _ = self._reading
+            self._reading = None
+            self.gpu.wait_map(promise)
+            buf.unmap()
+        self._forget_slots()
+        self._write_tables()
+
+    def _note_loads(self, layer: int, loads: list[tuple[int, int]]) -> None:
+        table, occupant = self.slot_of[layer], self._occupant[layer]
+        for e, slot in loads:
+            if occupant[slot] >= 0:
+                table[occupant[slot]] = self.slots
+            table[e], occupant[slot] = slot, e
+
+    # ---- the routing's readback --------------------------------------------------------------------------------
+    def request_ids(self, rec, ids, T: int) -> None:
+        """Record the copy of the router's ids [T, n_slots] into the next readback buffer (read after a submit)."""
+        buf = self.readbacks[self._rb_turn]
+        self._rb_turn ^= 1
+        rec.copy(ids, 0, buf, 0, 4 * T * self.n_slots)
+        self._requested.append((buf, T))
+
+    def map_ids(self) -> None:
+        """Right after the submit holding the oldest requested copy: map its buffer, and the staging buffers whose
+        copies went in that submit or before, all to land when the GPU gets there."""
+        buf, T = self._requested.pop(0)
+        self._reading = (buf, buf.map_async("READ_NOSYNC", 0, 4 * T * self.n_slots), T)
+        for j, state in enumerate(self._staged):
+            if state == "used" and j not in self._unsent:
+                self._staged[j] = self.staging[j].map_async(wgpu.MapMode.WRITE, 0, self.staging[j].size)
+
+    def wait_ids(self) -> np.ndarray:
+        """The routing [T, n_slots] mapped last (map_ids), once the GPU has written it."""
+        buf, promise, T = self._reading
+        t0 = time.perf_counter()
+        self.gpu.wait_map(promise)
+        t1 = time.perf_counter()
+        self._reading = None  # mapped now (an interrupted wait leaves it for forget)
         try:
-            return np.frombuffer(buf.read_mapped(0, T * self.n_slots * 4), np.uint32).reshape(T, self.n_slots).copy()
+            return np.frombuffer(buf.read_mapped(0, 4 * T * self.n_slots, copy=False), np.uint32).reshape(
+                T, self.n_slots).copy()
         finally:
             buf.unmap()
+            self.seconds["ids_wait"] += t1 - t0
+            self.seconds["ids_read"] += time.perf_counter() - t1
+
+    # ---- uploads -----------------------------------------------------------------------------------------------
+    def _ready_staging(self, j: int):
+        """Staging buffer j mapped for writing (its earlier copies done)."""
+        state = self._staged[j]
+        if state == "used":
+            if j in self._unsent:  # its copies are not submitted yet: they go now, ahead of anything else
+                self.gpu.queue.submit(self.take_pending())
+            state = self.staging[j].map_async(wgpu.MapMode.WRITE, 0, self.staging[j].size)
+        if state != "mapped":
+            self.gpu.wait_map(state)
+            self._staged[j] = "mapped"
+        return self.staging[j]
 
     def upload(self, layer: int, cache: dict[tuple[str, str], object], loads: list[tuple[int, int]]) -> None:
-        """Copy the experts `loads` ([(expert, slot)]) from the host stacks into their cache slots: per round one
-        mapped staging buffer holds every part of up to staging_experts experts, then GPU copies move each run of
-        consecutive slots at once."""
-        import time
-
+        """Copy the experts `loads` ([(expert, slot)]) from the host stacks into their cache slots, and the layer's
+        slot table after them: per round one mapped staging buffer holds every part of up to staging_experts
+        experts, then GPU copies move each run of consecutive slots at once. The copies' command buffers wait in
+        `pending` for the caller's submit (take_pending)."""
         started = time.perf_counter()
+        sec = self.seconds
         host, parts = self.host[layer], list(self.part_bytes)
         loads = sorted(loads, key=lambda es: es[1])
-        for r0 in range(0, len(loads), self.staging_experts):
+        self._note_loads(layer, loads)
+        rounds = range(0, len(loads), self.staging_experts)
+        for r0 in rounds:
             batch = loads[r0:r0 + self.staging_experts]
+            last = r0 == rounds[-1]
             ids = np.fromiter((e for e, _ in batch), np.int64, len(batch))
-            staging = self.staging[self._turn]
+            j = self._turn
             self._turn ^= 1
-            staging.map_sync(mode=wgpu.MapMode.WRITE)  # waits for the copies that last read this buffer
+            t0 = time.perf_counter()
+            staging = self._ready_staging(j)
+            t1 = time.perf_counter()
+            sec["staging_wait"] += t1 - t0
             offsets, offset = {}, 0
             for part in parts:
                 offsets[part], offset = offset, offset + len(batch) * self.part_bytes[part]
-            mapped = _mapped_bytes(staging, offset)
+            table_at, end = offset, offset + 4 * self.E * last
+            mapped = _mapped_bytes(staging, end)
             try:
                 if mapped is not None:  # straight into the mapped staging: one host copy, on several threads
                     _gather_all([(host[part], ids, mapped[offsets[part]:offsets[part] + len(batch) *
                                                           self.part_bytes[part]]) for part in parts])
+                    if last:
+                        mapped[table_at:end] = self.slot_of[layer].view(np.uint8)
                 else:
                     for part in parts:
                         staging.write_mapped(_gather(host[part], ids), offsets[part])
+                    if last:
+                        staging.write_mapped(self.slot_of[layer], table_at)
             finally:
                 del mapped  # no view of the mapping may outlive it
                 staging.unmap()
+            t2 = time.perf_counter()
+            sec["gather"] += t2 - t1
             enc = self.gpu.device.create_command_encoder(label="expert-upload")
             for part in parts:
                 size = self.part_bytes[part]
-                for j, first, count in _runs([slot for _, slot in batch]):
-                    enc.copy_buffer_to_buffer(staging, offsets[part] + j * size, cache[part], first * size,
+                for k, first, count in _runs([slot for _, slot in batch]):
+                    enc.copy_buffer_to_buffer(staging, offsets[part] + k * size, cache[part], first * size,
                                               count * size)
-            self.gpu.queue.submit([enc.finish()])
+            if last:
+                table_offset, table_bytes = self.table_range(layer)
+                enc.copy_buffer_to_buffer(staging, table_at, self.table, table_offset, table_bytes)
+            self.pending.append(enc.finish())
+            self._staged[j] = "used"
+            self._unsent.add(j)
+            sec["copies"] += time.perf_counter() - t2
             self.uploaded_bytes += offset
         self.upload_seconds += time.perf_counter() - started
+
+    def take_pending(self) -> list:
+        """The upload command buffers recorded since the last call, for the submit that must run them first (a
+        recorder's submit_first, or a submit of their own)."""
+        out, self.pending = self.pending, []
+        self._unsent.clear()
+        return out
 
 
 def _gather(arr, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
@@ -232,29 +393,54 @@ def _gather(arr, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 _POOL = None
-GATHER_THREADS = min(8, os.cpu_count() or 1)  # numpy's take releases the GIL: host copies scale with cores
-MIN_THREAD_BYTES = 1 << 20  # below this a copy runs on the caller's thread
+GATHER_THREADS = min(8, os.cpu_count() or 1)  # numpy's copies release the GIL: host copies scale with cores
+MIN_THREAD_BYTES = 1 << 20  # below this a share runs on the caller's thread alone
+
+
+def _expert_bytes(arr, e: int) -> list[np.ndarray]:
+    """Expert e of a host stack as contiguous u8 runs, in the order of its GPU layout (a lazy row join: each part's
+    rows in turn)."""
+    return [np.asarray(p[e]).reshape(-1).view(np.uint8) for p in getattr(arr, "parts", None) or [arr]]
 
 
 def _gather_all(jobs: list[tuple]) -> None:
-    """Each (host stack, ids, out) gathered into `out`, split by experts over a thread pool."""
+    """Each (host stack, ids, out) gathered into `out`: the copies cut into one equal share of bytes per thread, the
+    caller's thread taking the last share (per-expert tasks left threads idle while one copied two experts)."""
     global _POOL
-    tasks = []
+    pieces, total = [], 0  # (source run, destination slice)
     for arr, ids, out in jobs:
-        per = len(out) // len(ids)
-        step = max(1, -(-len(ids) // GATHER_THREADS), MIN_THREAD_BYTES // max(per, 1))
-        tasks += [(arr, ids[j:j + step], out[j * per:(j + len(ids[j:j + step])) * per])
-                  for j in range(0, len(ids), step)]
-    if len(tasks) == 1 or GATHER_THREADS == 1:
-        for t in tasks:
-            _gather(*t)
-        return
-    if _POOL is None:
+        at = 0
+        for e in ids:
+            for run in _expert_bytes(arr, int(e)):
+                pieces.append((run, out[at:at + run.size]))
+                at += run.size
+        total += at
+    threads = max(1, min(GATHER_THREADS, total // MIN_THREAD_BYTES))
+    share = -(-total // threads)
+    shares, current, room = [], [], share
+    for src, dst in pieces:
+        while src.size:
+            n = min(room, src.size)
+            current.append((src[:n], dst[:n]))
+            src, dst, room = src[n:], dst[n:], room - n
+            if room == 0:
+                shares.append(current)
+                current, room = [], share
+    if current:
+        shares.append(current)
+    if len(shares) > 1 and _POOL is None:
         from concurrent.futures import ThreadPoolExecutor
 
         _POOL = ThreadPoolExecutor(GATHER_THREADS, thread_name_prefix="expert-gather")
-    for f in [_POOL.submit(_gather, *t) for t in tasks]:
+    futures = [_POOL.submit(_copy_all, job) for job in shares[:-1]]
+    _copy_all(shares[-1] if shares else [])
+    for f in futures:
         f.result()
+
+
+def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
+    for src, dst in pairs:
+        np.copyto(dst, src)
 
 
 def _mapped_bytes(buf, size: int) -> np.ndarray | None:

@@ -28,7 +28,8 @@ those ids), so expert streaming can remap ids to cache slots there before they r
 With `cache_slots` (a MoE model over its weights budget) the routed stacks hold that many experts (plus the stacked
 shared expert) and the rest stream from host memory: engine/blocks/expert_cache.py. The contract every expert pass
 keeps: it addresses expert weights only through the ids buffer it binds, `self.expert_ids` (the router's ids when
-resident; host-written slots [T, SLOTS] u32 when streaming, the stacked shared expert at slot `cache_slots`), over a
+resident; cache slots [T, SLOTS] u32 when streaming, the stacked shared expert at slot `cache_slots`: a decode token's
+written by a lookup in the layer's slot table on the GPU (one dispatch after the top-k), a chunk's by the host), over a
 stack of `stack_experts(i)` experts; a prefill chunk in batches runs the grouped passes once per batch with down
 into y_batch (`grouped_batch`), whose rows of the batch's experts the select copies into y. Each grouped output row is
 computed alone, so streamed and resident prefills give the same bits. Streaming never joins a 3-bit stack with a
@@ -36,6 +37,8 @@ computed alone, so streamed and resident prefills give the same bits. Streaming 
 """
 
 from __future__ import annotations
+
+import time
 
 import numpy as np
 
@@ -45,7 +48,7 @@ from engine.blocks.linear import Arithmetic, matrix_tensors
 from engine.errors import GpuError, UnsupportedModelError
 from engine.gpu import PlanRecorder
 from engine.kernels import MAX_GROUPS_PER_DIM, fold_grid
-from engine.kernels.expert_cache import EXPERT_SELECT, select_plan
+from engine.kernels.expert_cache import EXPERT_SELECT, EXPERT_SLOTS, select_plan, slots_plan
 from engine.kernels.matmul import (
     FORMATS,
     MATVEC_INT4,
@@ -372,7 +375,12 @@ class MoeFfn(Block):
         self.expert_ids = made["moe.slot_ids"] if self.stream else self.ids
         if self.stream:
             self.y_batch, self.rows_mask = made["moe.y_batch"], made["moe.rows_mask"]
-            self.stream.build(gpu, made["moe.ids_readback"])
+            self.slot_table = made["moe.slot_table"]
+            self.stream.build(gpu, [made["moe.ids_readback.0"], made["moe.ids_readback.1"]], self.slot_table)
+            # each layer's cache buffers by expert part, as ExpertStream.upload copies into them
+            self._cache_parts = {i: {(stack, key): self.w[i][stack][j] for stack in ("gate_up", "down")
+                                     for j, key in enumerate("ws") if (stack, key) in self.stream.part_bytes}
+                                 for i in self.layers}
 
         def bound(kernel, plan, buffers, label):
             pipe = gpu.pipeline(kernel, plan[0])
@@ -396,6 +404,9 @@ class MoeFfn(Block):
             if self.stream:  # a prefill chunk in batches of cached experts: down writes y_batch, then the select
                 p["select"] = bound(EXPERT_SELECT, select_plan(self.D, self.slots, self.max_tokens), dict(
                     yb=self.y_batch, mask=self.rows_mask, y=self.y, step=st), f"{c}.select")
+                offset, size = self.stream.table_range(i)  # a decode token's slots from the layer's slot table
+                p["lookup"] = bound(EXPERT_SLOTS, slots_plan(self.E, self.top_k, self.slots, self.stream.slots), dict(
+                    ids=self.ids, table=(self.slot_table, offset, size), slot_ids=self.expert_ids), f"{c}.slots")
             one_token = [(pipe, bg, (c, (grid[0], 1, grid[2]))) for pipe, bg, (c, grid) in p["experts"]]
             p["decode"] = (self._int8_passes(i, bound, ws, act_q8, act_q8_meta, one_token) if self.ar.int8
                            else one_token)
@@ -507,8 +518,13 @@ class MoeFfn(Block):
             per_token(passes["router_tokens"])
         pipe, bg, _ = passes["topk"]
         rec.dispatch(pipe, bg, *fold_grid(T))
-        if self.stream and hasattr(rec, "cut"):  # a streamed decode token captured in segments: the routing
-            rec.cut((self, layer))  # is read back at the cut, then the segment's experts read their slots
+        if self.stream and T == 1:  # the slot lookup, then the experts reading their slots
+            if hasattr(rec, "cut"):  # a decode token captured in segments: the routing is read back at the cut
+                rec.cut((self, layer))
+            elif not isinstance(rec, PlanRecorder):  # read back now
+                self._stream_token(rec, layer)
+            pipe, bg, plan = passes["lookup"]
+            rec.dispatch(pipe, bg, *plan[1])
             self._record_experts(rec, layer, T)
         elif self.stream and not isinstance(rec, PlanRecorder):
             self._stream_experts(rec, layer, T)
@@ -529,38 +545,76 @@ class MoeFfn(Block):
         for pipe, bg, plan, rows in passes["grouped_batch" if batch else "grouped"]:
             rec.dispatch(pipe, bg, *(plan[1] if rows is None else (plan[1][0], rows * T)))
 
-    def resolve(self, rec, layer: int) -> None:
-        """At a streamed decode segment's cut: read the token's routing back and make its experts resident; the
-        next segment's expert passes read their slots."""
-        self._stream_experts(rec, layer, 1, record=False)
+    def request_routing(self, rec) -> None:
+        """A decode token's routing copied for the host at the end of the segment recorded last (Transformer)."""
+        self.stream.request_ids(rec, self.ids, 1)
 
-    def _stream_experts(self, rec, layer: int, T: int, record: bool = True) -> None:
-        """The routing so far is submitted and read back; the experts it picked are made resident (batches of
-        them when a chunk's outnumber the slots) and the expert passes recorded reading their slots."""
-        st, S, k = self.stream, self.slots, self.top_k
-        rec.copy(self.ids, 0, st.readback, 0, T * S * 4)
+    def resolve(self, rec, layer: int) -> None:
+        """At a streamed decode token's cut, after the segment before it was submitted (ExpertStream.map_ids): wait
+        for the routing, make its experts resident; their uploads go in `rec`'s next submit, ahead of the slot
+        lookup and the experts."""
+        st = self.stream
+        ids = st.wait_ids()[0]
+        t0 = time.perf_counter()
+        routed = ids[:self.top_k].tolist()
+        if st.route is not None:  # a benchmark's routing: the slot lookup reads it from the ids buffer
+            routed = [int(e) for e in st.route(layer, 1)[0]]
+            self._gpu.write(self.ids, np.array(routed + [self.E] * (self.slots - self.top_k), np.uint32))
+            t1 = time.perf_counter()
+            st.seconds["route"] += t1 - t0
+            t0 = t1
+        last = self.E - 1  # a bad id (NaN logits) reads a real expert, as resident
+        _, loads = st.maps[layer].assign([e if e <= last else last for e in routed])
+        st.seconds["policy"] += time.perf_counter() - t0
+        if loads:
+            st.upload(layer, self._cache_parts[layer], loads)
+        rec.submit_first(st.take_pending())
+
+    def _stream_token(self, rec, layer: int) -> None:
+        """One token's routing read back in a forward recorded as it goes (not a captured decode step)."""
+        t0 = time.perf_counter()
+        self.request_routing(rec)
         rec.flush()
-        ids = st.read_ids(T)
+        self.stream.map_ids()
+        self.stream.seconds["submit"] += time.perf_counter() - t0
+        self.resolve(rec, layer)
+
+    def _stream_experts(self, rec, layer: int, T: int) -> None:
+        """A chunk of T > 1 rows: the routing so far is submitted and read back; the experts it picked are made
+        resident (batches of them when the chunk's outnumber the slots) and the expert passes recorded reading
+        their slots, which the host writes."""
+        st, S, k = self.stream, self.slots, self.top_k
+        sec, t0 = st.seconds, time.perf_counter()
+        st.request_ids(rec, self.ids, T)
+        rec.flush()
+        st.map_ids()
+        sec["submit"] += time.perf_counter() - t0
+        ids = st.wait_ids()
+        t0 = time.perf_counter()
         if st.route is not None:
             ids[:, :k] = st.route(layer, T)
         np.minimum(ids[:, :k], self.E - 1, out=ids[:, :k])  # a bad id (NaN logits) reads a real expert, as resident
         slot_ids = np.full((T, S), st.slots, np.uint32)  # the stacked shared expert's slot (unread otherwise)
-        smap, cache = st.maps[layer], self.w[layer]
-        parts = {(stack, key): cache[stack][j] for stack in ("gate_up", "down") for j, key in enumerate("ws")
-                 if (stack, key) in st.part_bytes}
+        smap = st.maps[layer]
         batches = smap.batches(ids[:, :k].reshape(-1))
         for b, experts in enumerate(batches):
             where, loads = smap.assign(experts)
             if loads:
-                st.upload(layer, parts, loads)
+                sec["policy"] += time.perf_counter() - t0
+                st.upload(layer, self._cache_parts[layer], loads)
+                rec.submit_first(st.take_pending())
+                t0 = time.perf_counter()
             lut = np.full(self.E + 1, st.slots, np.uint32)  # expert -> its slot in this batch
             lut[list(where)] = list(where.values())
             chosen = np.isin(ids[:, :k], experts)
             slot_ids[:, :k][chosen] = lut[np.minimum(ids[:, :k][chosen], self.E)]
+            t1 = time.perf_counter()
+            sec["policy"] += t1 - t0
             self._gpu.write(self.expert_ids, slot_ids)
+            t0 = time.perf_counter()
+            sec["slot_write"] += t0 - t1
             if len(batches) == 1:
-                if record:
-                    self._record_experts(rec, layer, T)
+                self._record_experts(rec, layer, T)
                 return
             mask = np.zeros((T, S), np.uint32)
             mask[:, :k] = chosen
