@@ -1,4 +1,5 @@
-// What the tiled GEMMs (matmul_int4, matmul_q8) share: the weight row behind a tile column, and the epilogue.
+// What the tiled GEMMs (matmul_int4, matmul_q8w, matmul_kq, matmul_kq_q8) share: the weight row behind a tile
+// column, and the epilogue.
 // Thread (tx, ty) holds rows 4ty..4ty+3 of its 4 tile columns and writes those below step.n_tokens and N: plain
 // columns j0 + 4tx..+3, or with GATE_UP silu(gate)·up for outputs j0 + 2tx and j0 + 2tx + 1 from its columns
 // (gate j, gate j+1, up j, up j+1). The including kernel declares y, step and constants N, YS, GATE_UP.

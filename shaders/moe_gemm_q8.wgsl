@@ -1,6 +1,6 @@
 // Grouped expert GEMM for MoE prefill with int8 activations: moe_gemm.wgsl's grouping (moe_sort's tiles; one
 // dispatch for every expert of a stack; each output row computed alone and written only to its pair's row of y)
-// with matmul_q8.wgsl's arithmetic (4-bit or MLX 3-bit codes unpacked to int8 once at staging, dot4I8Packed against
+// with matmul_q8w.wgsl's arithmetic (4-bit or MLX 3-bit codes unpacked to int8 once at staging, dot4I8Packed against
 // quantize_q8's activation bytes, one stage of prefetch). X rows: the token's row of the chunk's int8 rows (gate_up)
 // or, with X_SLOT, the pair's own row of the quantized gate_up outputs (down).
 // Streaming contract (issue 20): the expert comes only from the tile list, which moe_sort built from the router's
