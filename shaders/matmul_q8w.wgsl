@@ -21,6 +21,9 @@
 // Grid: (x, ceil(T/TM), z) with (x, z) = fold_grid(ceil(N/TN)); rows t ≥ n_tokens and columns ≥ N are never written.
 #import step
 #import gemm_tile
+#import group_scale
+#import int8_dot
+#import int8_codes
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -30,22 +33,12 @@
 @group(0) @binding(5) var<uniform> step: Step;
 
 const CHUNKS: u32 = K / 32u;
-const GROUPS: u32 = K / GROUP;
-const CPG: u32 = GROUP / 32u;
-const SPG: u32 = select(1u, 2u, AFFINE);
 const MATS: u32 = select(1u, 2u, GATE_UP);
 const WN: u32 = TN * MATS;
 const TX: u32 = WN / 4u;
 const TY: u32 = TM / 8u;
 const WG: u32 = TX * TY;
 const N_TILES: u32 = (N + TN - 1u) / TN;
-const NIB: u32 = 0x0F0F0F0Fu;
-const SIGN: u32 = 0x80808080u;
-const ZERO4: u32 = ZERO * 0x01010101u;
-// i32 sums start at the bits of 1.5·2^23, so bitcast<f32>(sum) − 1.5·2^23 is the sum exactly (|sum| < 2^22):
-// an FADD instead of an int-to-float conversion, which runs at a fraction of the FMA rate on NVIDIA GPUs.
-const MAGIC: i32 = 0x4B400000;
-const MAGIC_F: f32 = 12582912.0;
 
 // One buffer each (the second at + its size): X [half][row % 8][row / 8], W [half][col % 4][col / 4] as int8.
 const XB: u32 = 2u * TM;
@@ -56,17 +49,6 @@ var<workgroup> x_scale: array<vec4<f32>, 2u * (TM / 4u)>;   // [row / 4], compon
 var<workgroup> w_scale: array<vec4<f32>, 2u * TX>;          // [col / 4], component col % 4
 var<workgroup> x_sum: array<vec4<f32>, select(1u, 2u * (TM / 4u), AFFINE)>;
 var<workgroup> w_min: array<vec4<f32>, select(1u, 2u * TX, AFFINE)>;
-
-// The 4 bytes of each u32 of `v` as signed int8 (v's bytes are 4-bit codes; without AFFINE minus ZERO): bytes
-// 0x80 + q − ZERO stay in 1..0x8F (no borrow between bytes), and flipping bit 7 gives q − ZERO in two's complement.
-fn codes(v: vec4<u32>) -> vec4<u32> {
-    if (AFFINE) { return v; }
-    return ((v | vec4<u32>(SIGN)) - vec4<u32>(ZERO4)) ^ vec4<u32>(SIGN);
-}
-
-fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
-    return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
-}
 
 // This thread's 4 columns of one chunk, in registers for all 8 rows: b0..b3 the first 16 bytes of columns 0..3,
 // c0..c3 the last 16, their scales and (AFFINE) minima.
@@ -90,21 +72,6 @@ fn row(acc: vec4<f32>, base: u32, r: u32, ty: u32, xs: f32, xt: f32) -> vec4<f32
     var out = fma(bitcast<vec4<f32>>(d) - MAGIC_F, xs * ws, acc);
     if (AFFINE) { out = fma(vec4<f32>(xt), mn, out); }
     return out;
-}
-
-fn store_row(v: vec4<f32>, t: u32, j0: u32, tx: u32) {
-    if (t >= step.n_tokens) { return; }
-    if (GATE_UP) {
-        let j = j0 + 2u * tx;
-        if (j < N) { y[t * YS + j] = silu(v.x) * v.z; }
-        if (j + 1u < N) { y[t * YS + j + 1u] = silu(v.y) * v.w; }
-    } else {
-        let j = j0 + 4u * tx;
-        if (j < N) { y[t * YS + j] = v.x; }
-        if (j + 1u < N) { y[t * YS + j + 1u] = v.y; }
-        if (j + 2u < N) { y[t * YS + j + 2u] = v.z; }
-        if (j + 3u < N) { y[t * YS + j + 3u] = v.w; }
-    }
 }
 
 @compute @workgroup_size(WG)
@@ -155,9 +122,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (has_xm) { pxm = xm[m_src + next]; }
             if (has_w) {
                 pw = w[w_src * CHUNKS + next];
-                let si = (w_src * GROUPS + next / CPG) * SPG;
-                pws.x = f32(s[si]);
-                if (AFFINE) { pws.y = f32(s[si + 1u]); }
+                pws = group_scale(w_src, next);
             }
         }
         if (gi > 0u) {
