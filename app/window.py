@@ -874,7 +874,7 @@ class MainWindow(QMainWindow):
                 self.token_store.set(token) if action == "set" else self.token_store.clear()
             except Exception as e:
                 self.show_error(*_describe(e, "save the token"))
-        apply_environment(self.prefs)
+        apply_engine_prefs(self.prefs)
         if self.prefs.theme != old.theme:
             from PySide6.QtWidgets import QApplication
 
@@ -919,16 +919,14 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
 
-def apply_environment(prefs: AppPrefs) -> None:
-    """Prefs the engine reads from the environment: the models folder and offline mode (downloads refuse)."""
-    import os
+def apply_engine_prefs(prefs: AppPrefs) -> None:
+    """Hand the engine the prefs it acts on by itself: the models folder and offline mode (downloads refuse).
+    Through the engine's setters: the environment stays the user's."""
+    from engine.hub.offline import set_offline
+    from engine.paths import choose_models_dir
 
-    if prefs.models_dir:
-        os.environ["ZEROTVM_MODELS"] = prefs.models_dir
-    if prefs.offline:
-        os.environ["ZEROTVM_OFFLINE"] = "1"
-    else:
-        os.environ.pop("ZEROTVM_OFFLINE", None)
+    choose_models_dir(prefs.models_dir or None, setting="Settings → Models folder")
+    set_offline(prefs.offline)
 
 
 def _stats_text(stats: dict) -> str:

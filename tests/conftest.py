@@ -145,6 +145,18 @@ def tiny_repo(hub, tmp_path, monkeypatch):
     return tmp_path / "models" / TINY_QWEN3_KEY
 
 
+
+@pytest.fixture(autouse=True)
+def _engine_choices_reset():
+    """What the app chose for the engine (its folders, offline mode) ends with the test that made the choice, as
+    monkeypatched environment variables do."""
+    yield
+    from engine.hub.offline import set_offline
+    from engine.paths import reset_choices
+
+    reset_choices()
+    set_offline(False)
+
 # Markers that follow from a test's fixtures; the others (model, slow, and gpu for a test that opens the adapter
 # some other way, e.g. through the CLI) are written in the test files.
 _MARK_BY_FIXTURE = {"gpu": "gpu", "any_gpu": "gpu", "qtbot": "app"}
