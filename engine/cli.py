@@ -617,7 +617,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # Mesa's Vulkan warns loudly without it
     args = build_parser().parse_args(argv)
     if args.adapter:
-        os.environ["ZEROTVM_ADAPTER"] = args.adapter
+        from engine.gpu import choose_adapter
+
+        choose_adapter(args.adapter)
     try:
         args.func(args)
     except ZeroTVMError as e:

@@ -97,9 +97,20 @@ def list_adapters() -> list[AdapterInfo]:
     return out
 
 
+_chosen_adapter: list[str | None] = [None]  # the program's choice (choose_adapter), before ZEROTVM_ADAPTER
+
+
+def choose_adapter(choice: str | int | None) -> None:
+    """The adapter every later Gpu() without one of its own takes (the CLI's --adapter); None: ZEROTVM_ADAPTER or
+    the fastest again."""
+    _chosen_adapter[0] = None if choice in (None, "") else str(choice)
+
+
 def pick_adapter(choice: str | int | None = None) -> AdapterInfo:
-    """Choose an adapter: by index or name substring (argument or ZEROTVM_ADAPTER), else the fastest."""
-    choice = os.environ.get("ZEROTVM_ADAPTER") if choice is None else choice
+    """Choose an adapter: by index or name substring (the argument, else choose_adapter's, else ZEROTVM_ADAPTER),
+    else the fastest."""
+    if choice is None:
+        choice = _chosen_adapter[0] if _chosen_adapter[0] is not None else os.environ.get("ZEROTVM_ADAPTER")
     adapters = list_adapters()
     usable = [a for a in adapters if a.backend in GOOD_BACKENDS]
     if choice not in (None, ""):

@@ -148,14 +148,17 @@ def tiny_repo(hub, tmp_path, monkeypatch):
 
 @pytest.fixture(autouse=True)
 def _engine_choices_reset():
-    """What the app chose for the engine (its folders, offline mode) ends with the test that made the choice, as
-    monkeypatched environment variables do."""
+    """What the app or the CLI chose for the engine (folders, offline mode, the adapter) ends with the test that
+    made the choice, as monkeypatched environment variables do."""
     yield
-    from engine.hub.offline import set_offline
-    from engine.paths import reset_choices
+    import sys
 
-    reset_choices()
-    set_offline(False)
+    if "engine.paths" in sys.modules:
+        sys.modules["engine.paths"].reset_choices()
+    if "engine.hub.offline" in sys.modules:
+        sys.modules["engine.hub.offline"].set_offline(False)
+    if "engine.gpu" in sys.modules:
+        sys.modules["engine.gpu"].choose_adapter(None)
 
 # Markers that follow from a test's fixtures; the others (model, slow, and gpu for a test that opens the adapter
 # some other way, e.g. through the CLI) are written in the test files.
