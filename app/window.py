@@ -42,7 +42,7 @@ from engine.settings import save_settings, settings_to_dict
 log = logging.getLogger("zerotvm.app")
 ADD_LOCAL = "__add_local__"
 SAVE_EVERY_S = 0.5  # how often a streaming reply is written to the database
-RENDER_EVERY_MS = 40  # streamed text is laid out at most this often: re-parsing markdown per token stalls at 100+ tok/s
+RENDER_EVERY_MS = 40  # streamed text is laid out at most this often: re-parsing markdown per token stalls fast replies
 PROGRESS_AFTER_MS = 1000  # a prompt still being read after this long shows its progress
 CLOSE_WAIT_S = 1.5  # closing waits this long for the workers in all, so the window is gone within 2 s
 STOPPED_EMPTY = "Stopped before answering · Regenerate to ask again"

@@ -52,7 +52,7 @@ def offline() -> bool:
 def _install_hook() -> None:
     """Make huggingface_hub's per-request offline check also honour no_network() in the calling thread."""
     try:
-        from huggingface_hub import constants  # about 1 ms: the package itself loads lazily
+        from huggingface_hub import constants  # cheap: the package itself loads lazily
     except ImportError:
         return
     with _hook_lock:
