@@ -473,7 +473,7 @@ def cmd_token(args) -> None:
 def cmd_prompt(args) -> None:
     from engine.chat import load_messages
     from engine.library import resolve_model
-    from engine.tokenizer import load_tokenizer
+    from engine.tokenizer_loader import load_tokenizer
 
     thinking = None if args.thinking is None else args.thinking == "on"
     path = resolve_model(args.model)

@@ -30,6 +30,12 @@ _SOFTWARE_NAMES = re.compile(r"lavapipe|llvmpipe|swiftshader|\bwarp\b|microsoft 
 # next upload first waits for them to land, so loading holds at most one window of staging copies.
 UPLOAD_WINDOW = 256 * 2**20
 
+
+def staging_peak_bytes(uploaded: int, largest: int) -> int:
+    """The most staging bytes loading holds at once when it uploads `uploaded` bytes whose largest single upload is
+    `largest`: one UPLOAD_WINDOW of pending uploads, or that largest upload alone where it is bigger."""
+    return min(uploaded, max(UPLOAD_WINDOW, largest))
+
 try:  # wgpu-native's functions unwrapped: wgpu-py's checked wrappers capture and release an error slot around every
     # call (3 calls a dispatch: the largest host cost of a token, BENCH.md). Encoding errors are still kept in the
     # pass by wgpu and raised at its end() or at submit, which go through the checked wrappers.
