@@ -38,10 +38,6 @@ def setup_logging(folder: Path) -> Path | None:
     return _log_path
 
 
-def log_path() -> Path | None:
-    return _log_path
-
-
 def _is_out_of_memory(e: BaseException) -> bool:
     text = str(e).lower()
     return isinstance(e, MemoryError) or "out of memory" in text or "outofmemory" in text

@@ -28,10 +28,11 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     args, qt_args = parse_args(sys.argv[1:] if argv is None else argv)
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # Mesa's Vulkan warns loudly without it
-    if args.data_dir:
-        os.environ["ZEROTVM_HOME"] = str(Path(args.data_dir).resolve())
     from app.errors import setup_logging
-    from engine.paths import data_dir, data_dir_problem, use_temporary_data_dir
+    from engine.paths import choose_data_dir, data_dir, data_dir_problem, use_temporary_data_dir
+
+    if args.data_dir:
+        choose_data_dir(Path(args.data_dir).resolve(), setting="--data-dir")
 
     problem = data_dir_problem()  # a file, read-only, full: one sentence, and the window still starts
     if problem:
@@ -59,7 +60,7 @@ def run_app(qt_args: list[str], auto_setup: bool = True, data_problem: str | Non
     from app.prefs import load_prefs
     from app.store import open_store
     from app.theme import apply_theme
-    from app.window import MainWindow, apply_environment
+    from app.window import MainWindow, apply_engine_prefs
     from engine.paths import data_dir
     from engine.settings import read_settings
 
@@ -74,7 +75,7 @@ def run_app(qt_args: list[str], auto_setup: bool = True, data_problem: str | Non
     data = data_dir()
     prefs_path = data / PREFS_FILE
     prefs = load_prefs((source or data) / PREFS_FILE)
-    apply_environment(prefs)
+    apply_engine_prefs(prefs)
     apply_theme(app, prefs.theme)
     store = open_store((source or data) / STORE_FILE)  # never fails: repaired, recovered or kept in memory
     settings, settings_problems = read_settings((source or data) / "settings.json")

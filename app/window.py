@@ -42,7 +42,7 @@ from engine.settings import save_settings, settings_to_dict
 log = logging.getLogger("zerotvm.app")
 ADD_LOCAL = "__add_local__"
 SAVE_EVERY_S = 0.5  # how often a streaming reply is written to the database
-RENDER_EVERY_MS = 40  # streamed text is laid out at most this often: re-parsing markdown per token stalls at 100+ tok/s
+RENDER_EVERY_MS = 40  # streamed text is laid out at most this often: re-parsing markdown per token stalls fast replies
 PROGRESS_AFTER_MS = 1000  # a prompt still being read after this long shows its progress
 CLOSE_WAIT_S = 1.5  # closing waits this long for the workers in all, so the window is gone within 2 s
 STOPPED_EMPTY = "Stopped before answering · Regenerate to ask again"
@@ -874,7 +874,7 @@ class MainWindow(QMainWindow):
                 self.token_store.set(token) if action == "set" else self.token_store.clear()
             except Exception as e:
                 self.show_error(*_describe(e, "save the token"))
-        apply_environment(self.prefs)
+        apply_engine_prefs(self.prefs)
         if self.prefs.theme != old.theme:
             from PySide6.QtWidgets import QApplication
 
@@ -919,16 +919,14 @@ class MainWindow(QMainWindow):
         super().closeEvent(event)
 
 
-def apply_environment(prefs: AppPrefs) -> None:
-    """Prefs the engine reads from the environment: the models folder and offline mode (downloads refuse)."""
-    import os
+def apply_engine_prefs(prefs: AppPrefs) -> None:
+    """Hand the engine the prefs it acts on by itself: the models folder and offline mode (downloads refuse).
+    Through the engine's setters: the environment stays the user's."""
+    from engine.hub.offline import set_offline
+    from engine.paths import choose_models_dir
 
-    if prefs.models_dir:
-        os.environ["ZEROTVM_MODELS"] = prefs.models_dir
-    if prefs.offline:
-        os.environ["ZEROTVM_OFFLINE"] = "1"
-    else:
-        os.environ.pop("ZEROTVM_OFFLINE", None)
+    choose_models_dir(prefs.models_dir or None, setting="Settings → Models folder")
+    set_offline(prefs.offline)
 
 
 def _stats_text(stats: dict) -> str:

@@ -1,9 +1,9 @@
 """Prefill GEMM probe: the int8-activation GEMM kernels side by side on real prefill shapes, random q4f16_1 weights.
 
-Variants (`--variants`, default all): `matmul_q8` (the runtime's kernel, shaders/matmul_q8.wgsl, 4×4 outputs a
-thread), `q8w` (shaders/matmul_q8w.wgsl at its default 64×64 tile, 8×4 a thread) and q8w tile variants
-`q8w-TMxWN` (WN = staged weight rows; gate_up takes WN/2 outputs). `--f32` adds the f32-activation matmul_int4.
-Each matrix is first run once by every variant, checked against matmul_q8 on the same int8 input (same integer
+Variants (`--variants`, default all): `q8w` (the runtime's kernel, shaders/matmul_q8w.wgsl at its default 64×64
+tile, 8×4 outputs a thread) and q8w tile variants `q8w-TMxWN` (WN = staged weight rows; gate_up takes WN/2
+outputs). `--f32` adds the f32-activation matmul_int4.
+Each matrix is first run once by every variant, checked against q8w on the same int8 input (same integer
 sums: agreement within 1e-5 of max|y|, else the variant is marked BAD; NaN-poisoned outputs), then timed: rounds
 of every variant in turn (interleaved against clock drift), each a pass of `--reps` dispatches, best round kept
 (µs per dispatch, the barrier to the next included). quantize_q8 of the same rows is timed once (all int8
@@ -25,10 +25,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.bench import SHAPES  # noqa: E402
 from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
-from engine.kernels.matmul import gemm_plan, gemm_q8_plan, gemm_q8w_plan, quantize_q8_plan  # noqa: E402
+from engine.kernels.matmul import gemm_plan, gemm_q8w_plan, quantize_q8_plan  # noqa: E402
 
-AGREE = 1e-5  # int8 variants vs matmul_q8, relative to max|y|: the same integer sums, f32 scaling only
-VARIANTS = ["matmul_q8", "q8w", "q8w-128x64", "q8w-64x128", "q8w-32x64"]
+AGREE = 1e-5  # int8 variants vs q8w, relative to max|y|: the same integer sums, f32 scaling only
+REFERENCE = "q8w"
+VARIANTS = [REFERENCE, "q8w-128x64", "q8w-64x128", "q8w-32x64"]
 # The GEMMs of one layer, name -> (K, N outputs, gate_up); Qwen3.5-4B's MLP (its attention/GDN projections are
 # a minority of the prefill FLOPs).
 EXTRA_SHAPES = {"qwen3.5-4b-mlp": {"gate_up": (2560, 9216, True), "down": (9216, 2560, False)}}
@@ -46,8 +47,6 @@ def matrices(shape: str, quick: bool) -> dict[str, tuple[int, int, bool]]:
 
 def variant_plan(name: str, K: int, N: int, T: int, gate_up: bool) -> tuple[str, dict, tuple]:
     """(shader, constants, grid) of a variant name."""
-    if name == "matmul_q8":
-        return ("matmul_q8", *gemm_q8_plan(K, N, T, gate_up=gate_up))
     if name == "q8w":
         return ("matmul_q8w", *gemm_q8w_plan(K, N, T, gate_up=gate_up))
     if name.startswith("q8w-"):
@@ -114,8 +113,8 @@ def probe(g: Gpu, K: int, N: int, gate_up: bool, T: int, variants: list[str], f3
                                   grid=list(grid))
 
     ref = None
-    for name in [n for n in ("matmul_q8", *kernels) if n in kernels]:
-        if name == "matmul_q8" and ref is not None:
+    for name in [n for n in (REFERENCE, *kernels) if n in kernels]:
+        if name == REFERENCE and ref is not None:
             continue
         g.write(y, np.full(T * N, np.nan, np.float32))
         run_once(g, *kernels[name])
@@ -124,7 +123,7 @@ def probe(g: Gpu, K: int, N: int, gate_up: bool, T: int, variants: list[str], f3
             ref = got
         err = float(np.abs(got - ref).max() / np.abs(ref).max())  # NaN (an unwritten output) stays NaN
         tol = 5e-2 if name == "matmul_int4" else AGREE  # f32 x vs its int8 rounding
-        out[name].update(rel_err_vs_matmul_q8=err, ok=bool(err <= tol))
+        out[name].update(rel_err_vs_q8w=err, ok=bool(err <= tol))
 
     best = {name: float("inf") for name in kernels}
     best_q = float("inf")
@@ -180,7 +179,7 @@ def main() -> None:
                     print(f"    {name:14s} skipped: {v['skipped']}")
                     continue
                 print(f"    {name:14s} {v['us']:9.1f} us {v['tflops']:7.2f} TFLOP/s  {v['consts']!s:28s} "
-                      f"err {v['rel_err_vs_matmul_q8']:.1e} {'ok' if v['ok'] else 'BAD'}", flush=True)
+                      f"err {v['rel_err_vs_q8w']:.1e} {'ok' if v['ok'] else 'BAD'}", flush=True)
         names = {n for m in per["matrices"].values() for n, v in m["variants"].items() if "us" in v}
         for name in sorted(names):
             if all("us" in m["variants"].get(name, {}) for m in per["matrices"].values()):

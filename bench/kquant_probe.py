@@ -1,6 +1,6 @@
 """K-quant kernels vs Q4_0 on model-size matrices: weight bytes streamed per second by the decode matvecs (f32 x:
 matvec_kq vs the engine's matvec_int4 / matvec_sg; int8 x: matvec_kq_q8 / matvec_kq_q8_vec4 vs matvec_q8) and the
-prefill GEMMs (matmul_kq vs matmul_int4; quantize_q8 + matmul_kq_q8 vs quantize_q8 + matmul_q8) on random weights
+prefill GEMMs (matmul_kq vs matmul_int4; quantize_q8 + matmul_kq_q8 vs quantize_q8 + matmul_q8w) on random weights
 of each type.
 
 Before anything is timed, each type's four kernels are checked on the matrix they are timed on: the f32 matvec
@@ -38,7 +38,7 @@ from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
 from engine.kernels.matmul import (  # noqa: E402
     format_knobs,
     gemm_plan,
-    gemm_q8_plan,
+    gemm_q8w_plan,
     matvec_plan,
     matvec_q8_plan,
     matvec_sg_plan,
@@ -103,7 +103,7 @@ def plans(g: Gpu, tag: str, K: int, N: int, T: int) -> dict:
             mv = ("matvec_int4", *matvec_plan(K, N, **fmt))
         return {"matvec f32": mv, "matvec int8": ("matvec_q8", *matvec_q8_plan(K, N, sg, **fmt)),
                 "gemm f32": ("matmul_int4", *gemm_plan(K, N, T, **fmt)),
-                "gemm int8": ("matmul_q8", *gemm_q8_plan(K, N, T, **fmt))}
+                "gemm int8": ("matmul_q8w", *gemm_q8w_plan(K, N, T, **fmt))}
     return {"matvec f32": ("matvec_kq", *matvec_kq_plan(tag, K, N)),
             "matvec int8": (matvec_kq_q8_kernel(tag), *matvec_kq_q8_plan(tag, K, N, sg)),
             "gemm f32": ("matmul_kq", *gemm_kq_plan(tag, K, N, T)),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from engine import demo
 from engine.errors import ModelFormatError
+from engine.formats.files import read_json
 from engine.models import format_support
 from engine.paths import data_dir, models_dir
 from engine.resources import resource_path
@@ -165,13 +166,8 @@ def _check_generation(gen: dict, bad) -> None:
 
 
 def _read_entries(path: Path, what: str) -> list[CatalogEntry]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ModelFormatError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
-    except ValueError as e:
-        raise ModelFormatError(f"{path}: the {what} is not valid JSON ({e})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("models"), list):
+    data = read_json(path, what)
+    if not isinstance(data.get("models"), list):
         raise ModelFormatError(f"{path}: field 'models' is missing or not a list")
     entries = [entry_from_dict(raw, f"{path}: models[{i}]") for i, raw in enumerate(data["models"])]
     seen: set[str] = set()

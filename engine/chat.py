@@ -11,7 +11,9 @@ ChatTemplateError naming the template's file.
 from __future__ import annotations
 
 import copy
+import errno
 import json
+import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -219,10 +221,12 @@ def prepare_messages(messages: Iterable[dict], system: str | None = None) -> lis
 
 def load_messages(path: str | Path) -> list[dict]:
     """Messages from a JSON file: a list of {"role", "content", ...} objects, or {"messages": [...]}."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from e
+    from engine.formats.files import read_json
+
+    path = Path(path)
+    if not path.exists():  # the CLI's plain "no such file" sentence
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), str(path))
+    data = read_json(path, "chat messages", kind=None)
     if isinstance(data, dict):
         data = data.get("messages")
     if not isinstance(data, list) or not data:

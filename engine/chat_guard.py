@@ -8,7 +8,7 @@ RenderGuard:
 - is ticked by the compiled template itself: the code generator below writes a check at the start of every
   scope the template enters (each loop iteration, macro, call block), which tests the deadline and the cancel
   callback and counts the template frames on the stack. (A sys.settrace tracer limited to template frames
-  did the same at 4-15x the render time of real templates: bench/template_guard.py, RELIABILITY.md.)
+  did the same at several times the render time of real templates: bench/template_guard.py, RELIABILITY.md.)
 - checks every value the template builds through an operator, a call, a filter, `~` or `{{ }}`: before the
   work where its size can be known (a repeat count, a width, a power), after it otherwise, and the running
   total of what it built.

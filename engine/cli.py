@@ -473,7 +473,7 @@ def cmd_token(args) -> None:
 def cmd_prompt(args) -> None:
     from engine.chat import load_messages
     from engine.library import resolve_model
-    from engine.tokenizer import load_tokenizer
+    from engine.tokenizer_loader import load_tokenizer
 
     thinking = None if args.thinking is None else args.thinking == "on"
     path = resolve_model(args.model)
@@ -617,7 +617,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("XDG_RUNTIME_DIR", "/tmp")  # Mesa's Vulkan warns loudly without it
     args = build_parser().parse_args(argv)
     if args.adapter:
-        os.environ["ZEROTVM_ADAPTER"] = args.adapter
+        from engine.gpu import choose_adapter
+
+        choose_adapter(args.adapter)
     try:
         args.func(args)
     except ZeroTVMError as e:

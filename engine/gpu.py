@@ -30,6 +30,12 @@ _SOFTWARE_NAMES = re.compile(r"lavapipe|llvmpipe|swiftshader|\bwarp\b|microsoft 
 # next upload first waits for them to land, so loading holds at most one window of staging copies.
 UPLOAD_WINDOW = 256 * 2**20
 
+
+def staging_peak_bytes(uploaded: int, largest: int) -> int:
+    """The most staging bytes loading holds at once when it uploads `uploaded` bytes whose largest single upload is
+    `largest`: one UPLOAD_WINDOW of pending uploads, or that largest upload alone where it is bigger."""
+    return min(uploaded, max(UPLOAD_WINDOW, largest))
+
 try:  # wgpu-native's functions unwrapped: wgpu-py's checked wrappers capture and release an error slot around every
     # call (3 calls a dispatch: the largest host cost of a token, BENCH.md). Encoding errors are still kept in the
     # pass by wgpu and raised at its end() or at submit, which go through the checked wrappers.
@@ -97,9 +103,20 @@ def list_adapters() -> list[AdapterInfo]:
     return out
 
 
+_chosen_adapter: list[str | None] = [None]  # the program's choice (choose_adapter), before ZEROTVM_ADAPTER
+
+
+def choose_adapter(choice: str | int | None) -> None:
+    """The adapter every later Gpu() without one of its own takes (the CLI's --adapter); None: ZEROTVM_ADAPTER or
+    the fastest again."""
+    _chosen_adapter[0] = None if choice in (None, "") else str(choice)
+
+
 def pick_adapter(choice: str | int | None = None) -> AdapterInfo:
-    """Choose an adapter: by index or name substring (argument or ZEROTVM_ADAPTER), else the fastest."""
-    choice = os.environ.get("ZEROTVM_ADAPTER") if choice is None else choice
+    """Choose an adapter: by index or name substring (the argument, else choose_adapter's, else ZEROTVM_ADAPTER),
+    else the fastest."""
+    if choice is None:
+        choice = _chosen_adapter[0] if _chosen_adapter[0] is not None else os.environ.get("ZEROTVM_ADAPTER")
     adapters = list_adapters()
     usable = [a for a in adapters if a.backend in GOOD_BACKENDS]
     if choice not in (None, ""):

@@ -21,15 +21,6 @@ def human_duration(seconds: float | None) -> str:
     return f"{hours} h" + (f" {minutes} min" if minutes else "")
 
 
-def human_bytes(n: float | None) -> str:
-    """Decimal units, as disks and RAM are sold: "98 MB", "2.3 GB"; "size unknown" for None or 0."""
-    if not n:
-        return "size unknown"
-    if n < 1e6:
-        return f"{n / 1e3:.0f} KB"
-    return f"{n / 1e6:.0f} MB" if n < 1e9 else f"{n / 1e9:.1f} GB"
-
-
 def human_rate(tokens_per_s: float) -> str:
     """A decode speed: "12 tokens/s", "2.1 tokens/s", or "one token every 7 s" below one a second."""
     if tokens_per_s >= 9.95:

@@ -35,9 +35,9 @@ MATVEC_Q8_WG = 128
 MATVEC_Q8_ROWS = 2  # weight rows per subgroup (halved with gate_up), as engine.kernels.matmul.MATVEC_Q8_SLOTS
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
-GEMM_Q8_TM = 64
-GEMM_Q8_TN = 64
-GEMM_Q8_KC = 2
+GEMM_KQ_Q8_TM = 64
+GEMM_KQ_Q8_TN = 64
+GEMM_KQ_Q8_KC = 2
 MAX_WG = 256  # WebGPU's default maxComputeInvocationsPerWorkgroup
 WORKGROUP_BYTES = 16384
 EMBED_WG = 64
@@ -148,15 +148,15 @@ def gemm_kq_q8_workgroup_bytes(tm: int, wn: int, kc: int) -> int:
     return kc * (2 * 16 * (tm + wn) + 2 * 2 * 4 * wn + 4 * tm + 2 * 4 * tm)
 
 
-def gemm_kq_q8_plan(tag: str, K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_Q8_TM,
+def gemm_kq_q8_plan(tag: str, K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_KQ_Q8_TM,
                     tn: int | None = None, kc: int | None = None, *, y_stride: int | None = None
                     ) -> tuple[dict, tuple[int, int, int]]:
     """Constants and grid for shaders/matmul_kq_q8.wgsl: Y[T, N] from X quantized by quantize_q8 (T rows)."""
     fmt = _check(tag, K, N)
-    tn = tn or (GEMM_Q8_TN // 2 if gate_up else GEMM_Q8_TN)
+    tn = tn or (GEMM_KQ_Q8_TN // 2 if gate_up else GEMM_KQ_Q8_TN)
     wn = tn * (2 if gate_up else 1)
     chunks = K // 32
-    kc = kc or (GEMM_Q8_KC if chunks % GEMM_Q8_KC == 0 else 1)
+    kc = kc or (GEMM_KQ_Q8_KC if chunks % GEMM_KQ_Q8_KC == 0 else 1)
     if tm % 4 or tn % 4 or tm < 4 or tn < 4 or tm * wn // 16 > MAX_WG:
         raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4 and (TM/4)·(staged W rows/4) ≤ {MAX_WG} threads")
     if kc < 1 or chunks % kc:

@@ -4,7 +4,7 @@ GPU bytes = weights + KV cache + recurrent state + working buffers, as the runti
 estimate asks the same RuntimePlan the runtime builds from (engine/transformer.py), so nothing here mirrors the
 runtime by hand. A catalog entry is planned from its recorded dimensions; its weight bytes are the catalog's figure
 (exact for the MLC builds, approximate where the entry says so). While loading, the GPU also holds the uploads'
-staging copies, at most one window of them (engine/gpu.py UPLOAD_WINDOW, or the largest tensor when bigger).
+staging copies, at most one window of them (engine/gpu.py staging_peak_bytes).
 
 Host RAM at load: the loaders stream one tensor at a time, so the peak is a baseline (Python, numpy, wgpu
 and the GPU driver) plus LOAD_COPIES of the largest tensor. On a GPU that shares system RAM (integrated,
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from engine.blocks import DeviceTraits, array_bytes, sum_needs
 from engine.catalog import CatalogEntry
-from engine.gpu import UPLOAD_WINDOW, AdapterInfo, is_software_adapter
+from engine.gpu import AdapterInfo, is_software_adapter, staging_peak_bytes
 from engine.humanize import human_rate
 from engine.models import model_module
 from engine.models.base import DenseSpec
@@ -139,7 +139,7 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
         basis = "the runtime's blocks planned from the catalog's dimensions; weights as the catalog records them"
     uploaded = sum(n.bytes for n in needs if n.how == "upload")  # what goes through staging copies at all
     largest_weight = max((n.bytes for n in needs if n.kind == "weights"), default=0)
-    staging = min(uploaded, max(UPLOAD_WINDOW, largest_weight))
+    staging = staging_peak_bytes(uploaded, largest_weight)
     decode = round(weights * _decode_share(plan, needs))  # the plan's share, applied to the recorded bytes
     return MemoryEstimate(plan.max_context, weights, mem["kv"], mem["state"], mem["scratch"],
                           RAM_BASELINE_BYTES + LOAD_COPIES * largest, approximate, basis, staging, decode)

@@ -4,7 +4,7 @@ The runtime's own plan says how many expert cache slots a weights budget leaves 
 expert_slots); the speed is a model, not a measurement: per token each MoE layer reads top_k experts, of which a
 share C/E hits the cache under uniformly random routing (the worst case: LRU's hit rate on uniform independent
 requests is exactly C/E; real text routes more skewed, so it does better), and each miss is uploaded at
-UPLOAD_BPS (mapped staging plus a GPU copy, measured 6.9 GB/s on the H200, rounded down), on top of the resident
+UPLOAD_BPS (mapped staging plus a GPU copy: the H200's rate in BENCH.md, rounded down), on top of the resident
 decode's time (the active weights read at RESIDENT_BPS) and one routing readback per MoE layer.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from engine.gpu_budget import auto_budget
 
-UPLOAD_BPS = 6e9  # host -> GPU bytes a second through mapped staging (issue 20: 6.9 GB/s measured on the H200)
+UPLOAD_BPS = 6e9  # host -> GPU bytes a second through mapped staging (issue 20's H200 measurement, BENCH.md)
 RESIDENT_BPS = 300e9  # weight bytes a second a mid-range GPU's decode reads (resident part of a token)
 READBACK_S = 1e-4  # one routing readback (submit + map) per MoE layer and token
 

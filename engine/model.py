@@ -14,7 +14,8 @@ from engine.models.base import DenseSpec
 from engine.models.weights import mlc_names, mlx_sources
 from engine.runtime_options import RuntimeOptions
 from engine.sampling import SamplingParams
-from engine.tokenizer import Tokenizer, load_tokenizer
+from engine.tokenizer import Tokenizer
+from engine.tokenizer_loader import load_tokenizer
 from engine.transformer import Transformer, expected_tensors
 
 ProgressFn = Callable[[int, int, str, int, int], None]  # shard index, shards, path, bytes done, bytes total

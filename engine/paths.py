@@ -1,5 +1,9 @@
 """Where the app keeps its data: models, chats, settings. Plain paths, no Qt (QStandardPaths lives in app/).
 
+The program chooses folders through choose_data_dir / choose_models_dir (the app's --data-dir and its Settings); the
+user's environment (ZEROTVM_HOME, ZEROTVM_MODELS) applies where the program chose nothing. Nothing here writes the
+environment.
+
 Also the one-sentence answers for a data folder that cannot be used (a file, read-only, full, not ours to
 write), so the CLI and the app say the same thing instead of a PermissionError traceback.
 """
@@ -10,6 +14,7 @@ import errno
 import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import ZeroTVMError
@@ -21,8 +26,39 @@ class DataFolderError(ZeroTVMError):
     """A folder the app must write to cannot be written (a file in the way, read-only, full, no permission)."""
 
 
+@dataclass
+class _Choice:
+    folder: Path | None = None
+    setting: str = ""  # where the choice comes from, named in sentences about the folder ("--data-dir")
+
+
+# The program's choices; `session_models`: the models folder of a session moved to a temporary data folder.
+_data = _Choice()
+_models = _Choice()
+_session_models = _Choice()
+
+
+def choose_data_dir(folder: str | Path | None, setting: str = "") -> None:
+    """Keep data in `folder` from now on (None: ZEROTVM_HOME or the platform's folder again). `setting` names where
+    the choice comes from in sentences about the folder."""
+    _data.folder, _data.setting = (Path(folder).expanduser() if folder else None), setting
+
+
+def choose_models_dir(folder: str | Path | None, setting: str = "") -> None:
+    """Look for and install models in `folder` from now on (None: ZEROTVM_MODELS or the default again)."""
+    _models.folder, _models.setting = (Path(folder).expanduser() if folder else None), setting
+
+
+def reset_choices() -> None:
+    """Forget every folder the program chose (tests; a fresh session)."""
+    for choice in (_data, _models, _session_models):
+        choice.folder, choice.setting = None, ""
+
+
 def data_dir() -> Path:
-    """ZEROTVM_HOME if set, else the platform's per-user data folder."""
+    """The chosen data folder, else ZEROTVM_HOME if set, else the platform's per-user data folder."""
+    if _data.folder:
+        return _data.folder
     if os.environ.get("ZEROTVM_HOME"):
         return Path(os.environ["ZEROTVM_HOME"]).expanduser()
     if sys.platform == "win32":
@@ -34,18 +70,26 @@ def data_dir() -> Path:
 
 
 def models_dir() -> Path:
-    """Installed models: one folder (MLC/HF layout) or one .gguf file per model. ZEROTVM_MODELS overrides."""
+    """Installed models: one folder (MLC/HF layout) or one .gguf file per model. The chosen folder, else
+    ZEROTVM_MODELS, else the data folder's `models`."""
+    if _models.folder:
+        return _models.folder
     if os.environ.get("ZEROTVM_MODELS"):
         return Path(os.environ["ZEROTVM_MODELS"]).expanduser()
+    if _session_models.folder:
+        return _session_models.folder
     return data_dir() / "models"
 
 
 def _folder_name(folder: Path) -> str:
     """The folder, and the setting it comes from when that is what the user must change."""
-    if os.environ.get("ZEROTVM_HOME") and Path(folder) == data_dir():
-        return f"the data folder {folder} (ZEROTVM_HOME)"
-    if os.environ.get("ZEROTVM_MODELS") and Path(folder) == models_dir():
-        return f"the models folder {folder} (ZEROTVM_MODELS)"
+    folder = Path(folder)
+    for what, choice, env in (("data", _data, "ZEROTVM_HOME"), ("models", _models, "ZEROTVM_MODELS")):
+        if folder != (data_dir() if what == "data" else models_dir()):
+            continue
+        setting = (choice.setting if choice.folder else env if os.environ.get(env) else "")
+        if setting:
+            return f"the {what} folder {folder} ({setting})"
     return f"the folder {folder}"
 
 
@@ -97,11 +141,11 @@ def data_dir_problem() -> str | None:
 
 
 def use_temporary_data_dir() -> Path:
-    """For a session whose data folder cannot be used: point ZEROTVM_HOME at a new temporary folder (every later
-    write then succeeds, it is just not kept), keep the models folder in view, and return the original data
-    folder, from which chats and settings are still read."""
+    """For a session whose data folder cannot be used: choose a new temporary data folder (every later write then
+    succeeds, it is just not kept), keep the models folder in view, and return the original data folder, from
+    which chats and settings are still read."""
     original = data_dir()
-    if not os.environ.get("ZEROTVM_MODELS") and (original / "models").is_dir():
-        os.environ["ZEROTVM_MODELS"] = str(original / "models")
-    os.environ["ZEROTVM_HOME"] = tempfile.mkdtemp(prefix="zerotvm-session-")
+    if (original / "models").is_dir():
+        _session_models.folder = original / "models"
+    choose_data_dir(tempfile.mkdtemp(prefix="zerotvm-session-"))
     return original

@@ -7,10 +7,10 @@ transformers' order, then a seeded draw), appended to a token's compute pass. No
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import numpy as np
 
@@ -100,20 +100,11 @@ class SamplingParams:
 
 
 def _read_generation_config(path: str) -> dict:
+    from engine.formats.files import read_json
+
     if os.path.isdir(path):
-        path = os.path.join(path, "generation_config.json")
-        if not os.path.exists(path):
-            return {}
-    with open(path, encoding="utf-8") as f:
-        try:
-            cfg = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from e
-        except RecursionError:  # deeper than the JSON parser's stack
-            raise ValueError(f"{path} is not valid JSON: nested too deeply") from None
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{path} does not hold a JSON object")
-    return cfg
+        return read_json(Path(path) / "generation_config.json", "the generation config", default={})
+    return read_json(Path(path), "the generation config")
 
 
 def reference_probs(logits, params: SamplingParams, history=()) -> np.ndarray:

@@ -18,6 +18,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from engine.errors import ModelFormatError
+from engine.formats.files import read_json
 from engine.paths import data_dir
 from engine.sampling import WINDOW, SamplingParams
 from engine.session import POLICIES, ChatSettings
@@ -116,18 +118,15 @@ def read_settings(path: Path | None = None) -> tuple[ChatSettings, list[str]]:
     bad values is copied aside first, an unreadable one moved aside: what the user had is never lost."""
     path = Path(path or settings_path())
     try:
-        size = path.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ValueError(f"it is {size:,} bytes, more than a settings file can be")
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if not isinstance(data, dict):
-            raise ValueError("it does not hold a JSON object")
+        path.stat()
     except FileNotFoundError:
         return ChatSettings(), []
-    except (NotADirectoryError, PermissionError, IsADirectoryError) as e:
+    except OSError as e:  # a file where a folder should be, no permission on the folder
         return ChatSettings(), [f"{path} cannot be read ({e.strerror or e}); using the default chat settings"]
-    except (OSError, ValueError, RecursionError) as e:  # broken JSON, not UTF-8, too deep, too big
-        why = "nested too deeply" if isinstance(e, RecursionError) else str(e).splitlines()[0][:120]
+    try:
+        data = read_json(path, "chat settings file", max_bytes=MAX_FILE_BYTES)
+    except ModelFormatError as e:  # broken JSON, not UTF-8, too deep, too big, a folder
+        why = str(e).removeprefix(f"{path}: ").splitlines()[0][:120]
         kept = _keep_aside(path, move=True)
         return ChatSettings(), [f"{path} could not be read ({why}); it was kept as {kept} and the default chat "
                                 "settings are used" if kept else

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from engine.humanize import human_rate
 
-# The demo model (96.5 MB read per token) decoded at 5.3 tokens/s on Mesa lavapipe with 2 cores that other jobs were
-# also using: 511 MB/s, 255 MB/s a core; rounded down to stay conservative.
+# The demo model's decode on Mesa lavapipe (2 cores shared with other jobs), as weight bytes a second a core, rounded
+# down to stay conservative: the measurement is in BENCH.md (software adapter, issue 15).
 SOFTWARE_BYTES_PER_S_PER_CORE = 200e6
 MAX_CORES = 16  # lavapipe's threads stop scaling once memory bandwidth, not arithmetic, is the limit
 TOO_SLOW_TPS = 0.5  # below this a 200-token answer takes more than six minutes: not worth loading

@@ -279,18 +279,6 @@ class StreamDecoder:
         return text[len(before):]
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """A model folder's tokenizer, or a .gguf file's (built from its metadata)."""
-    path = Path(path)
-    if path.suffix.lower() == ".gguf":
-        from engine.formats.gguf_tokenizer import read_tokenizer
-
-        return Tokenizer.from_parts(*read_tokenizer(path))
-    if not path.is_dir():
-        raise ModelFormatError(f"{path}: not a model folder")
-    return Tokenizer.from_dir(path)
-
-
 def _read_json(path: Path) -> dict:
     """An optional JSON object beside the tokenizer: {} when absent or not an object."""
     data = read_json(path, "tokenizer/generation settings", default={}, kind=None)

@@ -150,9 +150,6 @@ class RuntimePlan:
         workspace allocate, as they allocate them."""
         return sum_needs(self.needs())
 
-    def largest_weight_buffer(self) -> int:
-        return max((n.bytes for n in self.needs() if n.kind == "weights"), default=0)
-
 
 def expert_slots(plan: RuntimePlan, moe, budget: int) -> int | None:
     """Expert cache slots per MoE layer that fit `budget` bytes of weights (None: every weight fits). A MoE model

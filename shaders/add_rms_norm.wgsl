@@ -8,6 +8,7 @@
 //           6 and 7 are bound whether or not Q8.
 #import step
 #import reduce
+#import residual_norm
 #import norm_q8
 
 @group(0) @binding(0) var<storage, read> r_in: array<f32>;
@@ -26,17 +27,10 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let row = wid.x;
     if (row >= step.n_tokens) { return; }
     let base = row * D;
-    var ss = 0.0;
-    for (var i = lane.lid; i < D; i += WG) {
-        let v = r_in[base + i] + delta[base + i];
-        r_out[base + i] = v;
-        ss += v * v;
-    }
-    let inv = inverseSqrt(wg_sum(ss, lane) / f32(D) + EPS);
+    let inv = add_residual_inv_rms(base, lane);
     if (Q8 && row == step.n_tokens - 1u) {
         norm_row_q8(base, inv, lane.lid);
     } else {
-        // Each thread rereads only the elements it wrote itself, so no barrier is needed here.
-        for (var i = lane.lid; i < D; i += WG) { y[base + i] = r_out[base + i] * inv * (f32(w[i]) + NORM_OFFSET); }
+        store_normed_row(base, inv, lane.lid);
     }
 }

@@ -1,6 +1,6 @@
 // Prefill's residual add + RMSNorm that also writes every row in int8 (the prefill GEMMs' input, as quantize_q8
 // over the rows would write it: q8_pack.wgsl's layout and rounding), so the GEMMs after it need no quantize_q8.
-// The add and norm are add_rms_norm.wgsl's (same loops, same reduction: r_out and y bit for bit); then the
+// The add and norm are add_rms_norm.wgsl's (residual_norm.wgsl: r_out and y bit for bit); then the
 // workgroup rereads its y row as vec4s (thread j: vec4 j, so the 8 threads of a 32-element chunk are neighbours),
 // the chunk maxima and codes meet in workgroup memory, and thread j writes u32 word j of the row (word j of a chunk
 // holds elements of vec4s j & ~1 and j | 1). One workgroup per row.
@@ -9,6 +9,7 @@
 //   5 step uniform, 6 xq u32[T, D/4] (write), 7 xm vec2<f32>[T, D/32] (write).
 #import step
 #import reduce
+#import residual_norm
 
 @group(0) @binding(0) var<storage, read> r_in: array<f32>;
 @group(0) @binding(1) var<storage, read> delta: array<f32>;
@@ -28,14 +29,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let row = wid.x;
     if (row >= step.n_tokens) { return; }
     let base = row * D;
-    var ss = 0.0;
-    for (var i = lane.lid; i < D; i += WG) {
-        let v = r_in[base + i] + delta[base + i];
-        r_out[base + i] = v;
-        ss += v * v;
-    }
-    let inv = inverseSqrt(wg_sum(ss, lane) / f32(D) + EPS);
-    for (var i = lane.lid; i < D; i += WG) { y[base + i] = r_out[base + i] * inv * (f32(w[i]) + NORM_OFFSET); }
+    let inv = add_residual_inv_rms(base, lane);
+    store_normed_row(base, inv, lane.lid);
     storageBarrier();  // the row's y, written by all threads, is read back by others below
 
     for (var j = lane.lid; j < V; j += WG) {

@@ -19,6 +19,7 @@
 // Grid: (x, ceil(T/TM), z) with (x, z) = fold_grid(ceil(N/TN)); rows t ≥ n_tokens are never written.
 #import step
 #import gemm_tile
+#import group_scale
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
@@ -32,9 +33,6 @@ const QUANT: bool = BITS <= 8u;             // integer codes with scales (else p
 const WPC: u32 = BITS;                      // u32 words per row per chunk (32·BITS/32)
 const EPW: u32 = 32u / BITS;                // elements per word
 const MASK: u32 = (1u << BITS) - 1u;         // one code
-const GROUPS: u32 = K / GROUP;              // scale groups per row
-const CPG: u32 = GROUP / TK;                // chunks per scale group
-const SPG: u32 = select(1u, 2u, AFFINE);    // f16 per group in s: scale, or (scale, min)
 const MATS: u32 = select(1u, 2u, GATE_UP);
 const WN: u32 = TN * MATS;                  // weight rows staged per tile
 const TX: u32 = WN / 4u;
@@ -78,9 +76,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             var scale = 1.0;
             var mn = 0.0;
             if (QUANT) {
-                let si = (row * GROUPS + g / CPG) * SPG;
-                scale = f32(s[si]);
-                if (AFFINE) { mn = f32(s[si + 1u]); }
+                let sm = group_scale(row, g);
+                scale = sm.x;
+                mn = sm.y;
             }
             for (var e = 0u; e < EPW; e++) {
                 var v: f32;

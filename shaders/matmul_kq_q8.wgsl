@@ -1,6 +1,6 @@
 // Prefill GEMM on K-quant / Q5_0 / Q5_1 blocks with int8 activations: Y[t, n] = Σ_k X[t, k]·W[n, k], t < n_tokens.
 // X comes as quantize_q8 writes it (q8_pack.wgsl); per chunk and half h (16 elements) the sum is
-// xs·(a_h·Σ u·xq + b_h·Σ xq) in kq_decode.wgsl's form, with Σ u·xq through dot4I8Packed as matmul_q8.wgsl does.
+// xs·(a_h·Σ u·xq + b_h·Σ xq) in kq_decode.wgsl's form, with Σ u·xq through dot4I8Packed as matmul_q8w.wgsl does.
 // A workgroup computes a TM×TN tile of Y; each step stages KC chunks of the TM int8 X rows (their bytes put in
 // element order once, here, for every column of the tile) and of the tile's weight rows (codes straight from the
 // blocks, in element order), plus per half the weights' (a, b) and the rows' xs·Σ xq. Thread (tx, ty) owns rows

@@ -1,21 +1,29 @@
-// Prefill GEMM on 4-bit weights with int8 activations, wide register tile: matmul_q8's arithmetic and bindings
-// (see there: Y[t, n] = Σ_k X[t, k]·W[n, k], per 32-element chunk xs·ws·Σ (q − ZERO)·xq, or with AFFINE
-// xs·(s·Σ q·xq + m·Σ xq)), with more reuse per workgroup-memory load and more work between barriers:
+// Prefill GEMM on 4-bit weights with int8 activations: Y[t, n] = Σ_k X[t, k]·W[n, k] for t < T = step.n_tokens.
+// X comes as quantize_q8 writes it (q8_pack.wgsl: per 32-element chunk int8 codes, scale = max|x|/127 and Σ codes),
+// so a dot4I8Packed takes four products. The arithmetic per chunk is matvec_q8_body.wgsl's: Σ (q − ZERO)·x =
+// xs·ws·Σ (q − ZERO)·xq, or with AFFINE xs·(s·Σ q·xq + m·Σ xq). The weight nibbles are unpacked to int8 once at
+// staging, with the zero point subtracted there, so the inner loop is dot4I8Packed and nothing else. The tile:
 // - each thread owns 8 token rows × 4 tile columns (32 outputs): per chunk it loads its 4 columns' 32 weight bytes
-//   once (8 vec4, kept in registers) and each row's 32 activation bytes once, 27 loads for 256 dot4I8Packed
-//   (matmul_q8's 4×4: 18 loads for 128);
-// - one chunk (32 of K) per step, staged in two alternating workgroup buffers: one barrier per step, so per chunk
-//   as many barriers as matmul_q8 (two per 2-chunk step) with twice the products between them;
+//   once (8 vec4, kept in registers) and each row's 32 activation bytes once, 27 loads for 256 dot4I8Packed;
+// - one chunk (32 of K) per step, staged in two alternating workgroup buffers: one barrier per step, and the next
+//   chunk's global loads are in flight while the current one is computed;
 // - no private arrays and no inner loops over registers: the 8 rows are written out, so no compiler has to unroll
 //   anything to keep the tile in registers.
 // Threads: WG = (TM/8)·(WN/4), WN = TN·MATS staged weight rows; thread (tx, ty) owns rows 8ty..8ty+7 and tile
 // columns 4tx..4tx+3 (gate_up: (gate j, gate j+1, up j, up j+1), j = j0 + 2tx; gemm_tile.wgsl's weight_row).
 // Each thread stages at most one item of each kind per step (the plan checks 2·TM ≤ WG, WN ≤ WG).
-// Constants: K (a multiple of GROUP), N, TM (multiple of 8), TN (multiple of 4), GATE_UP, YS, ZERO, AFFINE, GROUP.
+// Constants: K (a multiple of GROUP), N, TM (multiple of 8), TN (multiple of 4), GATE_UP (W has 2N rows, gate then
+//   up; Y[t, j] = silu(gate)·up), YS (floats per row of Y, ≥ N), ZERO, AFFINE, GROUP (q4f16_1, q4_0, q4_1, mlx4).
 // Workgroup memory: 2·(TM + WN)·(36, or 40 with AFFINE) bytes.
-// Bindings and grid: matmul_q8's (0 xq, 1 w, 2 s, 3 y, 4 xm, 5 step; grid (x, ceil(T/TM), z), x/z fold N tiles).
+// Bindings: 0 xq u32[rows, K/4] read as vec4 (int8 codes, row t at t·K/4), 1 w u32[N or 2N, K/8] read as vec4 (one
+//   per 32-element chunk), 2 s f16[N or 2N, K/GROUP] (with AFFINE (scale, min) pairs f16[N or 2N, K/GROUP, 2]),
+//   3 y f32[T, YS] (write), 4 xm vec2<f32>[rows, K/32] (scale, Σ codes), 5 step uniform (n_tokens).
+// Grid: (x, ceil(T/TM), z) with (x, z) = fold_grid(ceil(N/TN)); rows t ≥ n_tokens and columns ≥ N are never written.
 #import step
 #import gemm_tile
+#import group_scale
+#import int8_dot
+#import int8_codes
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -25,21 +33,12 @@
 @group(0) @binding(5) var<uniform> step: Step;
 
 const CHUNKS: u32 = K / 32u;
-const GROUPS: u32 = K / GROUP;
-const CPG: u32 = GROUP / 32u;
-const SPG: u32 = select(1u, 2u, AFFINE);
 const MATS: u32 = select(1u, 2u, GATE_UP);
 const WN: u32 = TN * MATS;
 const TX: u32 = WN / 4u;
 const TY: u32 = TM / 8u;
 const WG: u32 = TX * TY;
 const N_TILES: u32 = (N + TN - 1u) / TN;
-const NIB: u32 = 0x0F0F0F0Fu;
-const SIGN: u32 = 0x80808080u;
-const ZERO4: u32 = ZERO * 0x01010101u;
-// i32 sums start at the bits of 1.5·2^23 (matmul_q8): bitcast<f32>(sum) − 1.5·2^23 is the sum, an FADD.
-const MAGIC: i32 = 0x4B400000;
-const MAGIC_F: f32 = 12582912.0;
 
 // One buffer each (the second at + its size): X [half][row % 8][row / 8], W [half][col % 4][col / 4] as int8.
 const XB: u32 = 2u * TM;
@@ -50,15 +49,6 @@ var<workgroup> x_scale: array<vec4<f32>, 2u * (TM / 4u)>;   // [row / 4], compon
 var<workgroup> w_scale: array<vec4<f32>, 2u * TX>;          // [col / 4], component col % 4
 var<workgroup> x_sum: array<vec4<f32>, select(1u, 2u * (TM / 4u), AFFINE)>;
 var<workgroup> w_min: array<vec4<f32>, select(1u, 2u * TX, AFFINE)>;
-
-fn codes(v: vec4<u32>) -> vec4<u32> {
-    if (AFFINE) { return v; }
-    return ((v | vec4<u32>(SIGN)) - vec4<u32>(ZERO4)) ^ vec4<u32>(SIGN);
-}
-
-fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
-    return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
-}
 
 // This thread's 4 columns of one chunk, in registers for all 8 rows: b0..b3 the first 16 bytes of columns 0..3,
 // c0..c3 the last 16, their scales and (AFFINE) minima.
@@ -82,21 +72,6 @@ fn row(acc: vec4<f32>, base: u32, r: u32, ty: u32, xs: f32, xt: f32) -> vec4<f32
     var out = fma(bitcast<vec4<f32>>(d) - MAGIC_F, xs * ws, acc);
     if (AFFINE) { out = fma(vec4<f32>(xt), mn, out); }
     return out;
-}
-
-fn store_row(v: vec4<f32>, t: u32, j0: u32, tx: u32) {
-    if (t >= step.n_tokens) { return; }
-    if (GATE_UP) {
-        let j = j0 + 2u * tx;
-        if (j < N) { y[t * YS + j] = silu(v.x) * v.z; }
-        if (j + 1u < N) { y[t * YS + j + 1u] = silu(v.y) * v.w; }
-    } else {
-        let j = j0 + 4u * tx;
-        if (j < N) { y[t * YS + j] = v.x; }
-        if (j + 1u < N) { y[t * YS + j + 1u] = v.y; }
-        if (j + 2u < N) { y[t * YS + j + 2u] = v.z; }
-        if (j + 3u < N) { y[t * YS + j + 3u] = v.w; }
-    }
 }
 
 @compute @workgroup_size(WG)
@@ -147,9 +122,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (has_xm) { pxm = xm[m_src + next]; }
             if (has_w) {
                 pw = w[w_src * CHUNKS + next];
-                let si = (w_src * GROUPS + next / CPG) * SPG;
-                pws.x = f32(s[si]);
-                if (AFFINE) { pws.y = f32(s[si + 1u]); }
+                pws = group_scale(w_src, next);
             }
         }
         if (gi > 0u) {
@@ -195,7 +168,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
             if (has_w) {
                 let lo = codes(pw & vec4<u32>(NIB));
                 let hi = codes((pw >> vec4<u32>(4u)) & vec4<u32>(NIB));
-                // matmul_q8's pairing: word j's even nibbles meet activation u32 2j, its odd nibbles u32 2j + 1.
+                // q8_codes.wgsl's order: word j's even nibbles meet activation u32 2j, its odd nibbles u32 2j + 1.
                 w_tile[buf * WB + w_dst] = vec4<u32>(lo.x, hi.x, lo.y, hi.y);
                 w_tile[buf * WB + 4u * TX + w_dst] = vec4<u32>(lo.z, hi.z, lo.w, hi.w);
                 w_scale[buf * TX + lid / 4u][lid % 4u] = pws.x;

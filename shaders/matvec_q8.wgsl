@@ -1,7 +1,7 @@
 // Decode matvec on 4-bit weights with int8 activations (quantize_q8.wgsl, or the norm that produced the row):
 // the dot products run four products per dot4I8Packed instead of dequantising every weight to f32, which
 // bench/matvec_probe.py measured as the matvecs' bottleneck on the H200 (the same loads without the dequant ALU
-// ran ~2× faster; this kernel ~3×). Activations carry int8 rounding per 32-element chunk (relative error ~0.4% of
+// ran faster, and this kernel faster still: BENCH.md). Activations carry int8 rounding per 32-element chunk (relative error ~0.4% of
 // the chunk's largest value), as llama.cpp's q8_1 activations do; prefill GEMMs keep f32.
 // Each subgroup owns ROWS outputs (as matvec_sg.wgsl, whose BLOCKS rule this shares) and its lanes walk K one
 // 32-element chunk (one vec4<u32> of weights) at a time; the arithmetic is in matvec_q8_body.wgsl.

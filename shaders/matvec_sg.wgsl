@@ -1,7 +1,7 @@
 // Decode matvec for matrices with many rows and a short K (gate_up, the LM head): each subgroup owns ROWS
 // outputs and its lanes walk K one 32-element chunk at a time, so one subgroupAdd per weight row replaces the
-// workgroup reduction and every lane keeps more loads in flight. bench/matvec_probe.py on the H200: about 2×
-// matvec_int4 on 16384×3072 and 32064×3072, but slower where K is long and N short (o, down), which keep
+// workgroup reduction and every lane keeps more loads in flight. bench/matvec_probe.py on the H200 (BENCH.md): faster
+// than matvec_int4 on 16384×3072 and 32064×3072, but slower where K is long and N short (o, down), which keep
 // matvec_int4. Needs subgroup ops (engine/blocks/linear.py decode_kernel picks it only when the GPU has them).
 // Layouts, bindings and constants are matvec_int4.wgsl's, plus BLOCKS: row blocks of ROWS outputs per
 // workgroup. A subgroup takes blocks sg_id, sg_id + n_sg, ...: the host sizes BLOCKS with the probed subgroup

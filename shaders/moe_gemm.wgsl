@@ -20,6 +20,7 @@
 // Bindings: 0 x f32 (read), 1 order u32[pairs] (read), 2 tiles vec4<u32>[1 + tiles] (read), 3 w u32[EXPERTS, MATS·N,
 //   K·BITS/32] (read), 4 s f16[EXPERTS, MATS·N, K/GROUP (, 2)] (read), 5 y f32[pairs, Y_STRIDE] (write).
 // Grid: (x, max tiles, z) with (x, z) = fold_grid(ceil(N / TN)).
+#import gemm_columns
 
 @group(0) @binding(0) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> order: array<u32>;
@@ -50,15 +51,6 @@ var<workgroup> x_tile: array<vec4<f32>, TK * TY>;  // [k][row / 4]
 var<workgroup> w_tile: array<vec4<f32>, TK * TX>;  // [k][tile column / 4]
 var<workgroup> pair_of: array<u32, TM>;            // the tile's pairs (the last one repeated past its end)
 
-// The weight row (within the expert) behind tile column c; columns past N are clamped, computed, never written.
-fn weight_row(c: u32, j0: u32) -> u32 {
-    if (GATE_UP) {
-        let j = j0 + 2u * (c / 4u) + c % 2u;
-        return (c % 4u / 2u) * N + min(j, N - 1u);
-    }
-    return min(j0 + c, N - 1u);
-}
-
 // The codes of staging item `sub` of chunk g of a row starting at word `base`, element e at bits BITS·e (3-bit:
 // 8 codes taken from the bitstream, which may straddle two words).
 fn item_bits(base: u32, g: u32, sub: u32) -> u32 {
@@ -72,8 +64,6 @@ fn item_bits(base: u32, g: u32, sub: u32) -> u32 {
     }
     return w[base + g * WPC + sub];
 }
-
-fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,

@@ -1,6 +1,6 @@
 // Grouped expert GEMM for MoE prefill with int8 activations: moe_gemm.wgsl's grouping (moe_sort's tiles; one
 // dispatch for every expert of a stack; each output row computed alone and written only to its pair's row of y)
-// with matmul_q8.wgsl's arithmetic (4-bit or MLX 3-bit codes unpacked to int8 once at staging, dot4I8Packed against
+// with matmul_q8w.wgsl's arithmetic (4-bit or MLX 3-bit codes unpacked to int8 once at staging, dot4I8Packed against
 // quantize_q8's activation bytes, one stage of prefetch). X rows: the token's row of the chunk's int8 rows (gate_up)
 // or, with X_SLOT, the pair's own row of the quantized gate_up outputs (down).
 // Streaming contract (issue 20): the expert comes only from the tile list, which moe_sort built from the router's
@@ -13,6 +13,9 @@
 //   3 w u32[EXPERTS, MATS·N, K·BITS/32] as vec4, 4 s f16[EXPERTS,
 //   MATS·N, K/GROUP (, 2)], 5 y f32[pairs, Y_STRIDE] (write), 6 xm vec2<f32>[rows, K/32] (scale, Σ codes).
 // Grid: (x, max tiles, z) with (x, z) = fold_grid(ceil(N / TN)).
+#import gemm_columns
+#import int8_dot
+#import int8_codes
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> order: array<u32>;
@@ -36,13 +39,6 @@ const N_TILES: u32 = (N + TN - 1u) / TN;
 const THREE: bool = BITS == 3u;
 const WPR: u32 = CHUNKS * BITS;             // u32 words per weight row
 const EVEN3: u32 = 0x1C71C7u;               // 3-bit fields at bits 0, 6, 12, 18 of a 24-bit run of 8 codes
-const NIB: u32 = 0x0F0F0F0Fu;
-const SIGN: u32 = 0x80808080u;
-const ZERO4: u32 = ZERO * 0x01010101u;      // ZERO in each byte
-// i32 sums start at the bits of 1.5·2^23, so bitcast<f32>(sum) − 1.5·2^23 is the sum exactly (|sum| < 2^22):
-// an FADD instead of an int-to-float conversion, which runs at a fraction of the FMA rate on NVIDIA GPUs.
-const MAGIC: i32 = 0x4B400000;
-const MAGIC_F: f32 = 12582912.0;
 
 // Staged items per step and per thread: X vec4s (2 per row per chunk), X (scale, sum), W chunks (vec4 each).
 const X_ITEMS: u32 = TM * KC * 2u;
@@ -60,17 +56,6 @@ var<workgroup> w_scale: array<vec4<f32>, KC * TX>;      // [chunk][col / 4], com
 var<workgroup> x_sum: array<vec4<f32>, select(1u, KC * TY, AFFINE)>;
 var<workgroup> w_min: array<vec4<f32>, select(1u, KC * TX, AFFINE)>;
 var<workgroup> pair_of: array<u32, TM>;                  // the tile's pairs (the last one repeated past its end)
-
-// The weight row (within the expert) behind tile column c; columns past N are clamped, computed, never written.
-fn weight_row(c: u32, j0: u32) -> u32 {
-    if (GATE_UP) {
-        let j = j0 + 2u * (c / 4u) + c % 2u;
-        return (c % 4u / 2u) * N + min(j, N - 1u);
-    }
-    return min(j0 + c, N - 1u);
-}
-
-fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 
 // Chunk `chunk` of weight row `row`: a 4-bit row's 4 words, or a 3-bit row's 3 words in .xyz.
 fn chunk_words(row: u32, chunk: u32) -> vec4<u32> {
@@ -101,22 +86,6 @@ fn chunk_bytes(v: vec4<u32>) -> array<vec4<u32>, 2> {
     let lo = codes(v & vec4<u32>(NIB));
     let hi = codes((v >> vec4<u32>(4u)) & vec4<u32>(NIB));
     return array<vec4<u32>, 2>(vec4<u32>(lo.x, hi.x, lo.y, hi.y), vec4<u32>(lo.z, hi.z, lo.w, hi.w));
-}
-
-// The 4 bytes of each u32 of `v` as signed int8 (v's bytes are 4-bit codes; without AFFINE minus ZERO): bytes
-// 0x80 + q − ZERO stay in 1..0x8F (no borrow between bytes), and flipping bit 7 gives q − ZERO in two's complement.
-fn codes(v: vec4<u32>) -> vec4<u32> {
-    if (AFFINE) { return v; }
-    return ((v | vec4<u32>(SIGN)) - vec4<u32>(ZERO4)) ^ vec4<u32>(SIGN);
-}
-
-// One row's 16 activation bytes against the same 16 bytes of 4 weight columns.
-fn dot16(a: vec4<u32>, w: vec4<u32>) -> i32 {
-    return dot4I8Packed(a.x, w.x) + dot4I8Packed(a.y, w.y) + dot4I8Packed(a.z, w.z) + dot4I8Packed(a.w, w.w);
-}
-
-fn dots(a: vec4<u32>, b0: vec4<u32>, b1: vec4<u32>, b2: vec4<u32>, b3: vec4<u32>) -> vec4<i32> {
-    return vec4<i32>(dot16(a, b0), dot16(a, b1), dot16(a, b2), dot16(a, b3));
 }
 
 

@@ -145,6 +145,21 @@ def tiny_repo(hub, tmp_path, monkeypatch):
     return tmp_path / "models" / TINY_QWEN3_KEY
 
 
+
+@pytest.fixture(autouse=True)
+def _engine_choices_reset():
+    """What the app or the CLI chose for the engine (folders, offline mode, the adapter) ends with the test that
+    made the choice, as monkeypatched environment variables do."""
+    yield
+    import sys
+
+    if "engine.paths" in sys.modules:
+        sys.modules["engine.paths"].reset_choices()
+    if "engine.hub.offline" in sys.modules:
+        sys.modules["engine.hub.offline"].set_offline(False)
+    if "engine.gpu" in sys.modules:
+        sys.modules["engine.gpu"].choose_adapter(None)
+
 # Markers that follow from a test's fixtures; the others (model, slow, and gpu for a test that opens the adapter
 # some other way, e.g. through the CLI) are written in the test files.
 _MARK_BY_FIXTURE = {"gpu": "gpu", "any_gpu": "gpu", "qtbot": "app"}

@@ -236,11 +236,11 @@ def uses_q8(rt) -> bool:
     return "matvec_q8" in rt.dispatched_kernels()
 
 
-INT8_GEMMS = ("matmul_q8", "matmul_q8w")  # the int8-activation prefill GEMMs (shaders/matmul_q8*.wgsl)
+INT8_GEMMS = ("matmul_q8w",)  # the int8-activation prefill GEMM of 4-bit weights (shaders/matmul_q8w.wgsl)
 
 
 def uses_q8_prefill(rt) -> bool:
-    """Whether a prefill GEMM of this runtime takes int8 activations (matmul_q8 or matmul_q8w)."""
+    """Whether a prefill GEMM of this runtime takes int8 activations (matmul_q8w)."""
     return any(k in INT8_GEMMS for k in rt.dispatched_kernels(8))
 
 

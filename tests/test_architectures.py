@@ -3,8 +3,9 @@
 Each tiny Hugging Face model transformers saves must be exactly what its architecture's weight table says:
 every source tensor present with the shape the table gives (rows joined), and every checkpoint tensor used or
 declared ignored. Adding an architecture is adding a file (shown with a throwaway one). Import directions are
-checked on the source: architecture files and format readers never import the runtime or the GPU layer, and
-the GGUF tokenizer reader does not import the tokenizer.
+checked on the source: architecture files and format readers never import the runtime or the GPU layer, the memory
+estimate and the catalog take no runtime constants (they ask the runtime's own plan), the tokenizer and the GGUF
+tokenizer reader do not import each other, and nothing in the engine imports the app.
 """
 
 from __future__ import annotations
@@ -132,7 +133,23 @@ def test_declarations_and_readers_never_import_the_runtime(folder):
 
 
 def test_tokenizer_and_gguf_tokenizer_reader_do_not_import_each_other():
-    assert not [m for m in imports(ROOT / "engine/formats/gguf_tokenizer.py") if m.startswith("engine.tokenizer")]
+    assert not [m for m in imports(ROOT / "engine/formats/gguf_tokenizer.py") if m.split(".")[:2] == ["engine",
+                                                                                                    "tokenizer"]]
+    assert not [m for m in imports(ROOT / "engine/tokenizer.py") if m.startswith("engine.formats.gguf_tokenizer")]
+
+
+@pytest.mark.parametrize("name", ["memfit.py", "memfit_stream.py", "catalog.py"])
+def test_memory_estimate_and_catalog_take_no_runtime_constants(name):
+    """They ask the runtime's plan (engine/transformer.py RuntimePlan) rather than copy or import its numbers."""
+    constants = [m for m in imports(ROOT / "engine" / name)
+                 if m.startswith(RUNTIME) and m.rsplit(".", 1)[-1].isupper()]
+    assert not constants, f"engine/{name} imports {constants}"
+
+
+def test_the_engine_never_imports_the_app():
+    for path in sorted((ROOT / "engine").rglob("*.py")):
+        bad = [m for m in imports(path) if m == "app" or m.startswith("app.")]
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
 def test_packed_weight_is_neutral():

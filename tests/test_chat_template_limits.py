@@ -240,7 +240,7 @@ def test_tokenizer_config_nested_100000_deep_is_a_clear_error(tmp_path):
 
 def test_generation_config_nested_100000_deep_is_a_clear_error(tmp_path):
     (tmp_path / "generation_config.json").write_text('{"temperature": ' + DEEP + "}")
-    with pytest.raises(ValueError, match=r"generation_config\.json is not valid JSON: nested too deeply"):
+    with pytest.raises(ModelFormatError, match=r"generation_config\.json: JSON nested \d+ levels deep"):
         SamplingParams.from_generation_config(tmp_path)
 
 

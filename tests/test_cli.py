@@ -2,12 +2,14 @@
 durations read as durations, the token commands without a keyring, the software-adapter notice."""
 
 import json
+import os
 
 import keyring
 import numpy as np
 import pytest
 
 from engine.cli import main as cli_main
+from engine.errors import GpuError
 from engine.gpu import AdapterInfo
 from engine.humanize import human_duration, human_rate
 from tests.helpers import demo_gguf
@@ -151,7 +153,7 @@ def _fake_adapters(monkeypatch, adapters):
     import engine.gpu
 
     monkeypatch.setattr(engine.gpu, "list_adapters", lambda: adapters)
-    monkeypatch.setenv("ZEROTVM_ADAPTER", "")  # "" = automatic; restored after the test even where --adapter set it
+    monkeypatch.setenv("ZEROTVM_ADAPTER", "")  # "" = automatic
 
 
 def test_gpus_and_models_name_a_software_adapter(monkeypatch, tmp_path, capsys):
@@ -216,6 +218,12 @@ def test_file_errors_and_adapter_choice_in_plain_words(demo_home, monkeypatch, c
     assert out.out.startswith("  [1] NVIDIA GeForce RTX 4090") and out.err.startswith(
         "No adapter chosen: no GPU adapter matches 'no-such-gpu' (adapters found: [1] NVIDIA")
     assert "leave it unset to pick the fastest" in out.err
+    # --adapter reaches the engine's later Gpu() choices without writing the environment.
+    from engine.gpu import pick_adapter
+
+    assert os.environ["ZEROTVM_ADAPTER"] == ""
+    with pytest.raises(GpuError, match="no GPU adapter matches 'no-such-gpu'"):
+        pick_adapter()
 
 
 def test_generate_and_chat_say_what_speed_to_expect_on_a_software_gpu(demo_home, capsys):

@@ -150,3 +150,43 @@ def test_damaged_chats_and_settings_start_with_one_dialog_and_backups(home, monk
     assert [c["title"] for c in seen["chats"]] == ["Precious"]
     assert len(list(home.glob("chats.sqlite3.backup-*"))) == 1 and len(list(home.glob("settings.json.bad-*"))) == 1
     seen["store"].close()
+
+
+def test_the_apps_choices_reach_the_engine_and_leave_the_environment_alone(tmp_path, monkeypatch, qapp):
+    """--data-dir and the prefs' models folder and offline mode go to the engine through its setters: the process
+    environment (here a plain dict standing in for it) is the same after the app started as before."""
+    from engine.hub.download import DownloadError, download_model
+    from engine.hub.offline import offline_reason
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ZEROTVM_")}
+    monkeypatch.setattr(os, "environ", env)
+    before = dict(env)
+    home, models = tmp_path / "chosen home", tmp_path / "chosen models"
+    home.mkdir()
+    (home / "app.json").write_text(json.dumps({"models_dir": str(models), "offline": True}))
+    seen = start_app(monkeypatch, ("--no-auto-setup", "--data-dir", str(home)))
+    seen["store"].close()
+    assert seen["rc"] == 0 and seen["error"] is None
+    assert os.environ is env and env == before
+    assert paths.data_dir() == home and paths.models_dir() == models
+    assert offline_reason() == "set in Settings"
+    with pytest.raises(DownloadError, match=r"^offline mode is on \(set in Settings\): cannot download acme/x"):
+        download_model("acme/x", dest=tmp_path / "x")
+    assert "(Settings → Models folder)" in paths.describe_os_error(PermissionError(errno.EACCES, "no"), models, "x")
+
+
+def test_folder_choices_win_over_the_environment_and_reset(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path / "env home"))
+    monkeypatch.setenv("ZEROTVM_MODELS", str(tmp_path / "env models"))
+    paths.choose_data_dir(tmp_path / "home", setting="--data-dir")
+    paths.choose_models_dir(tmp_path / "models")
+    assert (paths.data_dir(), paths.models_dir()) == (tmp_path / "home", tmp_path / "models")
+    refused = paths.describe_os_error(OSError(errno.EROFS, "ro"), tmp_path / "home", "keep chats")
+    assert refused == f"cannot keep chats: the data folder {tmp_path / 'home'} (--data-dir) is on a read-only disk; " \
+                      "choose a folder on a writable disk"
+    paths.choose_models_dir(None)  # the prefs' "default folder" again: the environment's
+    assert paths.models_dir() == tmp_path / "env models"
+    paths.reset_choices()
+    assert (paths.data_dir(), paths.models_dir()) == (tmp_path / "env home", tmp_path / "env models")
+    monkeypatch.delenv("ZEROTVM_MODELS")
+    assert paths.models_dir() == tmp_path / "env home" / "models"

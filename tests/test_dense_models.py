@@ -103,7 +103,7 @@ def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
 
 @pytest.mark.parametrize("q8_prefill", [False, True], ids=["f32-prefill", "int8-prefill"])
 def test_int8_prefill_rounds_as_int8_decode(gpu, tiny, q8_prefill):
-    """matmul_q8 (prefill) and matvec_q8 (decode) both round every 4-bit matrix input to int8. They are not
+    """matmul_q8w (prefill) and matvec_q8 (decode) both round every 4-bit matrix input to int8. They are not
     compared with each other: their f32 parts sum in different orders, a code near a rounding boundary can land
     one step apart, and a random tiny model amplifies that (0.8–3% of max|logit| on an H200, 0 on lavapipe). Each
     is compared with the f32 arithmetic instead: within the int8 tolerance and, int8 rounding being far coarser

@@ -41,7 +41,7 @@ from engine.formats.mlc import MlcCheckpoint
 from engine.formats.mlx import MlxCheckpoint
 from engine.models import SUPPORTED, model_module
 from engine.tokenizer import Tokenizer
-from engine.tokenizer import load_tokenizer as load_gguf_tokenizer
+from engine.tokenizer_loader import load_tokenizer as load_gguf_tokenizer
 from tests.helpers import DEFAULTS, write_tiny_tokenizer
 
 Q = GGMLQuantizationType

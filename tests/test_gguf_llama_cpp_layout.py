@@ -19,7 +19,7 @@ from engine.errors import ModelFormatError
 from engine.formats.gguf import GgufCheckpoint
 from engine.model import load_model
 from engine.sampling import SamplingParams
-from engine.tokenizer import load_tokenizer
+from engine.tokenizer_loader import load_tokenizer
 from tests.helpers import CHAT_TEMPLATE, kquant_raw, use_more_bits, write_tiny_tokenizer
 from tests.test_gguf_tokenizer import byte_level_fields
 

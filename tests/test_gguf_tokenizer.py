@@ -21,7 +21,8 @@ from gguf import GGUFWriter
 from tokenizers import Tokenizer as HFTokenizer
 
 from engine.errors import ModelFormatError
-from engine.tokenizer import Tokenizer, load_tokenizer
+from engine.tokenizer import Tokenizer
+from engine.tokenizer_loader import load_tokenizer
 from tests.helpers import FetchError, demo_gguf, llama2_tokenizer_dir, llama3_tokenizer_dir, qwen3_tokenizer_dir
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6

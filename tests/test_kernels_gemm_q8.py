@@ -1,13 +1,12 @@
-"""The int8-activation prefill GEMMs (shaders/matmul_q8.wgsl and the wide-tile shaders/matmul_q8w.wgsl): T rows
-quantized by quantize_q8, checked against float64 numpy on exactly the codes and scales the kernel reads, for every
-4-bit format, gate_up, a wider output row (YS), fewer tokens than buffer rows, partial tiles, folded grids and the
-tile options."""
+"""The int8-activation prefill GEMM (shaders/matmul_q8w.wgsl): T rows quantized by quantize_q8, checked against
+float64 numpy on exactly the codes and scales the kernel reads, for every 4-bit format, gate_up, a wider output row
+(YS), fewer tokens than buffer rows, partial tiles, folded grids and the tile options."""
 
 import numpy as np
 import pytest
 
 from engine.kernels import MAX_GROUPS_PER_DIM
-from engine.kernels.matmul import FORMATS, gemm_q8_plan, gemm_q8w_plan, quantize_q8_plan
+from engine.kernels.matmul import FORMATS, gemm_q8w_plan, quantize_q8_plan
 from tests.helpers import (
     Q8_SCALE_ULPS,
     assert_within_ulps,
@@ -24,7 +23,6 @@ from tests.helpers import (
 )
 
 Q4 = {tag: FORMATS[tag] for tag in ("q4f16_1", "q4_0", "q4_1", "mlx4")}
-PLANS = {"matmul_q8": gemm_q8_plan, "matmul_q8w": gemm_q8w_plan}
 
 
 def pack_rows(x: np.ndarray, got_xq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -62,16 +60,16 @@ def quantize_rows(gpu, x: np.ndarray):
     return xq, xm, read(gpu, xq, (T, K // 4), np.uint32), read(gpu, xm, (T, K // 32, 2))
 
 
-def run_gemm_q8(gpu, x, w, s, N, gate_up, fmt, n_tokens=None, y_stride=None, kernel="matmul_q8", **plan):
-    """Quantize x's rows on the GPU, run `kernel` into a NaN-poisoned Y [rows, YS]; (Y, the X it read, grid)."""
+def run_gemm_q8(gpu, x, w, s, N, gate_up, fmt, n_tokens=None, y_stride=None, **plan):
+    """Quantize x's rows on the GPU, run matmul_q8w into a NaN-poisoned Y [rows, YS]; (Y, the X it read, grid)."""
     T, K = x.shape
     n_tokens = T if n_tokens is None else n_tokens
     xq_buf, xm_buf, xq, xm = quantize_rows(gpu, x)
-    consts, grid = PLANS[kernel](K, N, T, gate_up=gate_up, y_stride=y_stride, **plan, **fmt)
+    consts, grid = gemm_q8w_plan(K, N, T, gate_up=gate_up, y_stride=y_stride, **plan, **fmt)
     ys = consts["YS"]
     y = poisoned(gpu, "y", (T, ys))
-    run(gpu, kernel, consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
-                                   step_uniform(gpu, n_tokens)], grid)
+    run(gpu, "matmul_q8w", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
+                                    step_uniform(gpu, n_tokens)], grid)
     return read(gpu, y, (T, ys)), dequantized(xq, xm), grid
 
 
@@ -104,71 +102,46 @@ def test_quantize_q8_rows_match_the_layout_spec(gpu, rng):
         (67, 128, 33, True),
     ],
 )
-@pytest.mark.parametrize("kernel", list(PLANS))
-def test_gemm_q8_on_the_quantized_x(gpu, rng, kernel, tag, T, K, N, gate_up):
+def test_gemm_q8_on_the_quantized_x(gpu, rng, tag, T, K, N, gate_up):
     fmt = Q4[tag]
     w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
-    out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, kernel=kernel)
+    out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt)
     assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
 
 
-@pytest.mark.parametrize("kernel", list(PLANS))
 @pytest.mark.parametrize("tag", ["q4f16_1", "q4_1"])
-def test_gemm_q8_is_close_to_the_f32_product(gpu, rng, tag, kernel):
+def test_gemm_q8_is_close_to_the_f32_product(gpu, rng, tag):
     """Against the unrounded x the int8 rounding shows, within its own bound (per chunk, codes are within half a
     step of max|x|/127); more than the 1e-5 of max|y| that f32 arithmetic on the codes stays within (above)."""
     fmt, T, K, N = Q4[tag], 33, 512, 70
     w, s = random_packed(rng, N, K, **fmt)
     x = rng.standard_normal((T, K)).astype(np.float32)
-    out, _, _ = run_gemm_q8(gpu, x, w, s, N, False, fmt, kernel=kernel)
+    out, _, _ = run_gemm_q8(gpu, x, w, s, N, False, fmt)
     exact = reference_fmt(x, w, s, N, False, fmt)
     bound = int8_rounding_bound(x, reference_dequantize_fmt(w, s, **fmt), N, False)
     assert (np.abs(out - exact) <= bound + 1e-5 * np.abs(exact).max()).all()
     assert np.abs(out - exact).max() > 1e-5 * np.abs(exact).max(), "no int8 rounding at all"
 
 
-@pytest.mark.parametrize("kernel", list(PLANS))
 @pytest.mark.parametrize("gate_up", [False, True])
-def test_gemm_q8_writes_only_live_rows_and_its_columns(gpu, rng, gate_up, kernel):
+def test_gemm_q8_writes_only_live_rows_and_its_columns(gpu, rng, gate_up):
     """A buffer of 8 rows with 5 tokens this forward, and a vocabulary slice of N columns in rows YS wide: rows
     t ≥ n_tokens and columns ≥ N stay untouched (NaN)."""
     fmt, T, K, N, n_tokens, ys = Q4["q4_0"], 8, 128, 21, 5, 29
     w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
     out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, n_tokens=n_tokens,
-                                y_stride=ys, kernel=kernel)
+                                y_stride=ys)
     assert np.isnan(out[n_tokens:]).all() and np.isnan(out[:, N:]).all()
     assert_matches(out[:n_tokens, :N], reference_fmt(x_hat[:n_tokens], w, s, N, gate_up, fmt))
 
 
-@pytest.mark.parametrize(
-    "tag,K,plan",
-    [
-        ("q4_1", 96, {}),  # 3 chunks: KC falls back to 1
-        ("q4_0", 192, dict(kc=3)),  # 15 KiB of workgroup memory (AFFINE's minima would not fit)
-        ("q4_1", 128, dict(kc=1)),
-        ("q4_1", 256, dict(tm=32, tn=128)),  # 256 threads as 8 × 32
-        ("mlx4", 256, dict(tm=128, tn=32)),
-        ("q4_1", 128, dict(tm=16, tn=16)),  # 16 threads: each stages several items
-    ],
-)
-def test_gemm_q8_tile_options(gpu, rng, tag, K, plan):
-    fmt, T, N = Q4[tag], 37, 45
-    for gate_up in (False, True):
-        w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
-        if gate_up and "tn" in plan:  # the same staged weight rows: half as many outputs
-            plan = dict(plan, tn=plan["tn"] // 2)
-        out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, **plan)
-        assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
-
-
 @pytest.mark.parametrize("tag", ["q4_0", "q4_1"])  # 32-element groups: K may hold an odd number of chunks
 @pytest.mark.parametrize("T,K,N,gate_up", [(3, 32, 9, False), (66, 96, 70, True)])
-@pytest.mark.parametrize("kernel", list(PLANS))
-def test_gemm_q8_odd_chunks_of_k(gpu, rng, kernel, tag, T, K, N, gate_up):
+def test_gemm_q8_odd_chunks_of_k(gpu, rng, tag, T, K, N, gate_up):
     """One chunk (matmul_q8w fills only its first buffer) and three (it ends on its first buffer again)."""
     fmt = Q4[tag]
     w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
-    out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, kernel=kernel)
+    out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt)
     assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
 
 
@@ -185,16 +158,19 @@ def test_gemm_q8w_tile_options(gpu, rng, tag, K, T, plan):
     for gate_up in (False, True):
         w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
         tile = dict(plan, tn=plan["tn"] // 2) if gate_up else plan  # the same staged weight rows
-        out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, kernel="matmul_q8w",
-                                    **tile)
+        out, x_hat, _ = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, gate_up, fmt, **tile)
         assert_matches(out, reference_fmt(x_hat, w, s, N, gate_up, fmt))
 
 
 def test_gemm_q8w_plan_refuses_what_it_cannot_run():
     with pytest.raises(ValueError, match="4-bit"):
         gemm_q8w_plan(64, 8, 4, **FORMATS["q8_0"])
+    with pytest.raises(ValueError, match="4-bit"):
+        gemm_q8w_plan(64, 8, 4, bits=16)
     with pytest.raises(ValueError, match="multiple of 64"):
-        gemm_q8w_plan(96, 8, 4, **FORMATS["mlx4"])
+        gemm_q8w_plan(96, 8, 4, **FORMATS["mlx4"])  # K must hold whole groups
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gemm_q8w_plan(48, 8, 4)
     with pytest.raises(ValueError, match="N must be positive"):
         gemm_q8w_plan(64, 0, 4)
     with pytest.raises(ValueError, match="multiple of 8"):
@@ -213,34 +189,9 @@ def test_gemm_q8w_plan_refuses_what_it_cannot_run():
 
 @pytest.mark.slow
 def test_gemm_q8_folded_grid(gpu, rng):
-    # More than 65,535 column tiles (4-wide here): they fold into (x, z) while y keeps the token tiles.
-    fmt, K, N, T = Q4["q4f16_1"], 32, 4 * MAX_GROUPS_PER_DIM + 40, 5
-    w, s = random_packed(rng, N, K, **fmt)
-    out, x_hat, grid = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, False, fmt, tm=4, tn=4)
-    assert grid[1] == 2 and grid[2] > 1
-    assert_matches(out, reference_fmt(x_hat, w, s, N, False, fmt))
-
-
-def test_gemm_q8_plan_refuses_what_it_cannot_run():
-    with pytest.raises(ValueError, match="4-bit"):
-        gemm_q8_plan(64, 8, 4, **FORMATS["q8_0"])
-    with pytest.raises(ValueError, match="4-bit"):
-        gemm_q8_plan(64, 8, 4, bits=16)
-    with pytest.raises(ValueError, match="multiple of 64"):
-        gemm_q8_plan(96, 8, 4, **FORMATS["mlx4"])  # K must hold whole groups
-    with pytest.raises(ValueError, match="multiple of 32"):
-        gemm_q8_plan(48, 8, 4)
-    with pytest.raises(ValueError, match="N must be positive"):
-        gemm_q8_plan(64, 0, 4)
-    with pytest.raises(ValueError, match="threads"):
-        gemm_q8_plan(64, 8, 4, tm=128, tn=64)
-    with pytest.raises(ValueError, match="multiples of 4"):
-        gemm_q8_plan(64, 8, 4, tn=6)
-    with pytest.raises(ValueError, match="KC=3 must divide"):
-        gemm_q8_plan(128, 8, 4, kc=3)
-    with pytest.raises(ValueError, match="workgroup memory"):
-        gemm_q8_plan(192, 8, 4, kc=3, **FORMATS["q4_1"])
-    with pytest.raises(ValueError, match="narrower"):
-        gemm_q8_plan(64, 8, 4, y_stride=7)
-    consts, grid = gemm_q8_plan(3072, 8192, 512, gate_up=True)
-    assert (consts["TN"], consts["KC"], grid) == (32, 2, (256, 8, 1))
+    # More than 65,535 column tiles (32 gate/up pairs each, the fewest a 32-row tile stages): they fold into (x, z).
+    fmt, K, N, T = Q4["q4f16_1"], 32, 32 * MAX_GROUPS_PER_DIM + 40, 5
+    w, s = random_packed(rng, 2 * N, K, **fmt)
+    out, x_hat, grid = run_gemm_q8(gpu, scaled_activations(rng, T, K), w, s, N, True, fmt, tm=32, tn=32)
+    assert grid[1] == 1 and grid[2] > 1
+    assert_matches(out, reference_fmt(x_hat, w, s, N, True, fmt))

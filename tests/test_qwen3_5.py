@@ -132,7 +132,7 @@ def test_int8_decode(gpu, tiny):
 
 def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
     """Every dense projection of the hybrid (GDN in_proj and out, attention qkv, gate and o, the MLP) prefills
-    with int8 activations (matmul_q8) as it decodes (matvec_q8), and each decode step after an int8 prefill stays
+    with int8 activations (matmul_q8w) as it decodes (matvec_q8), and each decode step after an int8 prefill stays
     within the int8 step tolerance of the full int8 forward. Not to f32 rounding: the two paths sum their f32
     parts in different orders, so a code near a rounding boundary can land one step apart on another GPU."""
     model = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=320, q8_prefill=True)

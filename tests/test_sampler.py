@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from engine.blocks.sampler import GpuSampler
+from engine.errors import ModelFormatError
 from engine.gpu import Recorder
 from engine.sampling import NO_TOKEN, WINDOW, SamplingParams, reference_probs
 from tests.helpers import poisoned, read, run, step_uniform
@@ -245,10 +246,10 @@ def test_from_generation_config(tmp_path):
     (tmp_path / "bare").mkdir()
     bare = SamplingParams.from_generation_config(tmp_path / "bare", seed=4)
     assert (bare.temperature, bare.seed) == (0.0, 4)
-    with pytest.raises(FileNotFoundError):
+    with pytest.raises(ModelFormatError, match="nowhere: missing"):
         SamplingParams.from_generation_config(tmp_path / "nowhere")
     (tmp_path / "bad.json").write_text("{")
-    with pytest.raises(ValueError, match="not valid JSON"):
+    with pytest.raises(ModelFormatError, match="bad.json: not valid JSON"):
         SamplingParams.from_generation_config(tmp_path / "bad.json")
     with pytest.raises(ValueError, match="top_p"):
         SamplingParams.from_generation_config({"do_sample": True, "top_p": 7})

@@ -77,8 +77,6 @@ def gemm_kernel(k: int, n: int, gate_up: bool, tag: str, int8: bool, T: int = 1,
     if is_kquant(tag):
         plan = gemm_kq_q8_plan if int8 else gemm_kq_plan
         return ((MATMUL_KQ_Q8 if int8 else MATMUL_KQ), *plan(tag, k, n, T, gate_up=gate_up, y_stride=y_stride))
-    # matmul_q8w: matmul_q8's arithmetic with 8×4 outputs a thread (fewer workgroup-memory loads and barriers per
-    # product); matmul_q8 stays as bench/gemm_probe.py's baseline.
     plan = gemm_q8w_plan if int8 else gemm_plan
     return ((MATMUL_Q8W if int8 else MATMUL_INT4),
             *plan(k, n, T, gate_up=gate_up, y_stride=y_stride, **format_knobs(tag)))

@@ -3,8 +3,7 @@
 A GGUF carries no tokenizer.json: llama.cpp's converter stores the vocabulary under tokenizer.ggml.* keys, and
 llama.cpp rebuilds the tokenizer from them (src/llama-vocab.cpp). We rebuild the same tokenizer for the
 `tokenizers` library, so it runs like a model folder's: read_tokenizer gives the parts that
-engine.tokenizer.Tokenizer.from_parts takes (this reader does not import the tokenizer, nor it this reader's
-internals):
+engine.tokenizer.Tokenizer.from_parts takes (engine/tokenizer_loader.py joins the two: neither imports the other):
 
 - "gpt2": byte-level BPE from `tokens` and `merges`. The split before BPE is not in the file; `pre` names it,
   and PRE_TOKENIZERS holds the model family's own pre-tokenizer for each name we know (the regexes llama.cpp

@@ -28,7 +28,6 @@ MAX_GGUF_STRING = 16 << 20  # one metadata string: the longest real ones are cha
 MAX_GGUF_KEY = 1 << 16  # key length, the GGUF spec's bound
 MAX_GGUF_TENSOR_NAME = 63  # ggml's GGML_MAX_NAME (64, with its terminating NUL); llama.cpp refuses longer
 MAX_GGUF_DIMS = 4  # ggml's GGML_MAX_DIMS
-MAX_GGUF_ALIGNMENT = 1 << 16  # general.alignment: 32 by default; a power of two
 
 # -- tokenizers ------------------------------------------------------------------------------------------
 # Rebuilding SentencePiece merges tries every split of every token: work grows with the sum of squared token

@@ -4,9 +4,10 @@ and the affine-quantized weights repacked, exactly, into the layouts our kernels
 A folder holds config.json (a vision-language model nests the language model's settings under
 `text_config`), model.safetensors.index.json ({"weight_map": {tensor: shard file}}) or a lone
 model.safetensors, and tokenizer files. A shard is an 8-byte little-endian header length, a JSON header
-{name: {dtype, shape, data_offsets}} and the data; we parse headers ourselves and read one tensor's byte
-range at a time, never a whole shard. Keys under `language_model.` lose that prefix and every other key of
-such a checkpoint (the vision tower) is ignored: its shards are never opened.
+{name: {dtype, shape, data_offsets}} and the data; headers are read by the safetensors package
+(engine/formats/files.py) and one tensor's byte range at a time, never a whole shard. Keys under
+`language_model.` lose that prefix and every other key of such a checkpoint (the vision tower) is ignored: its shards
+are never opened.
 
 A quantized module X is three tensors: X.weight (u32 codes), X.scales and X.biases; it is yielded once,
 as X.weight, in a PackedWeight. config.json `quantization` holds the defaults {group_size, bits, mode} and

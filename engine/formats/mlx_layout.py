@@ -83,7 +83,7 @@ def _rows(parts: list[PackedWeight], key: str, axis: int):
 
 class RowJoin:
     """Expert stacks [E, N_i, W] joined along their rows without a copy: np.asarray joins them (the resident
-    upload), take_experts(ids) reads only those experts (the expert cache)."""
+    upload), and the expert cache reads its `parts` an expert at a time."""
 
     ndim = 3
 
@@ -96,6 +96,3 @@ class RowJoin:
     def __array__(self, dtype=None, copy=None):
         out = np.concatenate(self.parts, axis=1)
         return out if dtype is None else out.astype(dtype)
-
-    def take_experts(self, ids) -> np.ndarray:
-        return np.concatenate([p[ids] for p in self.parts], axis=1)

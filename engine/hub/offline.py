@@ -1,5 +1,6 @@
-"""Offline mode: ZEROTVM_OFFLINE=1 (or HF_HUB_OFFLINE=1) makes downloads refuse; no_network() keeps a block
-of code (the model load path) from reaching the Hub through huggingface_hub."""
+"""Offline mode: set_offline(True) (the app's setting), ZEROTVM_OFFLINE=1 or HF_HUB_OFFLINE=1 (the user's
+environment) makes downloads refuse; no_network() keeps a block of code (the model load path) from reaching the Hub
+through huggingface_hub."""
 
 from __future__ import annotations
 
@@ -12,14 +13,25 @@ from contextlib import contextmanager
 _TRUE = {"1", "true", "yes", "on"}
 _local = threading.local()
 _hook_lock = threading.Lock()
+_chosen = threading.Event()  # set: the program turned offline mode on (set_offline), whatever the environment says
 
 
 def _env_true(name: str) -> bool:
     return os.environ.get(name, "").strip().lower() in _TRUE
 
 
+def set_offline(on: bool) -> None:
+    """The program's own offline switch (the app's Settings); off leaves the environment's switches in force."""
+    if on:
+        _chosen.set()
+    else:
+        _chosen.clear()
+
+
 def offline_reason() -> str | None:
     """Why downloads are refused right now, or None when they may go ahead."""
+    if _chosen.is_set():
+        return "set in Settings"
     if _env_true("ZEROTVM_OFFLINE"):
         return "ZEROTVM_OFFLINE=1"
     constants = sys.modules.get("huggingface_hub.constants")
@@ -32,14 +44,15 @@ def offline_reason() -> str | None:
 
 
 def offline() -> bool:
-    """True when downloads must refuse (ZEROTVM_OFFLINE=1, HF_HUB_OFFLINE=1, or inside no_network())."""
+    """True when downloads must refuse (set_offline(True), ZEROTVM_OFFLINE=1, HF_HUB_OFFLINE=1, or inside
+    no_network())."""
     return offline_reason() is not None
 
 
 def _install_hook() -> None:
     """Make huggingface_hub's per-request offline check also honour no_network() in the calling thread."""
     try:
-        from huggingface_hub import constants  # about 1 ms: the package itself loads lazily
+        from huggingface_hub import constants  # cheap: the package itself loads lazily
     except ImportError:
         return
     with _hook_lock:

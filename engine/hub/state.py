@@ -19,6 +19,8 @@ import threading
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 
+from engine.errors import ModelFormatError
+from engine.formats import files
 from engine.hub import names
 from engine.hub.errors import DownloadCancelled, DownloadError
 
@@ -74,11 +76,11 @@ def write_json_atomic(path: Path, data: dict) -> None:
 
 
 def read_json(path: Path) -> dict | None:
+    """A state file's JSON object, or None when absent, unreadable or not an object (a torn write)."""
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
+        return files.read_json(Path(path), "download state", default=None)
+    except ModelFormatError:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def read_marker(dest: Path) -> dict | None:

@@ -6,7 +6,7 @@ matvec_int4 (decode, one activation row) and matmul_int4 (prefill GEMM, T rows) 
 3 y f32, 4 step uniform. With gate_up the weight holds gate rows then up rows and y gets
 silu(gate)·up ([N] or [T, N]). The defaults are untuned starting points.
 
-The int8-activation kernels (matvec_q8 in decode, matmul_q8w / matmul_q8 in prefill) read 4-bit weights the same
+The int8-activation kernels (matvec_q8 in decode, matmul_q8w in prefill) read 4-bit weights the same
 way but take x as quantize_q8 writes it (xq codes, xm (scale, Σ codes) per 32-element chunk; shaders/q8_pack.wgsl).
 
 Weight formats are kernel constants (see FORMATS): integer codes q of BITS bits, w = (q − ZERO)·scale,
@@ -31,7 +31,6 @@ MATVEC_Q8 = declare("matvec_q8", writes=("y",))
 MATVEC_Q8_RMS = declare("matvec_q8_rms", writes=("y",))
 MATVEC_Q8_NORM = declare("matvec_q8_norm", writes=("y", "nq"))
 MATMUL_INT4 = declare("matmul_int4", writes=("y",))
-MATMUL_Q8 = declare("matmul_q8", writes=("y",))
 MATMUL_Q8W = declare("matmul_q8w", writes=("y",))
 QUANTIZE_Q8 = declare("quantize_q8", writes=("xq", "xm"))
 EMBEDDING = declare("embedding", writes=("x",))
@@ -55,17 +54,12 @@ MATVEC_Q8_NORM_MAX_WG = 512
 QUANTIZE_WG = 64
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
-# The int8-activation prefill GEMM (shaders/matmul_q8.wgsl): 64 tokens × 64 staged weight rows, 4×4 per thread
-# (256 threads), 2 chunks of K per staged step. Untuned: a starting point for the H200 (bench/gemm_probe.py).
-GEMM_Q8_TM = 64
-GEMM_Q8_TN = 64  # halved with gate_up, as GEMM_TN
-GEMM_Q8_KC = 2
-GEMM_Q8_MAX_WG = 256  # WebGPU's default maxComputeInvocationsPerWorkgroup
-# The wide-tile int8 GEMM (shaders/matmul_q8w.wgsl): 8 rows × 4 columns per thread, 64 tokens × 64 staged weight
-# rows (128 threads). Not the default until measured (bench/gemm_probe.py --variants).
+# The int8-activation prefill GEMM (shaders/matmul_q8w.wgsl): 8 rows × 4 columns per thread, 64 tokens × 64 staged
+# weight rows (128 threads); tile variants in bench/gemm_probe.py --variants.
 GEMM_Q8W_TM = 64
 GEMM_Q8W_TN = 64  # halved with gate_up, as GEMM_TN
 GEMM_Q8W_ROWS = 8  # token rows per thread, fixed by the kernel
+GEMM_Q8W_MAX_WG = 256  # WebGPU's default maxComputeInvocationsPerWorkgroup
 WORKGROUP_BYTES = 16384
 EMBED_WG = 64
 CHUNK = 32  # elements every kernel walks K by; GROUP must be a multiple of it
@@ -244,45 +238,12 @@ def gemm_plan(
     return consts, (x, max(-(-T // tm), 1), z)
 
 
-def gemm_q8_plan(
-    K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_Q8_TM, tn: int | None = None,
-    kc: int | None = None, *, y_stride: int | None = None, bits: int = 4, zero: int = 7, affine: bool = False,
-    group: int = 32,
-) -> tuple[dict, tuple[int, int, int]]:
-    """Constants and grid for shaders/matmul_q8.wgsl: Y[T, N] from X quantized by quantize_q8 (T rows). The
-    constants do not depend on T. `kc`: chunks per staged step (default GEMM_Q8_KC, or 1 where K has an odd
-    number of chunks)."""
-    if bits != 4:
-        raise ValueError(f"matmul_q8 reads 4-bit codes, got BITS={bits}")
-    fmt = _format_consts(K, bits, zero, affine, group)
-    _check_n(N)
-    tn = tn or (GEMM_Q8_TN // 2 if gate_up else GEMM_Q8_TN)
-    chunks = K // CHUNK
-    kc = kc or (GEMM_Q8_KC if chunks % GEMM_Q8_KC == 0 else 1)
-    wn = tn * (2 if gate_up else 1)
-    threads = tm // 4 * (wn // 4)
-    if tm % 4 or tn % 4 or tm < 4 or tn < 4 or threads > GEMM_Q8_MAX_WG:
-        raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4 and (TM/4)·(staged W rows/4) ≤ {GEMM_Q8_MAX_WG} "
-                         f"threads, got {threads}")
-    if kc < 1 or chunks % kc:
-        raise ValueError(f"KC={kc} must divide the {chunks} chunks of K={K}")
-    lds = kc * (tm + wn) * (48 if affine else 40)
-    if lds > WORKGROUP_BYTES:
-        raise ValueError(f"TM={tm}, staged W rows {wn}, KC={kc}: {lds} bytes of workgroup memory > {WORKGROUP_BYTES}")
-    if y_stride is not None and y_stride < N:
-        raise ValueError(f"YS={y_stride} is narrower than N={N}")
-    consts = dict(K=K, N=N, TM=tm, TN=tn, KC=kc, GATE_UP=gate_up, YS=y_stride or N, ZERO=fmt["ZERO"],
-                  AFFINE=fmt["AFFINE"], GROUP=fmt["GROUP"])
-    x, z = fold_grid(-(-N // tn))
-    return consts, (x, max(-(-T // tm), 1), z)
-
-
 def gemm_q8w_plan(
     K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_Q8W_TM, tn: int | None = None, *,
     y_stride: int | None = None, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
 ) -> tuple[dict, tuple[int, int, int]]:
-    """Constants and grid for shaders/matmul_q8w.wgsl (matmul_q8's bindings and arithmetic, 8×4 outputs per thread,
-    one 32-element chunk of K per step in two alternating buffers). The constants do not depend on T."""
+    """Constants and grid for shaders/matmul_q8w.wgsl: Y[T, N] from X quantized by quantize_q8 (T rows), 8×4 outputs
+    per thread, one 32-element chunk of K per step in two alternating buffers. The constants do not depend on T."""
     if bits != 4:
         raise ValueError(f"matmul_q8w reads 4-bit codes, got BITS={bits}")
     fmt = _format_consts(K, bits, zero, affine, group)
@@ -293,8 +254,8 @@ def gemm_q8w_plan(
         raise ValueError(f"TM={tm}, TN={tn}: need TM a multiple of {GEMM_Q8W_ROWS} and TN a multiple of 4")
     threads = tm // GEMM_Q8W_ROWS * (wn // 4)
     # Each thread stages at most one X vec4, one row scale and one weight row per step.
-    if threads > GEMM_Q8_MAX_WG or 2 * tm > threads or wn > threads:
-        raise ValueError(f"TM={tm}, staged W rows {wn}: {threads} threads; need ≤ {GEMM_Q8_MAX_WG}, ≥ 2·TM and "
+    if threads > GEMM_Q8W_MAX_WG or 2 * tm > threads or wn > threads:
+        raise ValueError(f"TM={tm}, staged W rows {wn}: {threads} threads; need ≤ {GEMM_Q8W_MAX_WG}, ≥ 2·TM and "
                          f"≥ the staged W rows")
     lds = 2 * (tm + wn) * (40 if affine else 36)  # 32 code bytes and a scale (and a sum or min) per row
     if lds > WORKGROUP_BYTES:

@@ -5,7 +5,7 @@ of the slots."""
 from __future__ import annotations
 
 from engine.kernels import MAX_GROUPS_PER_DIM, declare, fold_grid
-from engine.kernels.matmul import GEMM_Q8_KC, MATVEC_SG_WG, WORKGROUP_BYTES, _format_consts, matvec_q8_plan
+from engine.kernels.matmul import MATVEC_SG_WG, WORKGROUP_BYTES, _format_consts, matvec_q8_plan
 
 MOE_ROUTER = declare("moe_router", writes=("ids", "weights"))
 MOE_MATVEC = declare("moe_matvec", writes=("y",))
@@ -26,6 +26,7 @@ MAX_EXPERTS = 1024  # moe_sort's two per-expert arrays in workgroup memory: 8 Ki
 # compute padding; the shared expert (every token) takes T/16 tiles.
 GROUPED_TM = 16
 GROUPED_TN = 64  # outputs per tile; halved with gate_up so the staged weight rows stay 64
+GROUPED_Q8_KC = 2  # chunks of K per staged step of moe_gemm_q8 (1 where K has an odd number of chunks)
 
 
 def router_plan(E: int, top_k: int, shared: bool, norm_topk: bool, T: int, wg: int = ROUTER_WG):
@@ -145,7 +146,7 @@ def grouped_q8_plan(K: int, N: int, experts: int, T: int, slots: int, *, n_slots
     tn = tn or (GROUPED_TN // 2 if gate_up else GROUPED_TN)
     wn = tn * (2 if gate_up else 1)
     chunks = K // 32
-    kc = kc or next(c for c in (GEMM_Q8_KC, 2, 1) if chunks % c == 0)
+    kc = kc or next(c for c in (GROUPED_Q8_KC, 2, 1) if chunks % c == 0)
     lds = kc * (tm + wn) * (48 if affine else 40) + 4 * tm
     if tm % 4 or tn % 4 or tm < 4 or tn < 4 or (tm // 4) * (wn // 4) > 256 or lds > WORKGROUP_BYTES:
         raise ValueError(f"TM={tm}, TN={tn}, KC={kc}: need multiples of 4, ≤ 256 threads and ≤ {WORKGROUP_BYTES} "
