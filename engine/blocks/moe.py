@@ -42,6 +42,7 @@ import numpy as np
 from engine.blocks import Block, BufferNeed, array_bytes, destroy_buffers
 from engine.blocks.expert_cache import ExpertStream
 from engine.blocks.linear import Arithmetic, matrix_tensors
+from engine.blocks.moe_fused import build_fused, can_fuse, fused_needs
 from engine.errors import GpuError, UnsupportedModelError
 from engine.gpu import PlanRecorder
 from engine.kernels import MAX_GROUPS_PER_DIM, fold_grid
@@ -100,6 +101,8 @@ class MoeFfn(Block):
                  cache_slots: int | None = None, policy: str = "lfu"):
         self.D, self.E, self.F, self.Fs, self.top_k = dim, experts, ffn, shared_ffn, top_k
         self.layers, self.ar, self.max_tokens = tuple(layers), ar, max(chunk, 1)
+        self.norm_topk = norm_topk_prob
+        self.norms = None  # the residual block when the decode token runs the fused passes (engine/blocks/moe_fused.py)
         self.shared = shared_ffn > 0
         self.slots = top_k + self.shared
         self.act_stride = max(ffn, shared_ffn)
@@ -136,6 +139,7 @@ class MoeFfn(Block):
                                if T > 1 else None for i in self.layers}
         self.w: dict[int, dict] = {}
         self._held: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+        self.fusable = can_fuse(self)
 
     def _joins_mixed(self, i: int) -> bool:
         """Whether layer i stores its 4-bit shared expert after its 3-bit routed stacks (Qwen3.6's 3-bit build), so
@@ -274,10 +278,17 @@ class MoeFfn(Block):
         if self.ar.int8:  # the slots' activations in int8 for the decode down passes
             act = self.slots * self.act_stride
             out += [BufferNeed.buffer("moe-act-int8", act), BufferNeed.buffer("moe-act-int8-scales", act // 32 * 8)]
+        if self.fusable:
+            out += [BufferNeed.buffer(label, size) for label, size in fused_needs(self).items()]
         return out
 
     def int8_row_k(self) -> int:
         return self.D
+
+    def can_carry_norms(self) -> bool:
+        """A resident block of int8 expert stacks runs its decode token as the fused passes, which read the mixer's
+        residual and norm row and end in the next norm's row (engine/blocks/moe_fused.py)."""
+        return self.fusable
 
     # ---- load --------------------------------------------------------------------------------------------
     def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
@@ -405,6 +416,7 @@ class MoeFfn(Block):
             p["combine"] = bound(MOE_COMBINE, self._combine, dict(y=self.y, weights=self.weights, out=out, step=st),
                                  f"{c}.combine")
             self.passes[i] = p
+        self.fused = build_fused(self, gpu, ws, self.norms, made["moe-decode-pack"]) if self.norms else {}
 
     def _grouped_passes(self, i: int, bound, ws, made: dict, y) -> list:
         """Layer i's prefill expert dispatches in order, (pipeline, bind group, plan, rows) each: the sorts, every
@@ -495,6 +507,10 @@ class MoeFfn(Block):
         if not 1 <= T <= self.max_tokens:
             raise ValueError(f"n_tokens={T} outside 1..{self.max_tokens} (the MoE block's rows)")
         passes = self.passes[layer]
+        if T == 1 and self.fused:
+            for pipe, bg, grid in self.fused[layer]:
+                rec.dispatch(pipe, bg, *grid)
+            return
 
         def per_token(pass_):  # moe_matvec grids are (row groups, tokens, slots)
             pipe, bg, plan = pass_
