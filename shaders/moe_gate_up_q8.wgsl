@@ -3,17 +3,19 @@
 // silu(gate)·up of its slot's expert with matvec_q8's arithmetic (shaders/matvec_q8_body.wgsl) on the norm's int8
 // row without 1/rms (matvec_q8_norm.wgsl's packed row; 1/rms from its Σ x², as matvec_q8_rms.wgsl), and writes
 // them as one int8 chunk (q8_codes.wgsl: what quantize_q8 would write) for moe_down_q8.wgsl: no quantize dispatch.
-// Workgroup (0, 0, 0) also writes the route (ids, weights) there for the down pass.
+// Workgroup (0, 0, 0) also writes the route (ids, weights) there for the down pass. With STREAM (experts streamed
+// into a cache, engine/blocks/expert_cache.py) the experts are the cache slots the host wrote to slot_ids after
+// reading the route back: they replace the ids, the weights stay the kernel's own.
 // Experts: stacked as moe_matvec_q8.wgsl's (4-bit, or MLX 3-bit rows; MIXED_W / MIXED_S: a 4-bit expert
 // EXPERTS − 1 stored after a 3-bit stack, the shared one). The slot's expert id is clamped to EXPERTS − 1.
 // Constants: K (= D), N (= F, a multiple of 32), EXPERTS, WG, ROWS, BLOCKS (BLOCKS · ROWS = 32), GATE_UP (true),
-//   BITS, ZERO, AFFINE, GROUP, MIXED_W, MIXED_S; E, TOPK, SHARED, NORM_TOPK (the route); EPS; META, SS (u32
+//   BITS, ZERO, AFFINE, GROUP, MIXED_W, MIXED_S; E, TOPK, SHARED, NORM_TOPK (the route); STREAM; EPS; META, SS (u32
 //   offsets of the norm row's (scale, Σ codes) pairs and Σ x² in nq); AMETA, AIDS, AWTS (u32 offsets in act:
 //   engine/kernels/moe.py decode_pack_layout).
 // Bindings: 0 nq u32 (read: codes u32[K / 4] at 0, pairs at META, Σ x² at SS), 1 logits f32[E (+ 1)] (read),
 //   2 w u32[EXPERTS, 2N, K·BITS/32] as vec4, 3 s f16[EXPERTS, 2N, K / GROUP (, 2)], 4 act u32 (write: codes
 //   [SLOTS, N / 4] at 0, (scale, Σ codes) pairs [SLOTS, N / 32] at AMETA, ids [SLOTS] at AIDS, weights (f32 bits)
-//   [SLOTS] at AWTS).
+//   [SLOTS] at AWTS), 5 slot_ids u32[SLOTS] (read with STREAM; bound, unread, without).
 // Grid: (N / 32, 1, SLOTS).
 #import reduce
 #import matvec_q8_body
@@ -25,6 +27,7 @@
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read> s: array<f16>;
 @group(0) @binding(4) var<storage, read_write> act: array<u32>;
+@group(0) @binding(5) var<storage, read> slot_ids: array<u32>;
 
 var<workgroup> xq: array<vec4<u32>, K / 16u>;  // the norm's int8 row (two vec4 per chunk) and its chunks' pairs
 var<workgroup> xm: array<vec2<f32>, K / 32u>;
@@ -50,11 +53,11 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let route = route_subgroup(lane);
     if (chunk == 0u && slot == 0u && lane.lid == 0u) {
         for (var j = 0u; j < SLOTS; j++) {
-            act[AIDS + j] = route.ids[j];
+            act[AIDS + j] = select(route.ids[j], slot_ids[j], STREAM);
             act[AWTS + j] = bitcast<u32>(route.weights[j]);
         }
     }
-    let expert = min(route.ids[slot], EXPERTS - 1u);
+    let expert = min(select(route.ids[slot], slot_ids[slot], STREAM), EXPERTS - 1u);
     let apart = MIXED_W > 0u && expert == EXPERTS - 1u;  // the 4-bit rows after a 3-bit stack
     let row0 = select(expert * MATS * N, 0u, apart) + chunk * 32u;
     for (var blk = lane.sg_id; blk < BLOCKS; blk += lane.n_sg) {

@@ -94,9 +94,9 @@ def test_router_norm_matches_float64(any_gpu, rng, fmt, D, N, offset):
 
 
 # ---- gate_up with the top-k ---------------------------------------------------------------------------------------
-def run_gate_up(gpu, rng, fmt, E, top_k, shared, mixed, norm_topk, D=256, F=64, logits=None):
+def run_gate_up(gpu, rng, fmt, E, top_k, shared, mixed, norm_topk, D=256, F=64, logits=None, slot_ids=None):
     """One fused gate_up dispatch on random inputs: (ids, weights, codes [slots, F], pairs [slots, F/32, 2], the
-    float64 reference activations [slots, F], the reference route)."""
+    float64 reference activations [slots, F], the reference route). `slot_ids`: STREAM, the slots' experts."""
     slots = top_k + shared
     w, s, dense, offsets = expert_stack(rng, E, 2 * F, D, fmt, shared, mixed)
     v = (rng.standard_normal(D) * 2).astype(np.float32)  # the norm's row without 1/rms
@@ -112,15 +112,17 @@ def run_gate_up(gpu, rng, fmt, E, top_k, shared, mixed, norm_topk, D=256, F=64, 
     act_pack = decode_pack_layout(F, slots)
     experts = E + shared
     consts, grid = gate_up_q8_plan(D, F, experts, E, top_k, shared, norm_topk, gpu.subgroup_size, EPS, pack,
-                                   act_pack, mixed=offsets, max_threads=1024, **fmt_knobs(fmt))
+                                   act_pack, mixed=offsets, max_threads=1024, stream=slot_ids is not None,
+                                   **fmt_knobs(fmt))
     assert grid == (F // 32, 1, slots)
     act = poisoned(gpu, "act", (act_pack["words"],), np.uint32)
+    slots_buf = poisoned(gpu, "slot_ids", (slots,), np.uint32) if slot_ids is None else gpu.upload("slot_ids", slot_ids)
     run(gpu, "moe_gate_up_q8", consts, [gpu.upload("nq", nq), gpu.upload("logits", logits), gpu.upload("w", w),
-                                        gpu.upload("s", s), act], grid)
+                                        gpu.upload("s", s), act, slots_buf], grid)
     out = read(gpu, act, (act_pack["words"],), np.uint32)
     ids_ref, w_ref = reference_route(logits[None], E, top_k, shared, norm_topk)
     inv = 1 / np.sqrt(ss.astype(np.float64).sum() / D + EPS)
-    h = dense[ids_ref[0]] @ (v_hat * inv)  # [slots, 2F]
+    h = dense[ids_ref[0] if slot_ids is None else slot_ids] @ (v_hat * inv)  # [slots, 2F]
     ref = silu(h[:, :F]) * h[:, F:]
     a = act_pack
     return (out[a["AIDS"]:a["AIDS"] + slots], out[a["AWTS"]:a["AWTS"] + slots].view(np.float32),
@@ -153,6 +155,19 @@ def test_gate_up_q8_matches_float64(gpu, rng, fmt, shared, mixed, norm_topk):
                                                                             norm_topk)
     np.testing.assert_array_equal(ids, ids_ref[0])  # selection compares logits: exact
     tol = route_tolerance(logits[None], ids_ref, E, top_k, shared, norm_topk)[0]
+    assert (np.abs(weights - w_ref[0]) <= tol * w_ref[0]).all()
+    assert_int8_activations(codes, pairs, ref)
+
+
+def test_gate_up_q8_streamed_reads_the_cache_slots(gpu, rng):
+    """STREAM: the slots' experts are the cache slots the host wrote (handed to down in place of the ids); the weights
+    are the kernel's own route's."""
+    E, top_k = 8, 3
+    slot_ids = np.array([6, 0, 3, E], np.uint32)
+    ids, weights, codes, pairs, ref, (logits, ids_ref, w_ref) = run_gate_up(gpu, rng, "mlx4", E, top_k, True, False,
+                                                                            True, slot_ids=slot_ids)
+    np.testing.assert_array_equal(ids, slot_ids)
+    tol = route_tolerance(logits[None], ids_ref, E, top_k, True, True)[0]
     assert (np.abs(weights - w_ref[0]) <= tol * w_ref[0]).all()
     assert_int8_activations(codes, pairs, ref)
 

@@ -17,6 +17,9 @@ Dispatches per forward of T rows:
   4. moe_gemm gate_up over every expert's tiles -> act [T, SLOTS, F]
   5. moe_gemm down -> y [T, SLOTS, D]
   then moe_combine: out = Σ_s weights[t, s]·y[t, s] (each token sums its slots in slot order: deterministic).
+A model whose decode matvecs carry the residual norms (engine/blocks/residual.py) runs its decode token instead as
+three fused dispatches a layer, router logits, gate_up with the top-k, down with the combine and the next norm
+(engine/blocks/moe_fused.py; streamed experts add the top-k dispatch whose ids the host reads back).
 Decode with int8 arithmetic runs the 4-bit and 3-bit expert passes as moe_matvec_q8: gate_up on the norm's int8
 row, down after one quantize_q8 of the slots' activations. The shared expert is stacked as expert E of the routed
 stacks when its width and formats match theirs (Qwen3.6 4-bit), so the expert passes run it in the same dispatch;
@@ -507,20 +510,23 @@ class MoeFfn(Block):
         if not 1 <= T <= self.max_tokens:
             raise ValueError(f"n_tokens={T} outside 1..{self.max_tokens} (the MoE block's rows)")
         passes = self.passes[layer]
-        if T == 1 and self.fused:
-            for pipe, bg, grid in self.fused[layer]:
-                rec.dispatch(pipe, bg, *grid)
-            return
+        fused = T == 1 and bool(self.fused)  # the three fused passes (engine/blocks/moe_fused.py)
 
         def per_token(pass_):  # moe_matvec grids are (row groups, tokens, slots)
             pipe, bg, plan = pass_
             rec.dispatch(pipe, bg, plan[1][0], T, plan[1][2])
 
-        if T == 1:
+        if fused:
+            pipe, bg, grid = self.fused[layer][0]
+            rec.dispatch(pipe, bg, *grid)
+        elif T == 1:
             pipe, bg, plan = passes["router_mv"]
             rec.dispatch(pipe, bg, *plan[1])
         else:
             per_token(passes["router_tokens"])
+        if fused and not self.stream:  # the fused gate_up routes the token itself
+            self._record_experts(rec, layer, T)
+            return
         pipe, bg, _ = passes["topk"]
         rec.dispatch(pipe, bg, *fold_grid(T))
         if self.stream and hasattr(rec, "cut"):  # a streamed decode token captured in segments: the routing
@@ -530,6 +536,8 @@ class MoeFfn(Block):
             self._stream_experts(rec, layer, T)
         else:
             self._record_experts(rec, layer, T)
+        if fused:  # the fused down pass sums the slots
+            return
         pipe, bg, plan = passes["combine"]
         rec.dispatch(pipe, bg, *fold_grid(-(-T * self.D // 4 // plan[0]["WG"])))
 
@@ -538,6 +546,10 @@ class MoeFfn(Block):
         grouped GEMMs (grids fixed: workgroups past a sort's tile count leave at once); `batch`: the streamed batch
         variant, down into y_batch."""
         passes = self.passes[layer]
+        if T == 1 and self.fused:  # gate_up and down of the fused passes
+            for pipe, bg, grid in self.fused[layer][1:]:
+                rec.dispatch(pipe, bg, *grid)
+            return
         if T == 1:
             for pipe, bg, plan in passes["decode"]:
                 rec.dispatch(pipe, bg, *plan[1])

@@ -7,8 +7,9 @@ and the next add + norm.
   3. moe_down_q8: down of every slot, their weighted sum, the residual add and the next norm's int8 row (the last
      layer: the sum into delta, for the final add + norm)
 Taken where every MoE layer's experts run as one int8 stack per matrix (4-bit; or MLX 3-bit with the 4-bit shared
-expert stored after it, "mixed") and the experts are resident: expert streaming reads the route back between 1 and 2,
-so it keeps the block's own passes (and the model its norm dispatches)."""
+expert stored after it, "mixed"). Streamed experts (engine/blocks/expert_cache.py) add moe_router's top-k after 1,
+whose ids the host reads back to fill the cache; 2 then reads the experts' cache slots from the slot ids it wrote and
+keeps its own route's weights, so a streamed token computes what the resident one does, bit for bit."""
 
 from __future__ import annotations
 
@@ -37,14 +38,15 @@ def fused_plans(block, i: int, eps: float = 1e-6, norm_offset: float = 0.0, pack
                 last: bool = False) -> dict | None:
     """Layer i's three plans {"router", "gate_up", "down"}, or None where the layer cannot take them."""
     int8 = all(FORMATS.get(block.fmt[i, p], {}).get("bits") in (3, 4) for p in ("gate_up", "down"))
-    if block.stream or not (block.ar.int8 and int8) or (block.shared and not (block.stacked[i] or block.mixed[i])):
+    if not (block.ar.int8 and int8) or (block.shared and not (block.stacked[i] or block.mixed[i])):
         return None
     D, F, ar = block.D, block.F, block.ar
     pack = pack or norm_pack_layout(D)
     act = decode_pack_layout(F, block.slots)
     gate_up = gate_up_q8_plan(D, F, E=block.E, top_k=block.top_k, shared=block.shared, norm_topk=block.norm_topk,
                               subgroup_size=ar.subgroup_size, eps=eps, norm_pack=pack, act_pack=act,
-                              max_threads=ar.max_threads, **_stack(block, i, "gate_up"))
+                              max_threads=ar.max_threads, stream=block.stream is not None,
+                              **_stack(block, i, "gate_up"))
     down = down_q8_plan(F, D, slots=block.slots, norm=not last, norm_offset=norm_offset, norm_pack=pack, act_pack=act,
                         subgroup_size=ar.subgroup_size, max_threads=ar.max_threads, **_stack(block, i, "down"))
     if gate_up is None or down is None:
@@ -78,7 +80,7 @@ def build_fused(block, gpu, ws, norms, pack_buf) -> dict[int, list]:
                 (MOE_ROUTER_NORM, "router", dict(r=src["r"], nw=src["nw"], ss=(src["nq"], pack["ss"], d // 32 * 4),
                                                  w=w["router"][0], s=w["router"][1], y=block.logits)),
                 (MOE_GATE_UP_Q8, "gate_up", dict(nq=src["nq"], logits=block.logits, w=w["gate_up"][0],
-                                                 s=w["gate_up"][1], act=pack_buf)),
+                                                 s=w["gate_up"][1], act=pack_buf, slot_ids=block.expert_ids)),
                 (MOE_DOWN_Q8, "down", dict(act=pack_buf, w=w["down"][0], s=w["down"][1], out=end["r_out"],
                                            r_in=end["r_in"], nw=end["nw"], nq=end["nq"]))):
             consts, grid = plans[key]

@@ -215,9 +215,11 @@ def _threads(want: int, subgroup_size: int, max_threads: int) -> int:
 
 def gate_up_q8_plan(D: int, F: int, experts: int, E: int, top_k: int, shared: bool, norm_topk: bool,
                     subgroup_size: int, eps: float, norm_pack: dict, act_pack: dict, *, bits: int, zero: int,
-                    affine: bool, group: int, mixed: tuple[int, int] = (0, 0), max_threads: int = 256):
+                    affine: bool, group: int, mixed: tuple[int, int] = (0, 0), max_threads: int = 256,
+                    stream: bool = False):
     """Constants and grid for shaders/moe_gate_up_q8.wgsl (one 32-output chunk of F of one slot per workgroup), or
-    None where the shape cannot take it (F not whole chunks, too little workgroup memory)."""
+    None where the shape cannot take it (F not whole chunks, too little workgroup memory). `stream`: the experts are
+    the cache slots in slot_ids."""
     if F % CHUNK or D % CHUNK or not 1 <= top_k <= E or E >= 2**24:
         return None
     consts, _ = matvec_q8_plan(D, F, subgroup_size, gate_up=True, rows=FUSED_GATE_UP_ROWS, wg=subgroup_size,
@@ -228,7 +230,8 @@ def gate_up_q8_plan(D: int, F: int, experts: int, E: int, top_k: int, shared: bo
     if lds > WORKGROUP_BYTES:
         return None
     consts |= dict(WG=wg, BLOCKS=blocks, EXPERTS=experts, **_mixed_consts(bits, experts, mixed), E=E, TOPK=top_k,
-                   SHARED=bool(shared), NORM_TOPK=bool(norm_topk), EPS=float(eps), META=norm_pack["META"],
+                   SHARED=bool(shared), NORM_TOPK=bool(norm_topk), STREAM=bool(stream), EPS=float(eps),
+                   META=norm_pack["META"],
                    SS=norm_pack["SS"], AMETA=act_pack["AMETA"], AIDS=act_pack["AIDS"], AWTS=act_pack["AWTS"])
     return consts, (F // CHUNK, 1, top_k + shared)
 
