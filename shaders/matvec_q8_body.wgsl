@@ -54,23 +54,36 @@ fn dot32(v: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> i32 {
 
 fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 
+const ROW_BATCH: u32 = 8u;  // chunks whose weight loads q8_row_dot issues before their math
+
 // Σ over every chunk of weight row `row` times activation row xrow, by one thread (kernels in which a thread owns a
-// whole row: moe_down_q8.wgsl): q8_block's arithmetic per chunk, its chunks summed in order.
+// whole row: moe_down_q8.wgsl): q8_block's arithmetic per chunk, its chunks summed in order, the weights and scales
+// of ROW_BATCH chunks loaded before any of their math (so they are in flight together).
 fn q8_row_dot(row: u32, xrow: u32, three: bool, wbase: u32, sbase: u32) -> f32 {
     var acc = 0.0;
-    for (var c = 0u; c < CHUNKS; c++) {
-        let v = chunk_words(row, c, three, wbase);
-        let si = sbase + (row * GROUPS + c / CPG) * SPG;
-        let xc = xrow * CHUNKS + c;
-        let m = xm[xc];  // (activation scale, Σ xq)
-        let a = xq[2u * xc];
-        let b = xq[2u * xc + 1u];
-        var d: i32;
-        if (three) { d = dot32_3(v, a, b); } else { d = dot32(v, a, b); }
-        if (AFFINE) {
-            acc += m.x * (f32(s[si]) * f32(d) + f32(s[si + 1u]) * m.y);
-        } else {
-            acc += m.x * f32(s[si]) * f32(d - i32(ZERO) * i32(m.y));
+    for (var c0 = 0u; c0 < CHUNKS; c0 += ROW_BATCH) {
+        var words: array<vec4<u32>, ROW_BATCH>;
+        var scales: array<f32, ROW_BATCH>;
+        var mins: array<f32, ROW_BATCH>;
+        for (var j = 0u; j < ROW_BATCH; j++) {
+            let c = min(c0 + j, CHUNKS - 1u);  // past the row's end: the last chunk again, loaded, never summed
+            words[j] = chunk_words(row, c, three, wbase);
+            let si = sbase + (row * GROUPS + c / CPG) * SPG;
+            scales[j] = f32(s[si]);
+            if (AFFINE) { mins[j] = f32(s[si + 1u]); }
+        }
+        for (var j = 0u; j < ROW_BATCH && c0 + j < CHUNKS; j++) {
+            let xc = xrow * CHUNKS + c0 + j;
+            let m = xm[xc];  // (activation scale, Σ xq)
+            let a = xq[2u * xc];
+            let b = xq[2u * xc + 1u];
+            var d: i32;
+            if (three) { d = dot32_3(words[j], a, b); } else { d = dot32(words[j], a, b); }
+            if (AFFINE) {
+                acc += m.x * (scales[j] * f32(d) + mins[j] * m.y);
+            } else {
+                acc += m.x * scales[j] * f32(d - i32(ZERO) * i32(m.y));
+            }
         }
     }
     return acc;

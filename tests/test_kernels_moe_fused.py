@@ -186,12 +186,13 @@ def test_gate_up_q8_routes_ties_to_the_lower_index(gpu, rng):
 
 
 # ---- down with the combine and the next norm ---------------------------------------------------------------------
-@pytest.mark.parametrize("fmt,mixed,norm,offset", [("mlx4", False, True, 0.0), ("mlx3", True, True, 1.0),
-                                                  ("q4f16_1", False, False, 0.0)])
-def test_down_q8_matches_float64(gpu, rng, fmt, mixed, norm, offset):
+@pytest.mark.parametrize("fmt,F,mixed,norm,offset", [("mlx4", 128, False, True, 0.0), ("mlx3", 320, True, True, 1.0),
+                                                    ("q4f16_1", 352, False, False, 0.0)])
+def test_down_q8_matches_float64(gpu, rng, fmt, F, mixed, norm, offset):
     """Σ_s w_s · down_{e_s}(act_s) (+ r_in, and the next norm's int8 row and Σ out² with `norm`), an out-of-range id
-    read as the last expert, every slot's expert through one workgroup per 32 outputs."""
-    E, slots, F, D = 6, 4, 128, 96
+    read as the last expert, every slot's expert through one workgroup per 32 outputs; rows of 4, 10 and 11 chunks
+    (within one batch of loads, and a partial last batch)."""
+    E, slots, D = 6, 4, 96
     w, s, dense, offsets = expert_stack(rng, E, D, F, fmt, True, mixed)
     acts = (rng.standard_normal((slots, F)) * 3).astype(np.float32)
     rows = [q8_row(a) for a in acts]
