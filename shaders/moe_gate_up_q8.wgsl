@@ -1,5 +1,5 @@
 // The experts' gate_up of a decode token in one dispatch after the router's logits: each workgroup routes the
-// token itself (shaders/moe_topk.wgsl, every subgroup alike: no top-k dispatch), computes 32 outputs
+// token itself (shaders/moe_topk.wgsl, in its first subgroup: no top-k dispatch), computes 32 outputs
 // silu(gate)·up of its slot's expert with matvec_q8's arithmetic (shaders/matvec_q8_body.wgsl) on the norm's int8
 // row without 1/rms (matvec_q8_norm.wgsl's packed row; 1/rms from its Σ x², as matvec_q8_rms.wgsl), and writes
 // them as one int8 chunk (q8_codes.wgsl: what quantize_q8 would write) for moe_down_q8.wgsl: no quantize dispatch.
@@ -33,6 +33,7 @@ var<workgroup> xq: array<vec4<u32>, K / 16u>;  // the norm's int8 row (two vec4 
 var<workgroup> xm: array<vec2<f32>, K / 32u>;
 var<workgroup> lg: array<f32, LSTRIDE>;
 var<workgroup> y: array<f32, 32>;  // this workgroup's outputs
+var<workgroup> expert_sh: u32;  // the slot's expert, as subgroup 0 routed
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -47,17 +48,23 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     for (var e = lane.lid; e < LSTRIDE; e += WG) { lg[e] = logits[e]; }
     workgroupBarrier();
 
+    if (lane.sg_id == 0u) {  // one subgroup routes; the others wait at the barrier
+        let route = route_subgroup(lane);
+        if (lane.sg_lane == 0u) {
+            expert_sh = select(route.ids[slot], slot_ids[slot], STREAM);
+            if (chunk == 0u && slot == 0u) {
+                for (var j = 0u; j < SLOTS; j++) {
+                    act[AIDS + j] = select(route.ids[j], slot_ids[j], STREAM);
+                    act[AWTS + j] = bitcast<u32>(route.weights[j]);
+                }
+            }
+        }
+    }
     var part = 0.0;
     for (var c = lane.sg_lane; c < K / 32u; c += lane.sg_size) { part += bitcast<f32>(nq[SS + c]); }
     let scale = inverseSqrt(subgroupAdd(part) / f32(K) + EPS);
-    let route = route_subgroup(lane);
-    if (chunk == 0u && slot == 0u && lane.lid == 0u) {
-        for (var j = 0u; j < SLOTS; j++) {
-            act[AIDS + j] = select(route.ids[j], slot_ids[j], STREAM);
-            act[AWTS + j] = bitcast<u32>(route.weights[j]);
-        }
-    }
-    let expert = min(select(route.ids[slot], slot_ids[slot], STREAM), EXPERTS - 1u);
+    workgroupBarrier();
+    let expert = min(expert_sh, EXPERTS - 1u);
     let apart = MIXED_W > 0u && expert == EXPERTS - 1u;  // the 4-bit rows after a 3-bit stack
     let row0 = select(expert * MATS * N, 0u, apart) + chunk * 32u;
     for (var blk = lane.sg_id; blk < BLOCKS; blk += lane.n_sg) {

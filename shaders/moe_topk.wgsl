@@ -1,5 +1,5 @@
-// MoE routing of one token by one subgroup, with subgroup operations only (no barrier, so every subgroup of a
-// workgroup can route for itself): moe_router.wgsl's rule, softmax over all E logits in f32, the TOPK largest with
+// MoE routing of one token by one subgroup, with subgroup operations only (no barrier: one subgroup of a workgroup
+// can route while the others wait): moe_router.wgsl's rule, softmax over all E logits in f32, the TOPK largest with
 // ties to the lower expert index, renormalised to sum 1 when NORM_TOPK; with SHARED the shared expert takes slot
 // TOPK with id E and weight sigmoid(logit E). Pick r is the largest logit after pick r − 1 in the order (value
 // descending, index ascending), so no expert needs marking. A logit no finite value beats (−inf, NaN) is never
