@@ -3,7 +3,9 @@
     python3 bench/ab.py phi3-mini qwen3-4b --variants '{"q8_prefill": false}' '{}'
 
 A variant is a JSON object of RuntimeOptions fields (engine/runtime_options.py); its "env" object sets environment
-variables for its run only.
+variables for its run only, and "moe_fused": false runs the MoE decode unfused (bench/moe_unfused.py):
+
+    python3 bench/ab.py qwen3.6-35b-a3b-4bit qwen3.6-35b-a3b-3bit --variants '{"moe_fused": false}' '{}'
 """
 
 import argparse
@@ -14,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.moe_unfused import unfused_moe  # noqa: E402
 from engine.bench import run_bench  # noqa: E402
 from engine.gpu import Gpu  # noqa: E402
 
@@ -30,12 +33,14 @@ if __name__ == "__main__":
         for variant in args.variants:
             opts = json.loads(variant)
             env = opts.pop("env", {})
+            fused = opts.pop("moe_fused", True)
             saved = {k: os.environ.get(k) for k in env}
             os.environ.update(env)
             try:
-                r = run_bench(shape, runs=3, long_prompt=0, timestamps=True, gpu=gpu, **opts)
+                with unfused_moe(not fused):
+                    r = run_bench(shape, runs=3, long_prompt=0, timestamps=True, gpu=gpu, **opts)
             finally:
                 for k, v in saved.items():
                     os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-            opts = {**opts, **({"env": env} if env else {})}
+            opts = {**opts, **({"env": env} if env else {}), **({} if fused else {"moe_fused": False})}
             print(json.dumps({"shape": shape, "options": opts, **{k: r.get(k) for k in KEYS}}), flush=True)

@@ -1,7 +1,10 @@
 """Dispatches per decode token and per prefill chunk for the benchmark shapes, recorded on whatever GPU is at hand
 (lavapipe too): a MoE shape is built with fewer experts (`--experts`, default 16), which changes no count.
 
-    python3 bench/dispatch_counts.py qwen3.6-35b-a3b-4bit qwen3.6-35b-a3b-3bit --json
+    python3 bench/dispatch_counts.py qwen3.6-35b-a3b-4bit qwen3.6-35b-a3b-3bit --json [--moe-unfused]
+
+`--moe-unfused`: the MoE decode before its fused passes (bench/moe_unfused.py). `decode_kernels` counts the decode
+token's dispatches by kernel.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.moe_unfused import unfused_moe  # noqa: E402
 from engine.bench_hybrid import HYBRID_SHAPES, make_spec, random_weights  # noqa: E402
 from engine.gpu import Gpu  # noqa: E402
 from engine.runtime_options import RuntimeOptions  # noqa: E402
@@ -29,7 +33,9 @@ def counts(gpu: Gpu, shape: str, experts: int, chunk: int) -> dict:
     rt = Transformer(gpu, spec, random_weights(spec, formats), formats=formats,
                      options=RuntimeOptions.of(max_context=chunk + 64, prefill_chunk=chunk))
     prefill = rt.dispatched_kernels(chunk)
+    decode = collections.Counter(rt.dispatched_kernels())
     return {"shape": shape, "experts": config.get("num_experts"), "decode_dispatches": rt.dispatches_per_token,
+            "decode_kernels": dict(decode.most_common()),
             "prefill_chunk": chunk, "prefill_dispatches": len(prefill),
             "prefill_moe_kernels": {k: v for k, v in collections.Counter(prefill).items() if k.startswith("moe")}}
 
@@ -40,8 +46,10 @@ if __name__ == "__main__":
     p.add_argument("--experts", type=int, default=16)
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--moe-unfused", action="store_true", help="the MoE decode before its fused passes")
     args = p.parse_args()
     gpu = Gpu()
     for shape in args.shapes:
-        r = counts(gpu, shape, args.experts, args.chunk)
+        with unfused_moe(args.moe_unfused):
+            r = counts(gpu, shape, args.experts, args.chunk)
         print(json.dumps(r) if args.json else r, flush=True)

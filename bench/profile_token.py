@@ -8,7 +8,9 @@ Then the host side: one token's dispatches recorded and submitted 20 times (medi
 worked after the last submit. (This replaced bench/profile_decode.py, the same for the dense shapes only.)
 With --prefill T: the dispatches of one T-token prefill chunk from an empty cache instead (N_REPS 5).
 
-    python3 bench/profile_token.py qwen3.6-35b-a3b-4bit [phi3-mini ...] [--prefill 512] [--options JSON]
+    python3 bench/profile_token.py qwen3.6-35b-a3b-4bit [phi3-mini ...] [--prefill 512] [--options JSON] [--moe-unfused]
+
+`--moe-unfused`: the MoE decode before its fused passes (bench/moe_unfused.py), for an A/B.
 """
 
 import argparse
@@ -22,6 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.moe_unfused import unfused_moe  # noqa: E402
 from engine import bench  # noqa: E402
 from engine.bench_hybrid import HYBRID_SHAPES, hybrid_spec  # noqa: E402
 from engine.bench_hybrid import random_weights as hybrid_weights  # noqa: E402
@@ -88,7 +91,9 @@ if __name__ == "__main__":
     ap.add_argument("shapes", nargs="*", default=["phi3-mini"])
     ap.add_argument("--prefill", type=int, default=0, help="profile a prefill chunk of this many tokens")
     ap.add_argument("--options", default="{}", help="JSON runtime options, e.g. '{\"q8_prefill\": false}'")
+    ap.add_argument("--moe-unfused", action="store_true", help="the MoE decode before its fused passes")
     args = ap.parse_args()
     g = Gpu()
     for s in args.shapes:
-        main(s, g, args.prefill, json.loads(args.options))
+        with unfused_moe(args.moe_unfused):
+            main(s, g, args.prefill, json.loads(args.options))

@@ -81,13 +81,6 @@ class RuntimePlan:
         if layers := layers_of("moe", 1):
             ffns.append(MoeFfn(s.dim, s.n_experts, s.top_k, s.moe_ffn_dim, s.shared_ffn_dim, layers, formats, ar, C,
                                s.norm_topk_prob))
-        # A decode token's add + norm dispatches fold into the int8 matvecs around them where every mixer and
-        # feed-forward block can carry them (engine/blocks/residual.py).
-        fused = ar.int8 and ar.norm_int8 and all(b.can_carry_norms() for b in [*mixers, *ffns])
-        if fused:
-            self.residual.in_matvecs = True
-            for b in [*mixers, *ffns]:
-                b.norms = self.residual
         self.sampler = Sampler(s.vocab)
         self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
         self.budget = None  # the weights budget in bytes once resolved (None: no limit)
@@ -107,6 +100,14 @@ class RuntimePlan:
                 ffns[-1] = MoeFfn(s.dim, s.n_experts, s.top_k, s.moe_ffn_dim, s.shared_ffn_dim, moe.layers, formats,
                                   ar, C, s.norm_topk_prob, cache_slots=slots, policy=self.options.expert_policy)
                 self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
+        # A decode token's add + norm dispatches fold into the int8 matvecs around them where every mixer and
+        # feed-forward block can carry them (engine/blocks/residual.py); decided once the MoE block is known to be
+        # resident or streamed (a streamed one keeps its norms).
+        fused = ar.int8 and ar.norm_int8 and all(b.can_carry_norms() for b in [*mixers, *ffns])
+        if fused:
+            self.residual.in_matvecs = True
+            for b in [*mixers, *ffns]:
+                b.norms = self.residual
         self.mixer_of = {i: b for b in mixers for i in b.layers}
         self.ffn_of = {i: b for b in ffns for i in b.layers}
         self.attention = next((b for b in mixers if isinstance(b, AttentionMixer)), None)

@@ -1,7 +1,8 @@
 // The body of the decode matvecs (matvec_int4, moe_matvec): weight formats, dequantisation, the chunk loop over
 // K, the workgroup reduction and the output write, apart from the indexing each kernel does its own way. Layouts
-// and constants are documented in matvec_int4.wgsl; the including kernel declares the bindings x, w, s, y and
-// imports `reduce`.
+// and constants are documented in matvec_int4.wgsl; the including kernel declares the bindings w, s, y, imports
+// `reduce` and defines `fn x_vec(i: u32) -> vec4<f32>`, the activation row's vec4 i (a binding x read as it is, or
+// a row computed on the fly: moe_router_norm.wgsl's normed residual).
 
 const QUANT: bool = BITS <= 8u;              // integer codes with scales (else plain f16)
 const CHUNKS: u32 = K / 32u;                 // 32-element chunks per row
@@ -110,7 +111,7 @@ fn row_sums(first: u32, row0: u32, x_base: u32, c0: u32, stride: u32) -> array<f
             }
         }
         var xs: array<vec4<f32>, 8>;
-        for (var j = 0u; j < 8u; j++) { xs[j] = x[x_base + c * 8u + j]; }
+        for (var j = 0u; j < 8u; j++) { xs[j] = x_vec(x_base + c * 8u + j); }
         // With AFFINE, Σ (s·q + m)·x = s·Σ q·x + m·Σ x: the minimum costs one multiply per chunk.
         var xsum = 0.0;
         if (AFFINE) {

@@ -1,11 +1,11 @@
-// The body of the int8-activation decode matvecs (matvec_q8, moe_matvec_q8): one subgroup computes ROWS outputs
+// The body of the int8-activation decode matvecs (matvec_q8, moe_matvec_q8, ...): one subgroup computes ROWS outputs
 // from 4-bit (or, BITS 3, MLX 3-bit) weight rows and one int8 activation row (q8_pack.wgsl's layout) through
 // dot4I8Packed. Per 32-element chunk: Σ (q − ZERO)·x = xs·(Σ q·xq − ZERO·Σ xq), or with AFFINE
 // Σ (s·q + m)·x = xs·(s·Σ q·xq + m·Σ xq).
 // A 4-bit chunk is one vec4<u32> of a row; a 3-bit chunk is words 3c..3c+2 of the row's LSB-first bitstream (rows of
 // 3K/32 words), read as three u32 so that a subgroup's lanes read one contiguous run of 12-byte chunks.
-// The including kernel declares xq (vec4<u32>), w (vec4<u32>), s (f16), y (f32), xm (vec2<f32>) and imports
-// reduce; constants K, N, ROWS, GATE_UP, BITS (4, or 3), ZERO, AFFINE, GROUP.
+// The including kernel declares xq (vec4<u32>), w (vec4<u32>), s (f16), y (f32), xm (vec2<f32>) (bindings, or
+// workgroup arrays the kernel fills) and imports reduce; constants K, N, ROWS, GATE_UP, BITS (4, or 3), ZERO, AFFINE, GROUP.
 
 const CHUNKS: u32 = K / 32u;
 const GROUPS: u32 = K / GROUP;
@@ -53,6 +53,41 @@ fn dot32(v: vec4<u32>, a: vec4<u32>, b: vec4<u32>) -> i32 {
 }
 
 fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
+
+const ROW_BATCH: u32 = 8u;  // chunks whose weight loads q8_row_dot issues before their math
+
+// Σ over every chunk of weight row `row` times activation row xrow, by one thread (kernels in which a thread owns a
+// whole row: moe_down_q8.wgsl): q8_block's arithmetic per chunk, its chunks summed in order, the weights and scales
+// of ROW_BATCH chunks loaded before any of their math (so they are in flight together).
+fn q8_row_dot(row: u32, xrow: u32, three: bool, wbase: u32, sbase: u32) -> f32 {
+    var acc = 0.0;
+    for (var c0 = 0u; c0 < CHUNKS; c0 += ROW_BATCH) {
+        var words: array<vec4<u32>, ROW_BATCH>;
+        var scales: array<f32, ROW_BATCH>;
+        var mins: array<f32, ROW_BATCH>;
+        for (var j = 0u; j < ROW_BATCH; j++) {
+            let c = min(c0 + j, CHUNKS - 1u);  // past the row's end: the last chunk again, loaded, never summed
+            words[j] = chunk_words(row, c, three, wbase);
+            let si = sbase + (row * GROUPS + c / CPG) * SPG;
+            scales[j] = f32(s[si]);
+            if (AFFINE) { mins[j] = f32(s[si + 1u]); }
+        }
+        for (var j = 0u; j < ROW_BATCH && c0 + j < CHUNKS; j++) {
+            let xc = xrow * CHUNKS + c0 + j;
+            let m = xm[xc];  // (activation scale, Σ xq)
+            let a = xq[2u * xc];
+            let b = xq[2u * xc + 1u];
+            var d: i32;
+            if (three) { d = dot32_3(words[j], a, b); } else { d = dot32(words[j], a, b); }
+            if (AFFINE) {
+                acc += m.x * (scales[j] * f32(d) + mins[j] * m.y);
+            } else {
+                acc += m.x * scales[j] * f32(d - i32(ZERO) * i32(m.y));
+            }
+        }
+    }
+    return acc;
+}
 
 // Outputs first .. first + ROWS of the matrix whose weight rows start at row0 (gate rows, then up rows with
 // GATE_UP), from int8 activation row xrow, written to y[y_base + first + i]. The rows are 3-bit with `three` (else

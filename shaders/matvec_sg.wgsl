@@ -16,6 +16,8 @@
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> step: Step;
 
+fn x_vec(i: u32) -> vec4<f32> { return x[i]; }
+
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let group_id = wid.y * nwg.x + wid.x;

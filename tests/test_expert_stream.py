@@ -278,17 +278,22 @@ def test_streamed_rollback_follow_up_and_sampling_equal_resident(pair):
 
 @pytest.mark.slow
 def test_int8_decode_streamed_equals_resident(gpu):
-    """The default arithmetic: int8 activations into the 4-bit experts' decode matvecs (moe_matvec_q8)."""
+    """The default arithmetic: the fused int8 decode passes (engine/blocks/moe_fused.py), streamed ones reading the
+    cache slots the host wrote after the top-k dispatch they add: the resident model's logits, bit for bit."""
     path = cached_mlx("q4")
     resident = load_model(path, gpu=gpu, **KW)
     streamed = load_model(path, gpu=gpu, gpu_weights=budgets(resident, 2), expert_policy="lru", **KW)
     assert streamed.runtime.plan.streaming.slots == 2
+    assert "moe_gate_up_q8" in streamed.runtime.dispatched_kernels()
     prompt = [int(t) for t in np.random.default_rng(3).integers(0, 256, 24)]
     assert greedy(streamed, prompt, 32) == greedy(resident, prompt, 32)
     assert streamed.runtime.plan.streaming.hit_rate() < 1
+    for rt in (streamed.runtime, resident.runtime):  # one row a forward: the decode kernels
+        rt.reset()
+    assert np.array_equal(streamed.runtime.logits(prompt, chunk=1), resident.runtime.logits(prompt, chunk=1))
     assert_recorded_count(streamed.runtime)  # the segments replayed are the resident token's dispatches
-    moe = streamed.runtime.block("moe")  # and one slot lookup per MoE layer
-    assert streamed.runtime.dispatches_per_token == resident.runtime.dispatches_per_token + len(moe.layers)
+    moe = streamed.runtime.block("moe")  # + a layer's top-k, read back at the cut, and its slot lookup
+    assert streamed.runtime.dispatches_per_token == resident.runtime.dispatches_per_token + 2 * len(moe.layers)
 
 
 def table_of(model) -> dict[int, np.ndarray]:

@@ -145,7 +145,7 @@ def test_dispatch_count(mlc_model):
 
 def test_qwen3_6_real_config_dispatches():
     """Qwen3.6-35B-A3B's config (text_config of the MLX build): 40 MoE layers, 10 of them attention; the shared
-    expert (512 = moe_intermediate_size) is stacked with the routed ones, so each MoE block is 5 dispatches."""
+    expert (512 = moe_intermediate_size) is as wide as the routed ones (so it joins their stack)."""
     module = model_module("qwen3_5_moe")
     text = dict(model_type="qwen3_5_moe_text", hidden_size=2048, num_hidden_layers=40, num_attention_heads=16,
                 num_key_value_heads=2, head_dim=256, vocab_size=248320, num_experts=256, num_experts_per_tok=8,
@@ -154,7 +154,6 @@ def test_qwen3_6_real_config_dispatches():
     spec = module.spec(module.ModelArgs.from_dict({"model_type": "qwen3_5_moe", "text_config": text}))
     assert spec.moe_layers == tuple(range(40)) and len(spec.attn_layers) == 10 and spec.ffn_dim == 0
     assert (spec.n_experts, spec.top_k, spec.moe_ffn_dim, spec.shared_ffn_dim, spec.rot_dim) == (256, 8, 512, 512, 64)
-    assert 2 + 40 * (8 + 5) + 2 == 524
     dense = module.spec(module.ModelArgs.from_dict({**text, "mlp_only_layers": [0, 5], "intermediate_size": 1024}))
     assert 0 not in dense.moe_layers and 5 not in dense.moe_layers and len(dense.moe_layers) == 38
     assert "layers.0.gate_up.q_weight" in dense.names and "layers.1.moe.router.q_weight" in dense.names
@@ -220,10 +219,9 @@ def test_mlx_logits_match_mlx_lm_at_every_position(gpu, mlx_variant):
         assert rt.formats["layers.0.moe.router"] == rt.formats["layers.0.moe.shared_gate"] == "mlx8"
         assert rt.formats["layers.1.moe.gate_up"] == ("mlx3" if q3 else "mlx4")
         assert all(mixed == q3 for mixed in moe.mixed.values())  # so int8 decode runs it in the routed dispatches
-        # two norms and the MoE block (5) a layer, the 2 GDN and 2 gated attention mixers (5 and 4 dispatches), and a
-        # quantize_q8 before the experts' down (the norms, the decode attention and the GDN norm write the other
-        # int8 rows)
-        assert rt.dispatches_per_token == 4 + (2 + 5) * 4 + 5 * 2 + 4 * 2 + 4
+        # the fused MoE passes (3) a layer, the 2 GDN and 2 gated attention mixers (5 and 4 dispatches), the first and
+        # the final norm: the matvecs and the MoE passes carry the others (engine/blocks/moe_fused.py)
+        assert rt.dispatches_per_token == 4 + 3 * 4 + 5 * 2 + 4 * 2 + 1
     ids = np.random.default_rng(5).integers(0, rt.spec.vocab, 150)
     compare(model.logits(ids), mlx_reference(path)(ids))
 
@@ -255,6 +253,32 @@ def test_int8_decode_3bit_experts(gpu):
     assert "moe_matvec" not in rt.dispatched_kernels() and "moe_gemm" in rt.dispatched_kernels(8)
     assert_int8_decode_steps_match_the_full_forward(model, outliers=1)
     assert_recorded_count(rt)
+
+
+@pytest.mark.parametrize("variant", ["q4", "q3exp"])
+def test_fused_moe_decode_matches_the_passes_it_replaces(gpu, variant):
+    """The fused MoE decode (router on the normed residual, gate_up with the top-k, down with the combine and the next
+    norm; with it every add + norm rides in the matvecs) against the passes it replaced (bench/moe_unfused.py): one
+    decode step after the same prefill. Both round the same rows to int8 and route in f32, so they differ by f32
+    rounding (measured ~1e-6 of max|logit|) and, where a code sits on a rounding boundary, by one step of one element
+    (~0.2% of an output at K = 128)."""
+    from bench.moe_unfused import unfused_moe
+
+    kw = dict(gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48)
+    fused = load_model(cached_mlx(variant), **kw)
+    with unfused_moe():
+        plain = load_model(cached_mlx(variant), **kw)
+    assert "moe_down_q8" in fused.runtime.dispatched_kernels() and "moe_combine" in plain.runtime.dispatched_kernels()
+    assert plain.runtime.dispatches_per_token - fused.runtime.dispatches_per_token == 5 * 4 - 1  # the final norm stays
+    ids = np.random.default_rng(1).integers(0, fused.runtime.spec.vocab, 90)
+    for n in (10, 50, 89):
+        steps = []
+        for model in (fused, plain):
+            rt = model.runtime
+            rt.reset()
+            rt.logits(ids[:n])
+            steps.append(rt.logits(ids[n:n + 1], chunk=1)[0])
+        assert np.abs(steps[0] - steps[1]).max() <= DECODE_TOL[False] * np.abs(steps[1]).max()
 
 
 @pytest.mark.parametrize("variant", ["q4", "q3exp"])
@@ -439,10 +463,10 @@ def test_bench_runs_the_tiny_hybrid_shapes(gpu, shape):
     moe = "moe" in shape  # 3-bit routed experts: the 4-bit shared one, stored after them, joins their dispatches
     # Speeds are only checked to be real rates: on a fast GPU this tiny model's share of the ceiling rounds to 0.0%.
     assert r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0 and r["ceiling_tok_s"] > 0 and r["pct_of_ceiling"] >= 0
-    q8 = 4  # quantize_q8 before the MLP's or the experts' down
-    norms = 1 + 2 * 4 if moe else 2  # with the MLP the matvecs carry all but the first and the final norm
+    q8 = 0 if moe else 4  # quantize_q8 before the MLP's down (the fused MoE gate_up writes its int8 output)
+    norms = 2  # the matvecs and the fused MoE passes carry all but the first and the final norm
     # embedding, LM head, argmax; the feed-forward block a layer, 2 GDN mixers (5 dispatches), 2 gated attention (4)
-    assert r["dispatches_per_token"] == 3 + norms + (5 if moe else 2) * 4 + 5 * 2 + 4 * 2 + q8
+    assert r["dispatches_per_token"] == 3 + norms + (3 if moe else 2) * 4 + 5 * 2 + 4 * 2 + q8
     assert r["moe_layers"] == (4 if moe else 0)
     assert r["active_gb_per_token"] > 0 and "pct_of_ceiling" in r["table"]
 
@@ -495,7 +519,9 @@ def test_real_qwen3_6_layer_widths_run(gpu):
     spec, formats = make_spec("qwen3_5_moe", config, "mlx")
     rt = Transformer(gpu, spec, random_weights(spec, formats), formats=formats,
                      options=RuntimeOptions(max_context=64, prefill_chunk=8))
-    assert all(rt.block("moe").stacked.values()) and rt.dispatches_per_token == 4 + 5 + 4 + 2 * (2 + 5) + 2
+    # embedding, first norm, LM head, argmax; GDN 5, attention 4; the fused MoE passes (3) a layer; the final norm
+    assert all(rt.block("moe").stacked.values()) and rt.dispatches_per_token == 4 + 5 + 4 + 2 * 3 + 1
+    assert "moe_down_q8" in rt.dispatched_kernels()
     ids = np.random.default_rng(0).integers(0, 1024, 6)
     chunked = rt.logits(ids)
     rt.reset()

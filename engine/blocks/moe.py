@@ -17,6 +17,9 @@ Dispatches per forward of T rows:
   4. moe_gemm gate_up over every expert's tiles -> act [T, SLOTS, F]
   5. moe_gemm down -> y [T, SLOTS, D]
   then moe_combine: out = Σ_s weights[t, s]·y[t, s] (each token sums its slots in slot order: deterministic).
+A model whose decode matvecs carry the residual norms (engine/blocks/residual.py) runs its decode token instead as
+three fused dispatches a layer, router logits, gate_up with the top-k, down with the combine and the next norm
+(engine/blocks/moe_fused.py; streamed experts add the top-k dispatch whose ids the host reads back).
 Decode with int8 arithmetic runs the 4-bit and 3-bit expert passes as moe_matvec_q8: gate_up on the norm's int8
 row, down after one quantize_q8 of the slots' activations. The shared expert is stacked as expert E of the routed
 stacks when its width and formats match theirs (Qwen3.6 4-bit), so the expert passes run it in the same dispatch;
@@ -45,6 +48,7 @@ import numpy as np
 from engine.blocks import Block, BufferNeed, array_bytes, destroy_buffers
 from engine.blocks.expert_cache import ExpertStream
 from engine.blocks.linear import Arithmetic, matrix_tensors
+from engine.blocks.moe_fused import build_fused, can_fuse, fused_needs
 from engine.errors import GpuError, UnsupportedModelError
 from engine.gpu import PlanRecorder
 from engine.kernels import MAX_GROUPS_PER_DIM, fold_grid
@@ -103,6 +107,8 @@ class MoeFfn(Block):
                  cache_slots: int | None = None, policy: str = "lfu"):
         self.D, self.E, self.F, self.Fs, self.top_k = dim, experts, ffn, shared_ffn, top_k
         self.layers, self.ar, self.max_tokens = tuple(layers), ar, max(chunk, 1)
+        self.norm_topk = norm_topk_prob
+        self.norms = None  # the residual block when the decode token runs the fused passes (engine/blocks/moe_fused.py)
         self.shared = shared_ffn > 0
         self.slots = top_k + self.shared
         self.act_stride = max(ffn, shared_ffn)
@@ -139,6 +145,7 @@ class MoeFfn(Block):
                                if T > 1 else None for i in self.layers}
         self.w: dict[int, dict] = {}
         self._held: dict[int, dict[str, dict[str, np.ndarray]]] = {}
+        self.fusable = can_fuse(self)
 
     def _joins_mixed(self, i: int) -> bool:
         """Whether layer i stores its 4-bit shared expert after its 3-bit routed stacks (Qwen3.6's 3-bit build), so
@@ -277,10 +284,17 @@ class MoeFfn(Block):
         if self.ar.int8:  # the slots' activations in int8 for the decode down passes
             act = self.slots * self.act_stride
             out += [BufferNeed.buffer("moe-act-int8", act), BufferNeed.buffer("moe-act-int8-scales", act // 32 * 8)]
+        if self.fusable:
+            out += [BufferNeed.buffer(label, size) for label, size in fused_needs(self).items()]
         return out
 
     def int8_row_k(self) -> int:
         return self.D
+
+    def can_carry_norms(self) -> bool:
+        """A resident block of int8 expert stacks runs its decode token as the fused passes, which read the mixer's
+        residual and norm row and end in the next norm's row (engine/blocks/moe_fused.py)."""
+        return self.fusable
 
     # ---- load --------------------------------------------------------------------------------------------
     def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
@@ -416,6 +430,7 @@ class MoeFfn(Block):
             p["combine"] = bound(MOE_COMBINE, self._combine, dict(y=self.y, weights=self.weights, out=out, step=st),
                                  f"{c}.combine")
             self.passes[i] = p
+        self.fused = build_fused(self, gpu, ws, self.norms, made["moe-decode-pack"]) if self.norms else {}
 
     def _grouped_passes(self, i: int, bound, ws, made: dict, y) -> list:
         """Layer i's prefill expert dispatches in order, (pipeline, bind group, plan, rows) each: the sorts, every
@@ -506,16 +521,23 @@ class MoeFfn(Block):
         if not 1 <= T <= self.max_tokens:
             raise ValueError(f"n_tokens={T} outside 1..{self.max_tokens} (the MoE block's rows)")
         passes = self.passes[layer]
+        fused = T == 1 and bool(self.fused)  # the three fused passes (engine/blocks/moe_fused.py)
 
         def per_token(pass_):  # moe_matvec grids are (row groups, tokens, slots)
             pipe, bg, plan = pass_
             rec.dispatch(pipe, bg, plan[1][0], T, plan[1][2])
 
-        if T == 1:
+        if fused:
+            pipe, bg, grid = self.fused[layer][0]
+            rec.dispatch(pipe, bg, *grid)
+        elif T == 1:
             pipe, bg, plan = passes["router_mv"]
             rec.dispatch(pipe, bg, *plan[1])
         else:
             per_token(passes["router_tokens"])
+        if fused and not self.stream:  # the fused gate_up routes the token itself
+            self._record_experts(rec, layer, T)
+            return
         pipe, bg, _ = passes["topk"]
         rec.dispatch(pipe, bg, *fold_grid(T))
         if self.stream and T == 1:  # the slot lookup, then the experts reading their slots
@@ -530,6 +552,8 @@ class MoeFfn(Block):
             self._stream_experts(rec, layer, T)
         else:
             self._record_experts(rec, layer, T)
+        if fused:  # the fused down pass sums the slots
+            return
         pipe, bg, plan = passes["combine"]
         rec.dispatch(pipe, bg, *fold_grid(-(-T * self.D // 4 // plan[0]["WG"])))
 
@@ -538,6 +562,10 @@ class MoeFfn(Block):
         grouped GEMMs (grids fixed: workgroups past a sort's tile count leave at once); `batch`: the streamed batch
         variant, down into y_batch."""
         passes = self.passes[layer]
+        if T == 1 and self.fused:  # gate_up and down of the fused passes
+            for pipe, bg, grid in self.fused[layer][1:]:
+                rec.dispatch(pipe, bg, *grid)
+            return
         if T == 1:
             for pipe, bg, plan in passes["decode"]:
                 rec.dispatch(pipe, bg, *plan[1])

@@ -80,6 +80,24 @@ class ResidualNorms(Block):
             r_in, r_out, nw = ws.res[1], ws.res[0], self.w[f"layers.{layer + 1}.attn_norm"]
         return dict(r_in=r_in, r_out=r_out, nw=nw, nq=ws.norm_q8, pack=ws.norm_pack, offset=self.norm_offset)
 
+    def block_input(self, layer: int) -> dict:
+        """For a feed-forward block that norms its own input in decode (the MoE router, engine/blocks/moe_fused.py):
+        the residual the mixer's epilogue wrote (`r`), the norm weight (`nw`), the packed row (`nq`, laid out as
+        `pack`) and the norm's `eps` and `offset`."""
+        ws = self.ws
+        return dict(r=ws.res[1], nw=self.w[f"layers.{layer}.mlp_norm"], nq=ws.norm_q8, pack=ws.norm_pack,
+                    eps=self.eps, offset=self.norm_offset)
+
+    def ffn_output(self, layer: int) -> tuple[dict, bool]:
+        """(bindings, norm) for a feed-forward block whose last pass sums into the residual itself (MoE's down):
+        `epilogue(layer, "ffn")` and True; for the last layer, whose add + final norm stays a dispatch, delta as
+        r_out, the other bindings unread, and False."""
+        if layer < self.n_layers - 1:
+            return self.epilogue(layer, "ffn"), True
+        ws = self.ws
+        return dict(r_in=ws.res[1], r_out=ws.delta, nw=self.w["norm"], nq=ws.norm_q8, pack=ws.norm_pack,
+                    offset=self.norm_offset), False
+
     def rms_input(self) -> dict:
         """Linear.bind's `rms` for a matvec reading the row an `epilogue` matvec wrote (qkv after layer 0, gate_up)."""
         ws, pack, d = self.ws, self.ws.norm_pack, self.dim

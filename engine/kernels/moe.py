@@ -1,11 +1,19 @@
 """Mixture-of-experts kernels' host side: router top-k, the expert matvecs (f32 or int8 activations, the expert id
-read on the GPU), the prefill's sort of routing pairs by expert and grouped expert GEMM, and the weighted combine
-of the slots."""
+read on the GPU), the prefill's sort of routing pairs by expert and grouped expert GEMM, the weighted combine
+of the slots, and the fused decode passes that carry the norms around the block (router on the normed residual,
+gate_up with the top-k, down with the combine and the residual add + next norm)."""
 
 from __future__ import annotations
 
 from engine.kernels import MAX_GROUPS_PER_DIM, declare, fold_grid
-from engine.kernels.matmul import MATVEC_SG_WG, WORKGROUP_BYTES, _format_consts, matvec_q8_plan
+from engine.kernels.matmul import (
+    CHUNK,
+    MATVEC_SG_WG,
+    WORKGROUP_BYTES,
+    _format_consts,
+    matvec_plan,
+    matvec_q8_plan,
+)
 
 MOE_ROUTER = declare("moe_router", writes=("ids", "weights"))
 MOE_MATVEC = declare("moe_matvec", writes=("y",))
@@ -14,6 +22,9 @@ MOE_COMBINE = declare("moe_combine", writes=("out",))
 MOE_SORT = declare("moe_sort", writes=("order", "tiles"))
 MOE_GEMM = declare("moe_gemm", writes=("y",))
 MOE_GEMM_Q8 = declare("moe_gemm_q8", writes=("y",))
+MOE_ROUTER_NORM = declare("moe_router_norm", writes=("y",))
+MOE_GATE_UP_Q8 = declare("moe_gate_up_q8", writes=("act",))
+MOE_DOWN_Q8 = declare("moe_down_q8", writes=("out", "nq"))
 ROUTER_WG = 64
 # Expert matvec shape, measured on the H200 at Qwen3.6 sizes (ROWS 1/2/4/8/16, WG ≤ 32/64): 4 rows and at most
 # 32 threads gave the lowest time per layer (BENCH.md).
@@ -163,3 +174,84 @@ def grouped_q8_plan(K: int, N: int, experts: int, T: int, slots: int, *, n_slots
                   Y_STRIDE=y_stride, **fmt)
     x, z = fold_grid(-(-N // tn))
     return consts, (x, tiles, z)
+
+
+# The fused decode passes (shaders/moe_gate_up_q8.wgsl, moe_down_q8.wgsl), untuned: gate_up gives each subgroup 2
+# outputs (4 weight rows) of its workgroup's 32, up to 512 threads; down gives each thread one weight row of one slot.
+FUSED_GATE_UP_ROWS = 2
+FUSED_MAX_WG = 512
+
+
+def decode_pack_layout(F: int, slots: int) -> dict:
+    """Where moe_gate_up_q8 leaves a decode token's int8 activations and route for moe_down_q8, in u32 of one buffer:
+    codes [slots, F/4] at 0, (scale, Σ codes) pairs [slots, F/32] at AMETA, ids at AIDS, weights (f32 bits) at AWTS;
+    `words` in all."""
+    meta = slots * F // 4
+    ids = meta + slots * F // CHUNK * 2
+    return dict(AMETA=meta, AIDS=ids, AWTS=ids + slots, words=ids + 2 * slots)
+
+
+def _mixed_consts(bits: int, experts: int, mixed: tuple[int, int]) -> dict:
+    if mixed[0] and (bits != 3 or mixed[0] % 4 or experts < 2):
+        raise ValueError(f"a 4-bit expert after the stack needs a 3-bit stack and a u32 offset that is a multiple of "
+                         f"4; got BITS={bits}, offset {mixed[0]}, {experts} experts")
+    return dict(MIXED_W=mixed[0], MIXED_S=mixed[1])
+
+
+def router_norm_plan(D: int, n_logits: int, eps: float, norm_offset: float, *, bits: int, zero: int, affine: bool,
+                     group: int):
+    """Constants and grid for shaders/moe_router_norm.wgsl: the router matvec (matvec_int4's plan) on the residual
+    normed on the fly."""
+    consts, grid = matvec_plan(D, n_logits, bits=bits, zero=zero, affine=affine, group=group)
+    del consts["LAST_ROW"]
+    return dict(consts, EPS=float(eps), NORM_OFFSET=float(norm_offset)), grid
+
+
+def _threads(want: int, subgroup_size: int, max_threads: int) -> int:
+    """Threads for a workgroup that would like `want`: whole subgroups, at most FUSED_MAX_WG and the GPU's limit."""
+    cap = min(FUSED_MAX_WG, max_threads) // subgroup_size * subgroup_size
+    return max(min(-(-want // subgroup_size) * subgroup_size, cap), subgroup_size)
+
+
+def gate_up_q8_plan(D: int, F: int, experts: int, E: int, top_k: int, shared: bool, norm_topk: bool,
+                    subgroup_size: int, eps: float, norm_pack: dict, act_pack: dict, *, bits: int, zero: int,
+                    affine: bool, group: int, mixed: tuple[int, int] = (0, 0), max_threads: int = 256,
+                    stream: bool = False):
+    """Constants and grid for shaders/moe_gate_up_q8.wgsl (one 32-output chunk of F of one slot per workgroup), or
+    None where the shape cannot take it (F not whole chunks, too little workgroup memory). `stream`: the experts are
+    the cache slots in slot_ids."""
+    if F % CHUNK or D % CHUNK or not 1 <= top_k <= E or E >= 2**24:
+        return None
+    consts, _ = matvec_q8_plan(D, F, subgroup_size, gate_up=True, rows=FUSED_GATE_UP_ROWS, wg=subgroup_size,
+                               bits=bits, zero=zero, affine=affine, group=group, three_bit=True)
+    blocks = CHUNK // consts["ROWS"]
+    wg = _threads(blocks * subgroup_size, subgroup_size, max_threads)
+    lds = D + D // 4 + 4 * (E + shared) + 4 * CHUNK + 16 * wg  # int8 row, its pairs, logits, outputs, reductions
+    if lds > WORKGROUP_BYTES:
+        return None
+    consts |= dict(WG=wg, BLOCKS=blocks, EXPERTS=experts, **_mixed_consts(bits, experts, mixed), E=E, TOPK=top_k,
+                   SHARED=bool(shared), NORM_TOPK=bool(norm_topk), STREAM=bool(stream), EPS=float(eps),
+                   META=norm_pack["META"],
+                   SS=norm_pack["SS"], AMETA=act_pack["AMETA"], AIDS=act_pack["AIDS"], AWTS=act_pack["AWTS"])
+    return consts, (F // CHUNK, 1, top_k + shared)
+
+
+def down_q8_plan(F: int, D: int, experts: int, slots: int, norm: bool, norm_offset: float, norm_pack: dict,
+                 act_pack: dict, subgroup_size: int, *, bits: int, zero: int, affine: bool, group: int,
+                 mixed: tuple[int, int] = (0, 0), max_threads: int = 256):
+    """Constants and grid for shaders/moe_down_q8.wgsl (one 32-output chunk of D for every slot per workgroup, a
+    thread per weight row), or None where the shape cannot take it."""
+    if bits not in (3, 4):
+        raise ValueError(f"moe_down_q8 reads 4-bit codes or 3-bit rows, got BITS={bits}")
+    fmt = _format_consts(F, bits, zero, affine, group, three_bit=True)
+    if D % CHUNK:
+        return None
+    wg = _threads(slots * CHUNK, subgroup_size, max_threads)
+    lds = slots * F + slots * F // 4 + 4 * slots * CHUNK + 8 * CHUNK + 16 * wg  # rows, pairs, outputs, epilogue
+    if wg < CHUNK or lds > WORKGROUP_BYTES:
+        return None
+    consts = dict(K=F, N=D, EXPERTS=experts, SLOTS=slots, WG=wg, ROWS=1, GATE_UP=False, **fmt,
+                  **_mixed_consts(bits, experts, mixed), NORM=bool(norm), NORM_OFFSET=float(norm_offset),
+                  META=norm_pack["META"], SS=norm_pack["SS"], AMETA=act_pack["AMETA"], AIDS=act_pack["AIDS"],
+                  AWTS=act_pack["AWTS"])
+    return consts, fold_grid(D // CHUNK)
