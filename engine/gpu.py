@@ -225,11 +225,9 @@ class Gpu:
         return np.frombuffer(raw, dtype=dtype).copy()
 
     def wait_map(self, promise) -> None:
-        """Block until a buffer mapping (map_async's promise) has landed, polling the device on this thread: the
-        wait ends when the GPU does, without the hand-off through wgpu-py's poll thread that sync_wait takes."""
-        if getattr(promise, "_state", None) == "pending" and hasattr(self.device, "_poll_wait"):
-            self.device._poll_wait()  # every submitted command buffer done; callbacks fired on this thread
-        promise.sync_wait()  # resolved by now, unless the poll thread took the callback (then a short wait)
+        """Block until a buffer mapping (map_async's promise) has landed, through wgpu-py's poll thread. Polling the
+        device on this thread instead (device._poll_wait) measured several times slower on the H200 (BENCH.md)."""
+        promise.sync_wait()
 
     def sync(self) -> None:
         """Wait for all submitted work and pending uploads: read back 4 bytes (a submission, which also flushes
