@@ -24,8 +24,9 @@ combine weights stay the router's, so the work per token is unchanged.
 the routing's readback and reading it, the benchmark's routing draws and their write to the GPU ("route", not part of
 the product's work), the policy, staging waits, gathers, recording the copies, slot writes; "other" is the rest of
 the token's wall time). --poll-here waits for the mappings by polling the device on the calling thread instead of
-through wgpu-py's poll thread (the A/B behind Gpu.wait_map). The small shapes run on a software GPU, where waits hold the GPU's compute but host phases are
-host costs. A budget "slots:N" leaves N cache slots per layer.
+through wgpu-py's poll thread (the A/B behind Gpu.wait_map). The small shapes run on a software GPU, where waits
+hold the GPU's compute but host phases are host costs.
+A budget "slots:N" leaves N cache slots per layer.
 
 Fits in about 5 minutes on one H200 (two shapes × four budgets, 64 decode tokens per run after a 24-token warm-up,
 one 256-token prefill per streamed budget).

@@ -17,8 +17,8 @@ A decode token keeps the host off the GPU's path where it can (engine/transforme
 a MoE layer's routing is recorded while the one before runs; the layer's slots come from a per-layer expert -> slot
 table on the GPU (shaders/expert_slots.wgsl) that every upload updates, so a layer whose experts are all cached
 needs no host write; the uploads go in the same submission as the segment after them; the routing's readback
-alternates between two buffers (waited for through wgpu-py's poll thread: Gpu.wait_map); staging buffers are mapped again while the GPU
-runs, so an upload finds one ready.
+alternates between two buffers (waited for through wgpu-py's poll thread: Gpu.wait_map); staging buffers are
+mapped again while the GPU runs, so an upload finds one ready.
 """
 
 from __future__ import annotations
