@@ -427,6 +427,7 @@ def test_sidebar_rename_export_delete(qtbot, data_dir, monkeypatch, tmp_path):
 
 @pytest.mark.gpu
 @pytest.mark.model
+@pytest.mark.slow
 def test_app_loads_and_chats_with_an_mlx_moe_model(qtbot, data_dir):
     """A Qwen3.5-MoE-architecture MLX folder (tiny, made by mlx-lm) added by path loads and answers in the app."""
     from engine.catalog import add_local
@@ -501,6 +502,7 @@ def test_a_message_sent_while_the_model_loads_goes_out_when_it_is_ready(qtbot, d
     assert "Paris" in answer, answer
 
 
+@pytest.mark.slow
 def test_copy_buttons_put_the_answer_and_code_on_the_clipboard(qtbot, data_dir):
     from PySide6.QtGui import QGuiApplication
 

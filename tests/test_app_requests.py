@@ -152,6 +152,7 @@ def test_rapid_double_send_keeps_the_second_message_in_the_box(qtbot, window, sc
     assert stored(window) == shown(window) == expected
 
 
+@pytest.mark.slow
 def test_switching_chat_while_a_reply_streams_stops_it_under_its_own_question(qtbot, window, script):
     send(qtbot, window, "first chat")
     idle(qtbot, window)
@@ -171,6 +172,7 @@ def test_switching_chat_while_a_reply_streams_stops_it_under_its_own_question(qt
     assert answer_to("second chat").startswith(partial[1][1]) and partial[1][1] != answer_to("second chat")
 
 
+@pytest.mark.slow
 def test_stop_reaches_a_request_still_queued_and_never_a_later_one(qtbot, window, script):
     """Before, every request id was 1 and the worker cleared the stop flag when the next request began."""
     script.blocking_s = 0.8  # A sits in work that cannot be interrupted; B queues behind it
@@ -193,6 +195,7 @@ def test_stop_reaches_a_request_still_queued_and_never_a_later_one(qtbot, window
     assert ids == [4]  # ids only grow: A=1, B=2, C=3
 
 
+@pytest.mark.slow
 def test_a_reply_stopped_before_any_text_stores_nothing_and_offers_regenerate(qtbot, window, script):
     from PySide6.QtCore import Qt
 

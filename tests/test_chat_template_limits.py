@@ -69,6 +69,7 @@ RUNAWAYS = [
 
 
 @pytest.mark.parametrize("source, reason", RUNAWAYS)
+@pytest.mark.slow
 def test_a_runaway_template_stops_with_a_named_error(source, reason):
     t0 = time.monotonic()
     with pytest.raises(ChatTemplateError, match=rf"^{WHERE}: the chat template (was stopped|was refused while "
@@ -189,6 +190,7 @@ def _fake_model(template_source: str):
                            default_sampling=SamplingParams())
 
 
+@pytest.mark.slow
 def test_the_app_worker_stops_and_closes_during_a_runaway_template(qtbot):
     """Before, Stop only reset the UI and closing blocked 30 s, then aborted."""
     from PySide6.QtCore import QObject, Signal

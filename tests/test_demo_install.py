@@ -102,6 +102,7 @@ def test_a_server_that_cuts_every_answer_is_given_up_on_after_a_bounded_number_o
     assert not demo.is_installed(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_trickling_server_is_ended_by_the_time_budget(demo_server, tmp_path, monkeypatch):
     import time
 

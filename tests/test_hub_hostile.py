@@ -229,6 +229,7 @@ def test_a_server_that_answers_500_forever_is_bounded(hub, tmp_path):
     assert len(hub.gets("config.json")) == 4 and time.monotonic() - t0 < 10
 
 
+@pytest.mark.slow
 def test_a_trickling_server_hits_the_time_budget(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(download, "FILE_TIME_FLOOR_S", 1.0)
     monkeypatch.setattr(download, "FILE_MIN_RATE", 10**9)  # so the budget is the 1 s floor

@@ -240,6 +240,7 @@ def hf_logits(model, ids):
 
 @pytest.mark.model
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_scaled_models_match_transformers_at_every_position(gpu, scaled_model):
     name, hf_dir, mlc = scaled_model
     ref_model = reference_model(hf_dir)
