@@ -1,7 +1,7 @@
 // The body of the int8-activation decode matvecs on Q4_K / Q5_K / Q6_K / Q5_0 / Q5_1 blocks (matvec_kq_q8,
-// matvec_kq_q8_vec4: they differ only in how w is declared). Each subgroup owns ROWS outputs (row blocks sg_id, sg_id + n_sg, ... of
-// the workgroup's BLOCKS, as matvec_q8.wgsl); its lanes take consecutive items of the rows (kq_items.wgsl), so the
-// subgroup reads each row as one contiguous run of whole words, and meet through subgroupAdd.
+// matvec_kq_q8_vec4: they differ only in how w is declared). Each subgroup owns ROWS outputs (row blocks sg_id,
+// sg_id + n_sg, ... of the workgroup's BLOCKS, as matvec_q8.wgsl); its lanes take consecutive items of the rows
+// (kq_items.wgsl), so the subgroup reads each row as one contiguous run of whole words, and meet through subgroupAdd.
 // Per item a lane loads its parts' activations (quantize_q8's layout, q8_pack.wgsl) once, puts them in element order
 // and reuses them for its WROWS weight rows; per row and part: Σ w·x = xs·(a·Σ u·xq + b·Σ xq), the integer sums
 // exact through dot4I8Packed.
