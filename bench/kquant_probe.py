@@ -1,7 +1,7 @@
 """K-quant kernels vs Q4_0 on model-size matrices: weight bytes streamed per second by the decode matvecs (f32 x:
-matvec_kq vs the engine's matvec_int4 / matvec_sg; int8 x: matvec_kq_q8 / matvec_kq_q8_vec4 vs matvec_q8) and the
-prefill GEMMs (matmul_kq vs matmul_int4; quantize_q8 + matmul_kq_q8 vs quantize_q8 + matmul_q8w) on random weights
-of each type.
+matvec_kq vs the engine's matvec_int4 / matvec_sg; int8 x: the type's matvec_kq_q8_chunks, matvec_kq_q8 or
+matvec_kq_q8_vec4, as engine/kquant_plan.py matvec_kq_q8_kernel picks, vs matvec_q8) and the prefill GEMMs
+(matmul_kq vs matmul_int4; quantize_q8 + matmul_kq_q8 vs quantize_q8 + matmul_q8w) on random weights of each type.
 
 Before anything is timed, each type's four kernels are checked on the matrix they are timed on: the f32 matvec
 against float64 numpy on gguf's dequantization (1e-4 of max|y|), the f32 GEMM's rows against the matvec on the
@@ -61,7 +61,7 @@ F32_TOL, Q8_TOL = 1e-4, 5e-2  # relative to max|y|: f32 rounding; int8 rounding 
 KINDS = ("matvec f32", "matvec int8", "gemm f32", "gemm int8")
 # --variants: other plan settings of the K-quant kernels, each checked against the default one first (same x, so
 # only the summation order differs: 1e-5 of max|y|). vec4=False: matvec_kq_q8 (u32 loads) where the default is the
-# vec4 kernel.
+# vec4 kernel; Q2_K and Q3_K have no other int8 decode kernel, their ROWS / WG variants apply to matvec_kq_q8_chunks.
 VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec f32", dict(rows=4, wg=128)),
             ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=4)), ("matvec int8", dict(rows=2, wg=64)),
             ("matvec int8", dict(rows=2, wg=256)), ("matvec int8", dict(vec4=False)),

@@ -7,13 +7,14 @@ arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
 | shader | role | bindings (in order) | grid |
 |---|---|---|---|
 | matvec_kq | decode, f32 x | x, w, wh, y, step | matvec_kq_plan |
-| matvec_kq_q8 | decode, int8 x (quantize_q8's layout), w as u32 | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8_chunks | decode, int8 x (quantize_q8's layout): Q2_K, Q3_K | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8 | the same for the other types, w as u32 | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8_vec4 | the same, w as vec4 (blocks of whole 16-byte units) | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matmul_kq | prefill GEMM, f32 X | x, w, wh, y, step | gemm_kq_plan |
 | matmul_kq_q8 | prefill GEMM, int8 X (quantize_q8 rows) | xq, w, wh, y, xm, step | gemm_kq_q8_plan |
 | embedding_kq | embedding rows as f32 | tokens, w, wh, x, step | embedding_kq_plan |
 
-`matvec_kq_q8_kernel` picks between the two int8 decode kernels.
+`matvec_kq_q8_kernel` picks among the three int8 decode kernels.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from engine.kernels import declare, fold_grid
 
 # The host's expectations of each kernel, checked against its WGSL declarations (engine/kernels/__init__.py).
 MATVEC_KQ = declare("matvec_kq", writes=("y",))
+MATVEC_KQ_Q8_CHUNKS = declare("matvec_kq_q8_chunks", writes=("y",))
 MATVEC_KQ_Q8 = declare("matvec_kq_q8", writes=("y",))
 MATVEC_KQ_Q8_VEC4 = declare("matvec_kq_q8_vec4", writes=("y",))
 MATMUL_KQ = declare("matmul_kq", writes=("y",))
@@ -44,6 +46,7 @@ EMBED_WG = 64
 
 BINDINGS = {
     "matvec_kq": ("x", "w", "wh", "y", "step"),
+    "matvec_kq_q8_chunks": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_vec4": ("xq", "w", "wh", "y", "xm"),
     "matmul_kq": ("x", "w", "wh", "y", "step"),
@@ -87,10 +90,10 @@ def matvec_kq_plan(tag: str, K: int, N: int, gate_up: bool = False, last_row: bo
     return consts, fold_grid(-(-N // rows))
 
 
-def q8_item(tag: str) -> int:
-    """Elements per lane item of the int8 decode matvec (shaders/kq_items.wgsl): 16 code bytes of a block, which
-    hold 64 elements of the 2- and 3-bit types and 32 of the others (Q5_0 / Q5_1: the whole block)."""
-    return 64 if tag in ("q2_k", "q3_k") else 32
+# The int8 decode kernel of each type is the one that measured faster on the H200 (BENCH.md, K-quant bandwidth):
+# for Q2_K and Q3_K lanes of whole 32-element chunks (matvec_kq_q8_chunks), for the others lanes of consecutive
+# 16-byte items (matvec_kq_q8, matvec_kq_q8_vec4).
+CHUNK_LANE_TYPES = ("q2_k", "q3_k")
 
 
 def has_vec4_blocks(tag: str) -> bool:
@@ -99,27 +102,32 @@ def has_vec4_blocks(tag: str) -> bool:
 
 
 def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None):
-    """The int8 decode kernel for `tag`: matvec_kq_q8_vec4 where the blocks allow (or `vec4` asks), else
-    matvec_kq_q8 (u32 loads; any type)."""
-    vec4 = has_vec4_blocks(tag) if vec4 is None else vec4
+    """The int8 decode kernel for `tag`: matvec_kq_q8_chunks for Q2_K and Q3_K; for the others matvec_kq_q8_vec4
+    where the blocks allow (or `vec4` asks), else matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them)."""
     if vec4 and not has_vec4_blocks(tag):
         raise ValueError(f"{tag} blocks are {ktype(tag).words * 4} bytes in q_blocks, not whole 16-byte units: "
                          "matvec_kq_q8_vec4 cannot read them")
+    if tag in CHUNK_LANE_TYPES:
+        if vec4 is not None:
+            raise ValueError(f"{tag} runs matvec_kq_q8_chunks only (shaders/kq_items.wgsl has no items of its blocks)")
+        return MATVEC_KQ_Q8_CHUNKS
+    vec4 = has_vec4_blocks(tag) if vec4 is None else vec4
     return MATVEC_KQ_Q8_VEC4 if vec4 else MATVEC_KQ_Q8
 
 
 def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None,
                       wg: int = MATVEC_Q8_WG) -> tuple[dict, tuple[int, int]]:
-    """Constants and grid for shaders/matvec_kq_q8.wgsl and matvec_kq_q8_vec4.wgsl (x from quantize_q8 or a norm's
-    Q8 output). BLOCKS row blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size
-    still covers all)."""
+    """Constants and grid for the int8 decode kernel of `tag` (matvec_kq_q8_kernel's: shaders/matvec_kq_q8_chunks,
+    matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or a norm's Q8 output). BLOCKS row blocks of ROWS outputs
+    per workgroup, one per subgroup of the probed size (any real size still covers all)."""
     fmt = _check(tag, K, N)
     if subgroup_size < 1 or wg % subgroup_size:
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
     rows = rows or max(MATVEC_Q8_ROWS // (2 if gate_up else 1), 1)
     blocks = wg // subgroup_size
-    consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, HALVES=fmt["HALVES"],
-                  KTYPE=fmt["KTYPE"], QK=fmt["QK"], BW=fmt["BW"], ITEM=q8_item(tag))
+    # Q2_K and Q3_K both scale per 16 elements (no HALVES); kq_items.wgsl indexes wh by block (no BH).
+    del fmt["HALVES" if tag in CHUNK_LANE_TYPES else "BH"]
+    consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
     return consts, fold_grid(-(-N // (rows * blocks)))
 
 

@@ -1,22 +1,22 @@
-// ggml's K-quant (Q2_K..Q6_K) and Q5_0 / Q5_1 blocks as the int8 decode matvec reads them (as stored:
-// engine/formats/kquant.py's arrays). A block is cut into IPB = QK / ITEM items, item t being code bytes 16t.. of the
-// block's code array (4 whole u32 words), so the lanes of a subgroup that take consecutive items read one contiguous
-// run of a row. An item is PARTS = ITEM / 16 parts: part p is half h of chunk c of the block (16 elements, one
-// activation vec4 of q8_pack's layout), its codes u in element order 4 to a word, and w = a·u + b on it. The scales
-// and minimums an item needs are decoded once per item from whole words of the block, never per element.
-// | type | ITEM | item t | part p |
-// | Q4_K, Q5_K | 32 | qs bytes 16t.. (Q5_K: + qh bytes 16h..) | chunk 2·(t/2) + p (p: low / high nibble), h = t % 2 |
-// | Q6_K | 32 | ql bytes 16t.., qh bytes 32·(t/4) + 16h.. | chunk 4·(t/4) + (t/2)%2 + 2p, h = t % 2 |
-// | Q2_K, Q3_K | 64 | qs bytes 16t.. (Q3_K: + hmask bytes 16h..) | chunk 4·(t/2) + p (p: bit pair), h = t % 2 |
-// | Q5_0, Q5_1 | 32 | the whole block (qs, qh) | chunk 0, h = p (p: low / high nibble) |
-// The offsets b are per 16 elements for Q2_K, Q3_K and Q6_K (HALVES) and per chunk for the others: the kernel then
-// adds the chunk's b·Σx once, on its half-0 part (the per-chunk Σ xq of quantize_q8 covers both halves).
+// ggml's Q4_K, Q5_K, Q6_K and Q5_0 / Q5_1 blocks as the int8 decode matvec reads them (as stored:
+// engine/formats/kquant.py's arrays; Q2_K and Q3_K run matvec_kq_q8_chunks.wgsl). A block is cut into IPB = QK / 32
+// items, item t being code bytes 16t.. of the block's code array (4 whole u32 words), so the lanes of a subgroup that
+// take consecutive items read one contiguous run of a row. An item is two parts: part p is half h of chunk c of the
+// block (16 elements, one activation vec4 of q8_pack's layout), its codes u in element order 4 to a word, and
+// w = a·u + b on it. The scales and minimums an item needs are decoded once per item from whole words of the block,
+// never per element.
+// | type | item t | part p |
+// | Q4_K, Q5_K | qs bytes 16t.. (Q5_K: + qh bytes 16h..) | chunk 2·(t/2) + p (p: low / high nibble), h = t % 2 |
+// | Q6_K | ql bytes 16t.., qh bytes 32·(t/4) + 16h.. | chunk 4·(t/4) + (t/2)%2 + 2p, h = t % 2 |
+// | Q5_0, Q5_1 | the whole block (qs, qh) | chunk 0, h = p (p: low / high nibble) |
+// The offsets b are per 16 elements for Q6_K (HALVES) and per chunk for the others: the kernel then adds the chunk's
+// b·Σx once, on its half-0 part (the per-chunk Σ xq of quantize_q8 covers both halves).
 // The including kernel declares wh: array<f16> (q_d, or q_blocks itself) and defines wv(word) -> vec4<u32> (words
-// word .. word + 3 of w) and ws(word) -> u32. Constants: KTYPE (ggml's type id), QK, BW (u32 words per block), ITEM.
+// word .. word + 3 of w) and ws(word) -> u32. Constants: KTYPE (ggml's type id), QK, BW (u32 words per block).
 
 const CPB: u32 = QK / 32u;    // chunks per block
-const IPB: u32 = QK / ITEM;   // items per block
-const PARTS: u32 = ITEM / 16u;
+const IPB: u32 = CPB;         // items per block: 16 code bytes hold a chunk's 32 elements in each of these types
+const PARTS: u32 = 2u;
 const NIB4: vec4<u32> = vec4<u32>(0x0F0F0F0Fu);
 const TWO4: vec4<u32> = vec4<u32>(0x03030303u);
 const BIT4: vec4<u32> = vec4<u32>(0x01010101u);
@@ -31,7 +31,6 @@ struct KqItem {
 fn kq_part(t: u32, p: u32) -> vec2<u32> {
     if (KTYPE == 12u || KTYPE == 13u) { return vec2<u32>(2u * (t / 2u) + p, t % 2u); }
     if (KTYPE == 14u) { return vec2<u32>(4u * (t / 4u) + (t / 2u) % 2u + 2u * p, t % 2u); }
-    if (KTYPE == 10u || KTYPE == 11u) { return vec2<u32>(4u * (t / 2u) + p, t % 2u); }
     return vec2<u32>(0u, p);
 }
 
@@ -88,36 +87,6 @@ fn kq_item(blk: u32, t: u32) -> KqItem {
         it.a[1] = a.y;
         it.b[0] = -32.0 * a.x;
         it.b[1] = -32.0 * a.y;
-    } else if (KTYPE == 11u) {  // Q3_K: hmask[32], qs[64], scales[12] · d in wh; w = d·(s − 32)·(u − 4)
-        let hh = t / 2u;
-        let q = wv(base + 8u + 4u * t);
-        let hm = wv(base + 4u * (t % 2u));
-        // Scale 8·hh + 2j + h (j = part): low 4 bits in nibble hh of byte 2j + h (bytes 0..7), high 2 bits at bit
-        // 4·hh + 2·(j / 2) of byte 8 + (2j + h) % 4; parts 0, 1 land in bytes 0, 2 of s01, parts 2, 3 of s23.
-        let sh = 8u * (t % 2u) + 4u * hh;
-        let s2 = ws(base + 26u) >> sh;
-        let s01 = ((ws(base + 24u) >> sh) & 0x000F000Fu) | ((s2 & 0x00030003u) << 4u);
-        let s23 = ((ws(base + 25u) >> sh) & 0x000F000Fu) | (((s2 >> 2u) & 0x00030003u) << 4u);
-        let a = f32(wh[blk]) * (vec4<f32>(vec4<u32>(s01 & 0xFFu, s01 >> 16u, s23 & 0xFFu, s23 >> 16u)) - 32.0);
-        for (var j = 0u; j < 4u; j++) {
-            it.codes[j] = ((q >> vec4<u32>(2u * j)) & TWO4) | (((hm >> vec4<u32>(4u * hh + j)) & BIT4) << vec4<u32>(2u));
-            it.a[j] = a[j];
-            it.b[j] = -4.0 * a[j];
-        }
-    } else if (KTYPE == 10u) {  // Q2_K: scales[16] (scale | min << 4), qs[64], d, dmin; w = d·sc·u − dmin·m
-        let hh = t / 2u;
-        let q = wv(base + 4u + 4u * t);
-        let s01 = ws(base + 2u * hh) >> (8u * (t % 2u));  // parts 0, 1: bytes 0 and 2
-        let s23 = ws(base + 2u * hh + 1u) >> (8u * (t % 2u));
-        let sc = vec4<u32>(s01, s01 >> 16u, s23, s23 >> 16u);
-        let dm = unpack2x16float(ws(base + 20u));
-        let a = dm.x * vec4<f32>(sc & vec4<u32>(15u));
-        let b = -dm.y * vec4<f32>((sc >> vec4<u32>(4u)) & vec4<u32>(15u));
-        for (var j = 0u; j < 4u; j++) {
-            it.codes[j] = (q >> vec4<u32>(2u * j)) & TWO4;
-            it.a[j] = a[j];
-            it.b[j] = b[j];
-        }
     } else {  // Q5_0 (qh, qs[16] · d in wh) and Q5_1 (d, m, qh, qs[16]): qs byte l holds elements l and l + 16
         let q51 = KTYPE == 7u;
         let qh = vec4<u32>(ws(base + select(0u, 1u, q51)));

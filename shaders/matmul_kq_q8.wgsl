@@ -15,6 +15,7 @@
 #import step
 #import gemm_tile
 #import kq_decode
+#import q8_element_order
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
@@ -46,14 +47,6 @@ var<workgroup> w_a: array<vec4<f32>, KC * 2u * TX>;  // [chunk][half][col / 4]: 
 var<workgroup> w_b: array<vec4<f32>, KC * 2u * TX>;  // b_h per column
 var<workgroup> x_scale: array<vec4<f32>, KC * TY>;   // [chunk][row / 4]: xs per row
 var<workgroup> x_sum: array<vec4<f32>, KC * 2u * TY>; // [chunk][half][row / 4]: xs·Σ xq over the half
-
-// Bytes 0 and 1 of v moved to bytes 0 and 2.
-fn spread2(v: u32) -> u32 { return ((v & 0xFFFFu) | ((v & 0xFFFFu) << 8u)) & 0x00FF00FFu; }
-
-// One 8-element word of q8_pack order (ev = elements 0, 2, 4, 6; od = 1, 3, 5, 7) in element order (0..3, 4..7).
-fn in_order(ev: u32, od: u32) -> vec2<u32> {
-    return vec2<u32>(spread2(ev) | (spread2(od) << 8u), spread2(ev >> 16u) | (spread2(od >> 16u) << 8u));
-}
 
 fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);

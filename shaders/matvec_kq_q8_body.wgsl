@@ -1,28 +1,21 @@
-// The body of the int8-activation decode matvecs on K-quant / Q5_0 / Q5_1 blocks (matvec_kq_q8, matvec_kq_q8_vec4:
-// they differ only in how w is declared). Each subgroup owns ROWS outputs (row blocks sg_id, sg_id + n_sg, ... of
-// the workgroup's BLOCKS, as matvec_q8.wgsl); its lanes take consecutive items of the rows (kq_items.wgsl), so the
-// subgroup reads each row as one contiguous run of whole words, and meet through subgroupAdd.
+// The body of the int8-activation decode matvecs on Q4_K / Q5_K / Q6_K / Q5_0 / Q5_1 blocks (matvec_kq_q8,
+// matvec_kq_q8_vec4: they differ only in how w is declared). Each subgroup owns ROWS outputs (row blocks sg_id,
+// sg_id + n_sg, ... of the workgroup's BLOCKS, as matvec_q8.wgsl); its lanes take consecutive items of the rows
+// (kq_items.wgsl), so the subgroup reads each row as one contiguous run of whole words, and meet through subgroupAdd.
 // Per item a lane loads its parts' activations (quantize_q8's layout, q8_pack.wgsl) once, puts them in element order
 // and reuses them for its WROWS weight rows; per row and part: Σ w·x = xs·(a·Σ u·xq + b·Σ xq), the integer sums
 // exact through dot4I8Packed.
 // The including kernel declares xq (vec4<u32>), w, wh (f16), y (f32), xm (vec2<f32>), defines wv / ws
 // (kq_items.wgsl) and imports reduce. Constants: K (a multiple of QK), N, WG, ROWS, BLOCKS, GATE_UP (gate rows then
-// up rows; y = silu(gate)·up), HALVES (per-16 offsets), KTYPE, QK, BW, ITEM.
+// up rows; y = silu(gate)·up), HALVES (per-16 offsets), KTYPE, QK, BW.
 #import kq_items
+#import q8_element_order
 
 const NB: u32 = K / QK;
 const ITEMS: u32 = NB * IPB;  // items per row
 const MATS: u32 = select(1u, 2u, GATE_UP);
 const WROWS: u32 = ROWS * MATS;
 const ONES: u32 = 0x01010101u;
-
-// Bytes 0 and 1 of v moved to bytes 0 and 2.
-fn spread2(v: u32) -> u32 { return ((v & 0xFFFFu) | ((v & 0xFFFFu) << 8u)) & 0x00FF00FFu; }
-
-// One 8-element word pair of q8_pack order (ev = elements 0, 2, 4, 6; od = 1, 3, 5, 7) in element order.
-fn in_order(ev: u32, od: u32) -> vec2<u32> {
-    return vec2<u32>(spread2(ev) | (spread2(od) << 8u), spread2(ev >> 16u) | (spread2(od >> 16u) << 8u));
-}
 
 fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 

@@ -254,8 +254,9 @@ def test_matvec_kq_q8(gpu, rng, tag, blocks, N, gate_up):
 @pytest.mark.parametrize("tag", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"])
 @pytest.mark.parametrize("blocks,N,rows,gate_up", [(1, 9, 1, False), (5, 13, 3, False), (3, 7, 4, True)])
 def test_matvec_kq_q8_rows_and_block_counts(gpu, rng, tag, blocks, N, rows, gate_up):
-    # K a multiple of 256 only (1, 3, 5 blocks: the items of a row are not a multiple of the lanes, and one block
-    # has fewer items than a subgroup has lanes), odd N, and ROWS that leave rows past N in the last subgroup.
+    # K a multiple of 256 only (1, 3, 5 blocks: the items or chunks a lane takes of a row are not a multiple of the
+    # lanes, and one block has fewer than a subgroup has lanes), odd N, and ROWS that leave rows past N in the last
+    # subgroup. Q2_K and Q3_K run matvec_kq_q8_chunks, the others the item kernels.
     K = blocks * 256
     raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
     W, M = reference(tag, raw)
@@ -267,7 +268,7 @@ def test_matvec_kq_q8_rows_and_block_counts(gpu, rng, tag, blocks, N, rows, gate
 @pytest.mark.parametrize("tag", [t for t in TAGS if has_vec4_blocks(t)])
 @pytest.mark.parametrize("gate_up", [False, True])
 def test_matvec_kq_q8_u32_kernel_reads_the_vec4_types_too(gpu, rng, tag, gate_up):
-    # matvec_kq_q8 (u32 loads) takes every type: bench/kquant_probe.py's --variants compare it with the vec4 kernel.
+    # matvec_kq_q8 (u32 loads) takes the vec4 types too: bench/kquant_probe.py's --variants compare the two.
     K, N = 768, 19
     raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
     W, M = reference(tag, raw)
@@ -276,7 +277,7 @@ def test_matvec_kq_q8_u32_kernel_reads_the_vec4_types_too(gpu, rng, tag, gate_up
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
-@pytest.mark.parametrize("tag", ["q6_k", "q3_k"])
+@pytest.mark.parametrize("tag", ["q6_k", "q5_1", "q3_k"])  # one type per kernel: vec4, u32, chunks
 @pytest.mark.parametrize("claimed", [1, 4, 64])
 def test_matvec_kq_q8_covers_every_row_whatever_the_subgroup_size(gpu, rng, tag, claimed):
     K, N = 512, 301
@@ -299,9 +300,11 @@ def test_matvec_kq_q8_folded_grid(gpu, rng):
 
 
 @pytest.mark.slow
-def test_matvec_kq_q8_vec4_folded_grid(gpu, rng):
-    # One row a workgroup: more than 65,535 workgroups fold into (x, y); the vec4 kernel and Q6_K's split-off d.
-    tag, K, N = "q6_k", 256, MAX_GROUPS_PER_DIM + 1000
+@pytest.mark.parametrize("tag", ["q6_k", "q2_k"])
+def test_matvec_kq_q8_folded_grid_one_row_a_workgroup(gpu, rng, tag):
+    # One row a workgroup: more than 65,535 workgroups fold into (x, y); the vec4 kernel with Q6_K's split-off d,
+    # and matvec_kq_q8_chunks.
+    K, N = 256, MAX_GROUPS_PER_DIM + 1000
     raw = random_raw(rng, tag, N, K)
     W, M = reference(tag, raw)
     x = rng.standard_normal(K).astype(np.float32)
@@ -473,6 +476,12 @@ def test_plans_refuse_what_they_cannot_run():
         matvec_kq_q8_plan("q6_k", 256, 8, 48)
     with pytest.raises(ValueError, match="not whole 16-byte units"):
         matvec_kq_q8_kernel("q2_k", vec4=True)
+    with pytest.raises(ValueError, match="q3_k runs matvec_kq_q8_chunks only"):
+        matvec_kq_q8_kernel("q3_k", vec4=False)
+    # The faster kernel per type on the H200 (BENCH.md, K-quant bandwidth).
+    assert {t: matvec_kq_q8_kernel(t).name for t in TAGS} == {
+        "q2_k": "matvec_kq_q8_chunks", "q3_k": "matvec_kq_q8_chunks", "q4_k": "matvec_kq_q8_vec4",
+        "q5_k": "matvec_kq_q8_vec4", "q6_k": "matvec_kq_q8_vec4", "q5_0": "matvec_kq_q8", "q5_1": "matvec_kq_q8"}
     # The vec4 kernel reads a block's words 16 bytes at a time from a 16-byte boundary: whole 16-byte blocks only.
     assert [t for t in TAGS if has_vec4_blocks(t)] == ["q4_k", "q5_k", "q6_k"]
     with pytest.raises(ValueError, match="power of two"):
@@ -485,5 +494,5 @@ def test_plans_refuse_what_they_cannot_run():
         gemm_kq_q8_plan("q4_k", 256, 8, 4, kc=3)
     with pytest.raises(ValueError, match="workgroup memory"):
         gemm_kq_q8_plan("q4_k", 1024, 8, 4, tm=128, tn=32, kc=4)
-    assert set(BINDINGS) == {"matvec_kq", "matvec_kq_q8", "matvec_kq_q8_vec4", "matmul_kq", "matmul_kq_q8",
-                             "embedding_kq"}
+    assert set(BINDINGS) == {"matvec_kq", "matvec_kq_q8_chunks", "matvec_kq_q8", "matvec_kq_q8_vec4", "matmul_kq",
+                             "matmul_kq_q8", "embedding_kq"}
