@@ -331,7 +331,7 @@ def _message(entry, est: MemoryEstimate, verdict, ram_needed, ram_available, gpu
     warning when it fires."""
     about = "about " if est.approximate else ""
     parts = (f"{_gb(est.weights_bytes)} weights, {_gb(est.kv_bytes + est.state_bytes)} context cache, "
-             f"{_gb(est.scratch_bytes)} working buffers")
+             f"{_gb(est.scratch_bytes)} working buffers, {_gb(est.overhead_bytes)} allocator overhead")
     measured = entry.ram_warning_bytes if (entry.ram_warning_bytes or 0) > ram_needed else None
     also = f" (in practice about {_gb(measured)} of free RAM)" if measured else ""
     if shared:
