@@ -30,6 +30,7 @@ _SOFTWARE_NAMES = re.compile(r"lavapipe|llvmpipe|swiftshader|\bwarp\b|microsoft 
 # next upload first waits for them to land, so loading holds at most one window of staging copies.
 UPLOAD_WINDOW = 256 * 2**20
 USAGE_OF = {"buffer": STORAGE, "upload": STORAGE, "uniform": UNIFORM, "readback": READBACK}  # by BufferNeed.how
+PROBE_BYTES = 16  # the buffer of each of a device's probes (subgroup size, sync)
 
 
 def flushes_before(pending: int, nbytes: int) -> bool:
@@ -267,7 +268,7 @@ class Gpu:
         """Wait for all submitted work and pending uploads: read back 4 bytes (a submission, which also flushes
         the uploads' staging copies, then a wait; on_submitted_work_done_sync is broken in wgpu 0.32)."""
         if not hasattr(self, "_sync_buf"):
-            self._sync_buf = self.buffer("sync-probe", 16)
+            self._sync_buf = self.buffer("sync-probe", PROBE_BYTES)
         self.queue.read_buffer(self._sync_buf, 0, 4)
         self._pending_upload = 0
 
@@ -305,7 +306,7 @@ class Gpu:
         pipe = self.device.create_compute_pipeline(
             label="subgroup-probe", layout="auto", compute={"module": module, "entry_point": "main"}
         )
-        out = self.buffer("subgroup-probe-out", 16)
+        out = self.buffer("subgroup-probe-out", PROBE_BYTES)
         bg = self.device.create_bind_group(label="subgroup-probe", layout=pipe.get_bind_group_layout(0), entries=[
             {"binding": 0, "resource": {"buffer": out, "offset": 0, "size": out.size}}])
         enc = self.device.create_command_encoder(label="subgroup-probe")

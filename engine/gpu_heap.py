@@ -12,15 +12,19 @@ wgpu-native 29 (wgpu-hal's Vulkan backend with MemoryHints::Performance) allocat
 A CPU (software) adapter has one memory type: every buffer shares one host-visible pool. An integrated GPU keeps the
 three pools, all of them in system RAM.
 
-Two things no buffer shows, measured on the H200 (bench/load_peak.py): a model whose buffers are mostly just over half
-a block wastes the rest of each block (so the runtime reserves its buffers largest first, engine/transformer.py), and
-the upload pool keeps its last block after loading. The model is checked against the real allocator on a software
-adapter, whose device memory is visible as mappings (tests/test_gpu_heap.py).
+So a loaded model holds the unused rest of its blocks (a buffer just over half a block keeps a block to itself but
+for what smaller buffers fill in: a MoE model's expert stacks) and the upload pool's last block. In the order a
+load makes its buffers this accounts for what an H200 showed beyond them (BENCH.md, issue 20); the runtime makes its
+buffers largest first (engine/transformer.py RuntimePlan.reserved), so that order is the plan's, not the checkpoint's.
+The model is checked against the real allocator on a software adapter, whose blocks of device memory are visible as
+mappings (tests/test_gpu_heap.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from engine.gpu import PROBE_BYTES, flushes_before
 
 MB = 2**20
 DEVICE_BLOCKS = (128 * MB, 256 * MB)  # (first, largest) block of a device-local pool
@@ -28,7 +32,8 @@ HOST_BLOCKS = (64 * MB, 128 * MB)  # the same for a host-visible pool
 ALIGN = 256  # a buffer's offset and size within a block (what discrete GPUs require of storage buffers, at most)
 # What an opened device (engine/gpu.py Gpu) already holds in device-local memory: wgpu's zero buffer (for clearing
 # memory) and Gpu's two probes; they open the pool's first block before any model is loaded.
-OPEN_BUFFERS = (512 * 1024, 16, 16)
+WGPU_ZERO_BUFFER = 512 * 1024
+OPEN_BUFFERS = (WGPU_ZERO_BUFFER, PROBE_BYTES, PROBE_BYTES)
 
 POOLS = ("device", "upload", "readback")
 # which pools are GPU memory, by kind of adapter (DeviceTraits.memory_kind)
@@ -154,8 +159,6 @@ def load_footprint(reserved: list, uploads: list, built: list, kind: str = "disc
     """GPU memory of a load that creates `reserved` (BufferNeeds, in order) up front, uploads `uploads` (BufferNeeds
     whose bytes go through staging copies, in order: engine/gpu.py flushes them one window at a time), then creates
     `built` (buffers the blocks make themselves while building), and finally syncs."""
-    from engine.gpu import flushes_before
-
     heap = Heap(kind)
     for size in OPEN_BUFFERS:
         heap.alloc("device", size)
