@@ -8,9 +8,11 @@ Each shape loads random weights of its real shapes (the bench's in-memory checkp
 file, without the disk) at the catalog's default context, while a thread polls the GPU's used memory every few
 milliseconds through NVML (nvidia-smi when the library is missing). Reported, relative to the memory in use once
 the device is open: the peak during the load and the steady use after it (and after one prefill), next to memfit's
-prediction (engine/memfit.py estimate with this GPU's traits: `gpu_bytes` steady, `load_gpu_bytes` peak).
-`--window` sets the upload staging window in bytes (engine/gpu.py UPLOAD_WINDOW) for an A/B of the flushing.
-NVIDIA GPUs only (the H200 the benchmarks run on).
+prediction (engine/memfit.py estimate with this GPU's traits: `gpu_bytes` steady, `load_gpu_bytes` peak, both less
+`open_bytes`, the allocator block the opened device already holds), with the buffers and the allocator's overhead.
+`--window` sets the upload staging window in bytes (engine/gpu.py UPLOAD_WINDOW) for an A/B of the flushing;
+`--no-reserve` makes the buffers as the checkpoint streams in instead of largest first (Gpu.reserve off: the A/B of
+the reservation; memfit then does not model the order). NVIDIA GPUs only (the H200 the benchmarks run on).
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class Poller:
         self._thread.join()
 
 
-def one(shape: str | None, checkpoint: str | None, context: int | None, window: float | None) -> dict:
+def one(shape: str | None, checkpoint: str | None, context: int | None, window: float | None,
+        reserve: bool = True) -> dict:
     import numpy as np
 
     import engine.gpu
@@ -99,6 +102,8 @@ def one(shape: str | None, checkpoint: str | None, context: int | None, window: 
 
     if window is not None:
         engine.gpu.UPLOAD_WINDOW = int(window)
+    if not reserve:
+        Gpu.reserve = lambda self, needs: None
     used = UsedMemory()
     gpu = Gpu()
     gpu.sync()
@@ -132,16 +137,20 @@ def one(shape: str | None, checkpoint: str | None, context: int | None, window: 
     after_forward = used() - base
     poll.stop()
     est = memfit.estimate(rt.spec, rt.max_context, formats=formats, options=rt.options, traits=DeviceTraits.of(gpu))
+    steady_est, peak_est = est.gpu_bytes - est.open_bytes, est.load_gpu_bytes - est.open_bytes  # as measured here
     return {"shape": shape or checkpoint, "context": rt.max_context, "upload_window": engine.gpu.UPLOAD_WINDOW,
-            "load_s": round(seconds, 1), "samples": poll.samples, "memory_source": used.source,
-            "predicted_steady_gb": round(est.gpu_bytes / 1e9, 3), "measured_steady_gb": round(steady / 1e9, 3),
+            "reserved": reserve, "load_s": round(seconds, 1), "samples": poll.samples, "memory_source": used.source,
+            "predicted_steady_gb": round(steady_est / 1e9, 3), "measured_steady_gb": round(steady / 1e9, 3),
             "measured_after_prefill_gb": round(after_forward / 1e9, 3),
-            "predicted_peak_gb": round(est.load_gpu_bytes / 1e9, 3), "measured_peak_gb": round(peak / 1e9, 3),
-            "steady_ratio": round(steady / est.gpu_bytes, 3), "peak_ratio": round(peak / est.load_gpu_bytes, 3),
+            "predicted_peak_gb": round(peak_est / 1e9, 3), "measured_peak_gb": round(peak / 1e9, 3),
+            "steady_ratio": round(steady / steady_est, 3) if steady_est else None,
+            "peak_ratio": round(peak / peak_est, 3) if peak_est else None,
             "predicted_by_kind_gb": {k: round(v / 1e9, 3) for k, v in (("weights", est.weights_bytes),
                                                                         ("kv", est.kv_bytes),
                                                                         ("state", est.state_bytes),
-                                                                        ("scratch", est.scratch_bytes))}}
+                                                                        ("scratch", est.scratch_bytes),
+                                                                        ("allocator", est.overhead_bytes),
+                                                                        ("device_open", est.open_bytes))}}
 
 
 if __name__ == "__main__":
@@ -150,11 +159,12 @@ if __name__ == "__main__":
     p.add_argument("--checkpoint", help="load this model folder / .gguf instead of random weights")
     p.add_argument("--context", type=int, help="KV cache tokens (default: the catalog's default context)")
     p.add_argument("--window", type=float, help="upload staging window in bytes (engine/gpu.py UPLOAD_WINDOW)")
+    p.add_argument("--no-reserve", action="store_true", help="make buffers in checkpoint order (Gpu.reserve off)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child process: one load
     args = p.parse_args()
     if args.one or args.checkpoint:
         shape = None if args.checkpoint else args.shapes[0]
-        print(json.dumps(one(shape, args.checkpoint, args.context, args.window)), flush=True)
+        print(json.dumps(one(shape, args.checkpoint, args.context, args.window, not args.no_reserve)), flush=True)
         sys.exit(0)
     for shape in args.shapes or list(SHAPES):
         if shape not in SHAPES:
@@ -162,6 +172,7 @@ if __name__ == "__main__":
         cmd = [sys.executable, __file__, shape, "--one"]
         cmd += ["--context", str(args.context)] if args.context else []
         cmd += ["--window", str(args.window)] if args.window is not None else []
+        cmd += ["--no-reserve"] if args.no_reserve else []
         done = subprocess.run(cmd, capture_output=True, text=True)
         line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
         print(line or json.dumps({"shape": shape, "error": (done.stderr or done.stdout).strip()[-2000:]}), flush=True)

@@ -29,12 +29,13 @@ _SOFTWARE_NAMES = re.compile(r"lavapipe|llvmpipe|swiftshader|\bwarp\b|microsoft 
 # Uploads stage their bytes in driver memory until the next queue submission; past this many pending bytes the
 # next upload first waits for them to land, so loading holds at most one window of staging copies.
 UPLOAD_WINDOW = 256 * 2**20
+USAGE_OF = {"buffer": STORAGE, "upload": STORAGE, "uniform": UNIFORM, "readback": READBACK}  # by BufferNeed.how
+PROBE_BYTES = 16  # the buffer of each of a device's probes (subgroup size, sync)
 
 
-def staging_peak_bytes(uploaded: int, largest: int) -> int:
-    """The most staging bytes loading holds at once when it uploads `uploaded` bytes whose largest single upload is
-    `largest`: one UPLOAD_WINDOW of pending uploads, or that largest upload alone where it is bigger."""
-    return min(uploaded, max(UPLOAD_WINDOW, largest))
+def flushes_before(pending: int, nbytes: int) -> bool:
+    """Whether an upload of `nbytes` first waits for the `pending` bytes staged before it (one window at a time)."""
+    return bool(pending) and pending + nbytes > UPLOAD_WINDOW
 
 try:  # wgpu-native's functions unwrapped: wgpu-py's checked wrappers capture and release an error slot around every
     # call (3 calls a dispatch: the largest host cost of a token, BENCH.md). Encoding errors are still kept in the
@@ -189,19 +190,26 @@ class Gpu:
         self.max_binding = self.limits["max-storage-buffer-binding-size"]
         self._pipelines: dict = {}
         self._pending_upload = 0  # bytes uploaded since the last submission (their staging copies are alive)
+        self._reserved: dict[str, list] = {}  # label -> buffers made by reserve(), not yet taken
         self.subgroup_size = self._probe_subgroup_size() if self.has_subgroups else 0
         self.use_subgroups = bool(use_subgroups and self.subgroup_size >= 4)
 
     # ---- buffers -------------------------------------------------------------------------
     def buffer(self, label: str, size: int, usage=STORAGE):
         size = max(16, (int(size) + 3) // 4 * 4)  # never a zero-size binding
+        if (reserved := self._take_reserved(label, size, usage)) is not None:
+            return reserved
+        return self._create(label, size, usage)
+
+    def _create(self, label: str, size: int, usage):
         if size > self.limits["max-buffer-size"]:
             raise GpuError(f"buffer {label!r} needs {size} bytes; this GPU allows {self.limits['max-buffer-size']}")
         return self.device.create_buffer(label=label, size=size, usage=usage)
 
     def upload(self, label: str, array: np.ndarray, usage=STORAGE):
-        """A buffer holding `array` (padded to whole words). The bytes go through a staging copy that lives until
-        the next submission: past UPLOAD_WINDOW pending bytes this waits for the earlier ones to land first."""
+        """A buffer holding `array` (padded to whole words): the reserved one of that label and size, else a new one.
+        The bytes go through a staging copy that lives until the next submission: past UPLOAD_WINDOW pending bytes
+        this waits for the earlier ones to land first."""
         data = np.ascontiguousarray(array)
         if data.nbytes % 4:
             data = np.frombuffer(data.tobytes() + b"\0" * (4 - data.nbytes % 4), np.uint8)
@@ -209,10 +217,37 @@ class Gpu:
             data = np.zeros(4, np.uint8)
         if data.nbytes > self.limits["max-buffer-size"]:
             raise GpuError(f"tensor {label!r} is {data.nbytes} bytes; this GPU allows {self.limits['max-buffer-size']}")
-        if self._pending_upload and self._pending_upload + data.nbytes > UPLOAD_WINDOW:
+        if flushes_before(self._pending_upload, data.nbytes):
             self.sync()
         self._pending_upload += data.nbytes
+        if (reserved := self._take_reserved(label, data.nbytes, usage)) is not None:
+            self.queue.write_buffer(reserved, 0, data)
+            return reserved
         return self.device.create_buffer_with_data(label=label, data=data, usage=usage)
+
+    # ---- reservations --------------------------------------------------------------------
+    def reserve(self, needs) -> None:
+        """Make the buffers `needs` (engine/blocks BufferNeeds) now, in that order, for the buffer() and upload()
+        calls of the same label and size to take. The runtime reserves a model's buffers largest first: wgpu's
+        allocator then packs them tightly whatever order the checkpoint streams in (engine/gpu_heap.py)."""
+        for need in needs:
+            buf = self._create(need.label, need.bytes, USAGE_OF[need.how])
+            self._reserved.setdefault(need.label, []).append(buf)
+
+    def _take_reserved(self, label: str, size: int, usage):
+        held = self._reserved.get(label, [])
+        for i, buf in enumerate(held):
+            if buf.size == size and buf.usage == usage:
+                return held.pop(i)
+        return None
+
+    def release_reserved(self) -> list[str]:
+        """Destroy the reserved buffers nobody took; their labels."""
+        left = [(label, buf) for label, bufs in self._reserved.items() for buf in bufs]
+        self._reserved = {}
+        for _, buf in left:
+            buf.destroy()
+        return [label for label, _ in left]
 
     def write(self, buf, array: np.ndarray, offset: int = 0) -> None:
         self.queue.write_buffer(buf, offset, np.ascontiguousarray(array))
@@ -233,7 +268,7 @@ class Gpu:
         """Wait for all submitted work and pending uploads: read back 4 bytes (a submission, which also flushes
         the uploads' staging copies, then a wait; on_submitted_work_done_sync is broken in wgpu 0.32)."""
         if not hasattr(self, "_sync_buf"):
-            self._sync_buf = self.buffer("sync-probe", 16)
+            self._sync_buf = self.buffer("sync-probe", PROBE_BYTES)
         self.queue.read_buffer(self._sync_buf, 0, 4)
         self._pending_upload = 0
 
@@ -271,7 +306,7 @@ class Gpu:
         pipe = self.device.create_compute_pipeline(
             label="subgroup-probe", layout="auto", compute={"module": module, "entry_point": "main"}
         )
-        out = self.buffer("subgroup-probe-out", 16)
+        out = self.buffer("subgroup-probe-out", PROBE_BYTES)
         bg = self.device.create_bind_group(label="subgroup-probe", layout=pipe.get_bind_group_layout(0), entries=[
             {"binding": 0, "resource": {"buffer": out, "offset": 0, "size": out.size}}])
         enc = self.device.create_command_encoder(label="subgroup-probe")

@@ -1,10 +1,12 @@
 """Will a model fit? GPU bytes and host RAM a model needs at a context length, checked against the machine.
 
-GPU bytes = weights + KV cache + recurrent state + working buffers, as the runtime's blocks will allocate them: the
-estimate asks the same RuntimePlan the runtime builds from (engine/transformer.py), so nothing here mirrors the
-runtime by hand. A catalog entry is planned from its recorded dimensions; its weight bytes are the catalog's figure
-(exact for the MLC builds, approximate where the entry says so). While loading, the GPU also holds the uploads'
-staging copies, at most one window of them (engine/gpu.py staging_peak_bytes).
+GPU bytes = weights + KV cache + recurrent state + working buffers, as the runtime's blocks will allocate them, plus
+what wgpu's allocator holds beyond them (the unused rest of its blocks of device memory, and the block its upload
+staging keeps): the estimate asks the same RuntimePlan the runtime builds from (engine/transformer.py) for its
+buffers and for their footprint in the allocator (engine/gpu_heap.py), so nothing here mirrors the runtime by hand.
+A catalog entry is planned from its recorded dimensions; its weight bytes are the catalog's figure (exact for the MLC
+builds, approximate where the entry says so). While loading, the GPU also holds the uploads' staging copies, one
+window of them at a time (engine/gpu.py UPLOAD_WINDOW), in the allocator's blocks too.
 
 Host RAM at load: the loaders stream one tensor at a time, so the peak is a baseline (Python, numpy, wgpu
 and the GPU driver) plus LOAD_COPIES of the largest tensor. On a GPU that shares system RAM (integrated,
@@ -24,7 +26,7 @@ from dataclasses import dataclass
 
 from engine.blocks import DeviceTraits, array_bytes, sum_needs
 from engine.catalog import CatalogEntry
-from engine.gpu import AdapterInfo, is_software_adapter, staging_peak_bytes
+from engine.gpu import AdapterInfo, is_software_adapter
 from engine.humanize import human_rate
 from engine.models import model_module
 from engine.models.base import DenseSpec
@@ -56,10 +58,18 @@ class MemoryEstimate:
     basis: str
     staging_bytes: int = 0  # upload staging the GPU holds at most while loading, on top of gpu_bytes
     decode_bytes: int = 0  # weight bytes one decoded token reads (not the embedding table, only the routed experts)
+    overhead_bytes: int = 0  # what the allocator holds beyond the buffers (engine/gpu_heap.py): block tails and such
+    open_bytes: int = 0  # of gpu_bytes, what the opened device held before the load (its allocator's first block)
+
+    @property
+    def buffer_bytes(self) -> int:
+        """The bytes of every buffer the runtime creates (kinds summed)."""
+        return self.weights_bytes + self.kv_bytes + self.state_bytes + self.scratch_bytes
 
     @property
     def gpu_bytes(self) -> int:
-        return self.weights_bytes + self.kv_bytes + self.state_bytes + self.scratch_bytes
+        """GPU memory the loaded model holds: its buffers and the allocator's overhead around them."""
+        return self.buffer_bytes + self.overhead_bytes
 
     @property
     def load_gpu_bytes(self) -> int:
@@ -117,12 +127,16 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
              prefill_chunk: int | None = None, max_binding: int | None = None,
              traits: DeviceTraits | None = None) -> MemoryEstimate:
     """Memory for a catalog entry or a model spec at `context` tokens (default: the entry's default context, the
-    spec's own window). `formats`: a spec's weight formats (absent = q4f16_1). `options`: the RuntimeOptions the
-    model will run with (the context and prefill_chunk arguments override theirs). `traits`: the GPU's
-    (DeviceTraits.of(gpu)); by default a typical discrete GPU whose largest binding is `max_binding` (None: every
-    logits row fits, an upper bound)."""
+    spec's own window). `formats`: the weight formats (absent: a catalog MLX build's own, else q4f16_1). `options`:
+    the RuntimeOptions the model will run with (the context and prefill_chunk arguments override theirs). `traits`:
+    the GPU's (DeviceTraits.of(gpu)); by default a typical discrete GPU whose largest binding is `max_binding`
+    (None: every logits row fits, an upper bound)."""
     entry = None if isinstance(entry_or_spec, DenseSpec) else entry_or_spec
     spec = entry_or_spec if entry is None else entry_spec(entry)
+    if entry is not None and formats is None:  # an MLX build's own formats (a 3-bit one packs differently)
+        from engine.memfit_stream import entry_formats
+
+        formats = entry_formats(entry, spec)
     window = min(entry.max_context, spec.context_length) if entry else spec.context_length
     ctx = min(context or (entry.default_context if entry else window), window)
     changes = {"max_context": ctx} | ({"prefill_chunk": prefill_chunk} if prefill_chunk else {})
@@ -137,12 +151,12 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
     else:
         weights, largest, approximate = entry.weights_bytes, entry.largest_tensor_bytes, entry.weights_approximate
         basis = "the runtime's blocks planned from the catalog's dimensions; weights as the catalog records them"
-    uploaded = sum(n.bytes for n in needs if n.how == "upload")  # what goes through staging copies at all
-    largest_weight = max((n.bytes for n in needs if n.kind == "weights"), default=0)
-    staging = staging_peak_bytes(uploaded, largest_weight)
+    foot = plan.footprint(traits.memory_kind)
+    overhead = foot.steady - sum(mem.values())  # the planned weights' share of it stays with a catalog's figure
     decode = round(weights * _decode_share(plan, needs))  # the plan's share, applied to the recorded bytes
     return MemoryEstimate(plan.max_context, weights, mem["kv"], mem["state"], mem["scratch"],
-                          RAM_BASELINE_BYTES + LOAD_COPIES * largest, approximate, basis, staging, decode)
+                          RAM_BASELINE_BYTES + LOAD_COPIES * largest, approximate, basis, foot.peak - foot.steady,
+                          decode, overhead, foot.open)
 
 
 def _decode_share(plan: RuntimePlan, needs: list) -> float:
@@ -317,7 +331,7 @@ def _message(entry, est: MemoryEstimate, verdict, ram_needed, ram_available, gpu
     warning when it fires."""
     about = "about " if est.approximate else ""
     parts = (f"{_gb(est.weights_bytes)} weights, {_gb(est.kv_bytes + est.state_bytes)} context cache, "
-             f"{_gb(est.scratch_bytes)} working buffers")
+             f"{_gb(est.scratch_bytes)} working buffers, {_gb(est.overhead_bytes)} allocator overhead")
     measured = entry.ram_warning_bytes if (entry.ram_warning_bytes or 0) > ram_needed else None
     also = f" (in practice about {_gb(measured)} of free RAM)" if measured else ""
     if shared:

@@ -151,6 +151,23 @@ class RuntimePlan:
         workspace allocate, as they allocate them."""
         return sum_needs(self.needs())
 
+    def reserved(self) -> list:
+        """The buffers the runtime makes before it loads (Gpu.reserve): every planned one but those a block makes
+        itself, largest first (ties in plan order). Largest first, wgpu's allocator gives every buffer over its
+        first block size a block of its own and packs the rest into the gaps; in checkpoint order a MoE model's
+        expert stacks just over half a block wasted the rest of each (engine/gpu_heap.py)."""
+        return sorted((n for n in self.needs() if n.how != "staging"), key=lambda n: -n.bytes)
+
+    def footprint(self, memory_kind: str = "discrete"):
+        """The GPU memory a load of this plan holds (engine/gpu_heap.py Footprint): its reserved buffers, the staging
+        copies of its uploads (the checkpoint's, then the blocks' own while building) and the buffers blocks make
+        themselves, in wgpu's allocator on a GPU of `memory_kind` (DeviceTraits.memory_kind)."""
+        from engine.gpu_heap import load_footprint
+
+        needs = self.needs()
+        uploads = sorted((n for n in needs if n.how == "upload"), key=lambda n: n.kind != "weights")
+        return load_footprint(self.reserved(), uploads, [n for n in needs if n.how == "staging"], memory_kind)
+
 
 def expert_slots(plan: RuntimePlan, moe, budget: int) -> int | None:
     """Expert cache slots per MoE layer that fit `budget` bytes of weights (None: every weight fits). A MoE model
@@ -223,6 +240,7 @@ class Transformer:
         self.blocks, self.vocab, self.sampler = self.plan.blocks, self.plan.vocab, self.plan.sampler
         self.ws = self.plan.workspace
         try:
+            gpu.reserve(self.plan.reserved())  # every buffer at once, in the order memfit models (plan.footprint)
             self._load(weights)
             self.ws.build(gpu)
             self.ws.dummy_f16 = self.plan.residual.dummy_f16
@@ -234,7 +252,9 @@ class Transformer:
         except BaseException:  # a failed or cancelled load (an exception from the progress callback) frees its memory
             for b in [self.ws, *self.blocks]:
                 b.release()
+            gpu.release_reserved()
             raise
+        self.unused_reservations = gpu.release_reserved()  # planned buffers no block took: none when the plan is right
         gpu.sync()  # the last uploads land before the first forward
         self.logit_rows = self.vocab.logit_rows
         self._stateful = [b for b in self.blocks if b.keeps_state]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.errors import GpuError
-from engine.gpu import READBACK, STORAGE, UNIFORM, PlanRecorder
+from engine.gpu import USAGE_OF, PlanRecorder
 
 KINDS = ("weights", "kv", "state", "scratch")
 
@@ -42,7 +42,9 @@ class BufferNeed:
     label: str
     bytes: int
     kind: str  # "weights" | "kv" | "state" | "scratch"
-    how: str = "buffer"  # "buffer" (Gpu.buffer), "uniform", "readback", or "upload" (Gpu.upload of that many bytes)
+    # "buffer" (Gpu.buffer), "uniform", "readback", "upload" (Gpu.upload of that many bytes), or "staging" (a
+    # buffer the host writes, made by its block itself: the expert stream's)
+    how: str = "buffer"
 
     @classmethod
     def buffer(cls, label: str, size: int, kind: str = "scratch", usage: str = "buffer") -> BufferNeed:
@@ -54,8 +56,7 @@ class BufferNeed:
 
     def allocate(self, gpu):
         """The buffer, made as planned (uploads are made by their owner with their data)."""
-        usage = {"buffer": STORAGE, "uniform": UNIFORM, "readback": READBACK}[self.how]
-        return gpu.buffer(self.label, self.bytes, usage)
+        return gpu.buffer(self.label, self.bytes, USAGE_OF[self.how])
 
 
 @dataclass(frozen=True)
@@ -68,25 +69,30 @@ class DeviceTraits:
     subgroup_size: int
     memory_bytes: int | None = None  # the adapter's memory where the system tells it (the weights budget's auto)
     max_threads: int = 256  # max-compute-invocations-per-workgroup (WebGPU's default where unknown)
+    memory_kind: str = "discrete"  # how its allocator pools memory (engine/gpu_heap.py): discrete, integrated or cpu
 
     @classmethod
     def of(cls, gpu) -> DeviceTraits:
         from engine.vram import adapter_memory
 
-        return cls(gpu.max_binding, gpu.limits.get("min-storage-buffer-offset-alignment", 256), gpu.use_subgroups,
-                   gpu.subgroup_size, adapter_memory(getattr(gpu, "info", None)),
-                   gpu.limits.get("max-compute-invocations-per-workgroup", 256))
+        info = getattr(gpu, "info", None)
+        kind = {"CPU": "cpu", "IntegratedGPU": "integrated"}.get(getattr(info, "adapter_type", ""), "discrete")
+        limits = gpu.limits
+        return cls(gpu.max_binding, limits.get("min-storage-buffer-offset-alignment", 256), gpu.use_subgroups,
+                   gpu.subgroup_size, adapter_memory(info), limits.get("max-compute-invocations-per-workgroup", 256),
+                   kind)
 
     @classmethod
     def typical(cls, max_binding: int | None = None) -> DeviceTraits:
         return cls(max_binding, 256, True, 32, max_threads=1024)
 
 
-def upload_weight(gpu, label: str, arr: np.ndarray, parts_ok: bool = False):
-    """Upload one weight tensor. Only the vocabulary matrices are bound in parts, so any other tensor must fit one
-    binding: caught here, with the numbers, rather than as a validation error when it is bound."""
+def upload_weight(gpu, label: str, arr: np.ndarray, parts_ok: bool = False, source: str = ""):
+    """Upload one weight tensor into its planned buffer (`label`: the BufferNeed's). Only the vocabulary matrices are
+    bound in parts, so any other tensor must fit one binding: caught here, with the numbers (and the checkpoint's
+    name, `source`), rather than as a validation error when it is bound."""
     if arr.nbytes > gpu.max_binding and not parts_ok:
-        raise GpuError(f"tensor {label} is {arr.nbytes:,} bytes, but this GPU binds at most "
+        raise GpuError(f"tensor {source or label} is {arr.nbytes:,} bytes, but this GPU binds at most "
                        f"{gpu.max_binding:,} (max-storage-buffer-binding-size)")
     return gpu.upload(label, arr)
 

@@ -146,15 +146,15 @@ class AttentionMixer(Block):
 
     # ---- load --------------------------------------------------------------------------------------------
     def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
-        label = source or name
         layer, _, rest = name.removeprefix("layers.").partition(".")
         matrix, _, key = rest.partition(".")
         if matrix == "c_attn":  # per-head [Q | gate] rows ++ K ++ V -> qkv (Q ++ K ++ V) and gate
             qkv, gate = self._split_c_attn(arr)
-            self.w[f"layers.{layer}.qkv.{key}"] = upload_weight(gpu, f"{label}:qkv", qkv)
-            self.w[f"layers.{layer}.gate.{key}"] = upload_weight(gpu, f"{label}:gate", gate)
+            for part, rows in (("qkv", qkv), ("gate", gate)):
+                label = f"layers.{layer}.{part}.{key}"
+                self.w[label] = upload_weight(gpu, label, rows, source=f"{source or name}:{part}")
         else:
-            self.w[name] = upload_weight(gpu, label, arr)
+            self.w[name] = upload_weight(gpu, name, arr, source=source)
             if matrix in ("q_norm", "k_norm"):  # also a part of the decode kernel's rope binding (built later)
                 self.norm_host = getattr(self, "norm_host", {})
                 self.norm_host[name] = np.array(arr, np.float32)

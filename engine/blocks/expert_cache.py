@@ -31,7 +31,7 @@ from collections import OrderedDict
 import numpy as np
 import wgpu
 
-from engine.blocks import BufferNeed
+from engine.blocks import BufferNeed, buffer_bytes
 
 STAGING_EXPERTS = 32  # experts per upload round (the staging buffer holds this many, or the cache if smaller)
 STAGING = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
@@ -167,7 +167,8 @@ class ExpertStream:
                 BufferNeed.buffer("moe.slot_table", len(self.layers) * self.table_stride),
                 *(BufferNeed.buffer(f"moe.ids_readback.{j}", 4 * T * S, usage="readback") for j in range(2)),
                 BufferNeed.buffer("moe.rows_mask", 4 * T * S),
-                BufferNeed.buffer("moe.expert_staging", 2 * self.staging_size())]  # two, mapped in turn
+                *(BufferNeed(f"moe.expert_staging.{j}", buffer_bytes(self.staging_size()), "scratch", "staging")
+                  for j in range(2))]  # two, mapped in turn (build makes them, mapped)
 
     def staging_bytes(self) -> int:
         return self.staging_experts * self.expert_bytes()
@@ -213,7 +214,7 @@ class ExpertStream:
 
     def build(self, gpu, readbacks: list, table) -> None:
         self.gpu, self.readbacks, self.table = gpu, list(readbacks), table
-        size = max(16, (self.staging_size() + 3) // 4 * 4)
+        size = buffer_bytes(self.staging_size())
         self.staging = [gpu.device.create_buffer(label=f"moe.expert_staging.{j}", size=size, usage=STAGING,
                                                  mapped_at_creation=True) for j in range(2)]
         self._staged: list = ["mapped", "mapped"]  # per staging buffer: "mapped", a map promise, or "used"

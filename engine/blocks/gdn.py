@@ -122,7 +122,7 @@ class GatedDeltaNetMixer(Block):
         layer, _, rest = name.removeprefix("layers.").partition(".")
         matrix, _, key = rest.partition(".")
         if matrix not in IN_PROJ:
-            self.w[name] = upload_weight(gpu, source or name, arr)
+            self.w[name] = upload_weight(gpu, name, arr, source=source)
             return
         # one in_proj matrix (one matvec) for q|k|v, z, a, b: rows are independent in every format
         group = self._parts.setdefault((layer, key), {})

@@ -48,7 +48,7 @@ class DenseMlp(Block):
         return max(self.dim, self.ffn_dim)
 
     def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
-        self.w[name] = upload_weight(gpu, source or name, arr)
+        self.w[name] = upload_weight(gpu, name, arr, source=source)
 
     def build(self, gpu, ws) -> None:
         act = ws.shared["ffn-act"]

@@ -262,9 +262,12 @@ class MoeFfn(Block):
                     continue
                 shapes = packed_shapes(tag, n, k)
                 w_shape, w_dtype = shapes[_weight_key(tag)]
-                out.append(BufferNeed.upload(f"layers.{i}.moe.{name}.w", n_exp * array_bytes(w_shape, w_dtype)))
                 s_bytes = n_exp * array_bytes(*shapes["q_scale"]) if "q_scale" in shapes else 8  # f16: a dummy
-                out.append(BufferNeed.upload(f"layers.{i}.moe.{name}.s", s_bytes))
+                for key, nbytes in (("w", n_exp * array_bytes(w_shape, w_dtype)), ("s", s_bytes)):
+                    if self.stream and (name, key) in self.stream.part_bytes:  # cache slots, filled as experts route
+                        out.append(BufferNeed.buffer(f"layers.{i}.moe.{name}.{key}", nbytes, "weights"))
+                    else:
+                        out.append(BufferNeed.upload(f"layers.{i}.moe.{name}.{key}", nbytes))
         T = self.max_tokens
         sizes = dict(logits=T * (self.E + self.shared), ids=T * self.slots, weights=T * self.slots,
                      act=T * self.slots * self.act_stride, y=T * self.slots * self.D)
@@ -379,7 +382,8 @@ class MoeFfn(Block):
 
     # ---- build -------------------------------------------------------------------------------------------
     def build(self, gpu, ws) -> None:
-        made = {n.label: n.allocate(gpu) for n in self.needs() if n.how != "upload" and "staging" not in n.label}
+        made = {n.label: n.allocate(gpu) for n in self.needs()
+                if n.how not in ("upload", "staging") and n.kind != "weights"}  # weights: made while loading
         self._gpu = gpu
         self.logits, self.ids, self.weights = made["moe.logits"], made["moe.ids"], made["moe.weights"]
         self.act, self.y = made["moe.act"], made["moe.y"]

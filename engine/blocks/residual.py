@@ -45,7 +45,7 @@ class ResidualNorms(Block):
         return [BufferNeed.upload(name, 2 * self.dim) for name in self.tensors()]
 
     def take(self, gpu, name: str, arr, source: str = "") -> None:
-        self.w[name] = upload_weight(gpu, source or name, arr)
+        self.w[name] = upload_weight(gpu, name, arr, source=source)
 
     @property
     def dummy_f16(self):

@@ -72,7 +72,7 @@ class VocabEnds(Block):
 
     # ---- load --------------------------------------------------------------------------------------------
     def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
-        self.w[name] = upload_weight(gpu, source or name, arr, parts_ok=True)
+        self.w[name] = upload_weight(gpu, name, arr, parts_ok=True, source=source)
 
     # ---- build -------------------------------------------------------------------------------------------
     def _tables(self, matrix: str, r0: int, n: int, dummy) -> dict:
