@@ -51,10 +51,16 @@ var<workgroup> row_sh: array<u32, WG>;       // the block's cache row offsets (i
 var<workgroup> acc_sh: array<vec4<f32>, WG>; // the final meeting of the E key lanes
 
 // Element i of the head at qkv[src ..] after the optional RMSNorm (inv = the head's 1/rms; norm at inv_freq[w0 ..]).
-// The value the f16 cache will hold. Through pack2x16float: NVIDIA's compiler folds an f32 -> f16 -> f32 cast pair
-// away, and the new key must score exactly as it does once read back from the cache.
+// The value the f16 cache will hold (round to nearest even at f16's precision, f16 subnormals included), computed
+// with round() on a power-of-two scale: NVIDIA's compiler folds both an f32 -> f16 -> f32 cast pair and an
+// unpack2x16float(pack2x16float(.)) pair away, and the new key must score exactly as it does read back from the cache.
+fn f16_rounded1(x: f32) -> f32 {
+    let e = max(i32((bitcast<u32>(x) >> 23u) & 0xFFu) - 127, -14);  // the binade, f16's subnormal one at least
+    return round(x * ldexp(1.0, 10 - e)) * ldexp(1.0, e - 10);
+}
+
 fn f16_rounded(v: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(pack2x16float(v.xy)), unpack2x16float(pack2x16float(v.zw)));
+    return vec4<f32>(f16_rounded1(v.x), f16_rounded1(v.y), f16_rounded1(v.z), f16_rounded1(v.w));
 }
 
 fn normed(src: u32, i: u32, inv: f32, w0: u32) -> f32 {
