@@ -28,7 +28,7 @@ TOKENIZERS = Path(__file__).resolve().parents[1] / ".cache" / "tokenizers"
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|> there"},
             {"role": "assistant", "content": "<think>x</think>Hello", "reasoning_content": "x"},
             {"role": "user", "content": "again", "tool_calls": [{"function": {"name": "f", "arguments": {"a": 1}}}]}]
-QUICK = settings(max_examples=150, deadline=None, derandomize=True, database=None,
+QUICK = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.too_slow])
 LONG = settings(max_examples=1500, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from engine.session import ChatSettings
 from engine.settings import FIELD_RULES, SAMPLING_RULES, check_settings, read_settings, settings_to_dict
 
-QUICK = settings(max_examples=300, deadline=None, derandomize=True, database=None,
+QUICK = settings(max_examples=150, deadline=None, derandomize=True, database=None,
                  suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 LONG = settings(max_examples=3000, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
