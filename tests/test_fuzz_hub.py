@@ -123,13 +123,13 @@ def quick_budgets(monkeypatch):
     monkeypatch.setattr(download, "READ_TIMEOUT_S", 5.0)
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", range(15))
 def test_random_fault_schedules(hub, tmp_path, quick_budgets, seed):
     check_schedule(hub, tmp_path, seed)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", range(30, 400))
+@pytest.mark.parametrize("seed", range(15, 400))
 def test_random_fault_schedules_long(hub, tmp_path, quick_budgets, seed):
     check_schedule(hub, tmp_path, seed)
 
