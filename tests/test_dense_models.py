@@ -101,7 +101,7 @@ def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
     assert np.abs(odd_chunks - full).max() / scale < 5e-3  # chunks of 7 run the GEMMs, as the full forward does
 
 
-@pytest.mark.slow  # every tiny architecture twice: about 5 s of the not-slow loop
+@pytest.mark.slow  # every tiny architecture, twice
 @pytest.mark.parametrize("q8_prefill", [False, True], ids=["f32-prefill", "int8-prefill"])
 def test_int8_prefill_rounds_as_int8_decode(gpu, tiny, q8_prefill):
     """matmul_q8w (prefill) and matvec_q8 (decode) both round every 4-bit matrix input to int8. They are not
