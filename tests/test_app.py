@@ -448,6 +448,7 @@ def test_app_loads_and_chats_with_an_mlx_moe_model(qtbot, data_dir):
     w.close()
 
 
+@pytest.mark.slow
 @pytest.mark.gpu
 @pytest.mark.model
 def test_verify_and_remove_a_downloaded_model(qtbot, tiny_repo, hub, monkeypatch):

@@ -12,6 +12,7 @@ from tests.helpers import TINY_QWEN3_KEY as KEY
 from tests.helpers import no_connections
 
 
+@pytest.mark.slow
 @pytest.mark.model
 def test_download_list_generate_offline_and_remove(gpu, tiny_repo, capsys):
     assert cli_main(["models", "--json"]) == 0

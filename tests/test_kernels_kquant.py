@@ -186,6 +186,7 @@ def test_matvec_kq_rows_per_workgroup(any_gpu, rng, rows, wg):
     check_f32_product(out, x[0], W, M, N, False, 12 + K // 32 + 64)
 
 
+@pytest.mark.slow
 def test_matvec_kq_folded_grid(any_gpu, rng):
     # More than 65,535 workgroups: the grid folds into (x, y) and the kernel rebuilds the group id.
     tag, K, N = "q5_1", 64, MAX_GROUPS_PER_DIM + 1000

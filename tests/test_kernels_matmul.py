@@ -189,6 +189,7 @@ def test_gemm_int4(gpu, rng, T, K, N, gate_up):
     assert_close(out, reference(x, q_weight, q_scale, N, gate_up))
 
 
+@pytest.mark.slow
 def test_gemm_int4_folded_grid(gpu, rng):
     # More than 65,535 column tiles (4-wide here): they fold into (x, z) while y keeps the token tiles.
     K, N, T = 32, 4 * MAX_GROUPS_PER_DIM + 40, 5

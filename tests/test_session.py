@@ -211,6 +211,7 @@ def test_a_stop_during_the_wait_for_a_piece_leaves_it_queued_and_the_next_turns_
     assert tokens(answer) == tokens(stream_generate(model, ids, 10))
 
 
+@pytest.mark.slow
 def test_cli_chat_runs_turns_and_commands(model, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
     lines = iter(["hello", "/regen", "/system Be brief.", "/new", "again", "/quit"])
@@ -222,6 +223,7 @@ def test_cli_chat_runs_turns_and_commands(model, monkeypatch, capsys, tmp_path):
     assert "context" in err and "/128" in err
 
 
+@pytest.mark.slow
 def test_cli_chat_reports_a_full_context_and_carries_on(model, monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
     lines = iter(["x" * 400, "short", ""])
