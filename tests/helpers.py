@@ -30,9 +30,12 @@ from keyring.errors import PasswordDeleteError
 from engine.catalog import CatalogEntry
 from engine.demo import install_demo
 from engine.demo import is_installed as is_demo_installed
+from engine.formats.mlx import dequantize as mlx_dequantize
 from engine.gpu import UNIFORM, Recorder
 from engine.hub.offline import offline_reason
+from engine.kernels.matmul import FORMATS, format_knobs, matvec_q8_plan, quantize_q8_plan
 from engine.models import model_module
+from engine.packed import PackedWeight
 from engine.sampling import SamplingParams
 
 CACHE_ROOT = Path(__file__).resolve().parent.parent / ".cache"  # git-ignored; downloads and built checkpoints
@@ -181,6 +184,49 @@ def assert_q8_row(gpu, xq_buf, xm_buf, row) -> None:
     assert_q8_matches(xq, xm, row)
 
 
+# ---- int8 activations on the GPU: quantize_q8 rows and matvec_q8 on them ------------------------------------------
+
+Q4 = {tag: FORMATS[tag] for tag in ("q4f16_1", "q4_0", "q4_1", "mlx4")}
+
+
+def quantize_on_gpu(gpu, x: np.ndarray, last_row: bool):
+    T, K = x.shape
+    xq, xm = poisoned(gpu, "xq", (K // 4,), np.uint32), poisoned(gpu, "xm", (K // 32, 2))
+    consts, grid = quantize_q8_plan(K, last_row)
+    run(gpu, "quantize_q8", consts, [gpu.upload("x", x), xq, xm, step_uniform(gpu, T)], grid)
+    return xq, xm, read(gpu, xq, (K // 4,), np.uint32), read(gpu, xm, (K // 32, 2))
+
+
+def run_q8(gpu, x_row, w, s, N, gate_up, fmt, subgroup_size=None, **plan):
+    K = x_row.shape[0]
+    xq_buf, xm_buf, xq, xm = quantize_on_gpu(gpu, x_row[None], False)
+    consts, grid = matvec_q8_plan(K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, **plan, **fmt)
+    y = poisoned(gpu, "y", (N,))
+    run(gpu, "matvec_q8", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf], grid)
+    x_hat = unpack_codes(xq).astype(np.float64) * np.repeat(xm[:, 0].astype(np.float64), 32)
+    return read(gpu, y, (N,)), x_hat, grid
+
+
+def q8_reference(x, w, s, N, gate_up, fmt):
+    out = x @ reference_dequantize_fmt(w, s, **fmt).T
+    return silu(out[:N]) * out[N:] if gate_up else out
+
+
+def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: int = 0):
+    """quantize_q8 over rows of x (as the block does): (xq buffer, xm buffer, the dequantized rows as float64)."""
+    rows, K = x_rows.shape
+    stride = x_stride or K
+    padded = np.zeros((row0 + rows, stride), np.float32)
+    padded[row0:, :K] = x_rows
+    total = row0 + rows
+    xq, xm = poisoned(gpu, "xq", (total * K // 4,), np.uint32), poisoned(gpu, "xm", (total * K // 32, 2))
+    consts, grid = quantize_q8_plan(K, rows=rows, row0=row0, x_stride=stride)
+    run(gpu, "quantize_q8", consts, [gpu.upload("x", padded), xq, xm, step_uniform(gpu, 1)], grid)
+    codes = unpack_codes(read(gpu, xq, (total * K // 4,), np.uint32)).reshape(total, K)[row0:]
+    scales = read(gpu, xm, (total * K // 32, 2))[:, 0].reshape(total, K // 32)[row0:]
+    return xq, xm, codes * np.repeat(scales.astype(np.float64), 32, axis=1)
+
+
 # ---- RoPE and the paged KV cache ----------------------------------------------------------------------------------
 
 PAGE = 16
@@ -204,6 +250,93 @@ def rope_ref(x, positions, inv_freq, rot, f32_angle=False):
     x[..., :half] = x1 * cos - x2 * sin
     x[..., half:rot] = x2 * cos + x1 * sin
     return x
+
+
+# ---- paged attention: the cache's layout, float64 attention, a random paged cache ---------------------------------
+
+NEG_BIG = -3.0e38
+
+
+def page_table_for(rng, n_logical, spare=2):
+    """A shuffled logical→physical map over n_logical + spare physical pages (spares stay unused)."""
+    physical = rng.permutation(n_logical + spare)[:n_logical]
+    return physical.astype(np.uint32), n_logical + spare
+
+
+def slot(page_table, p):
+    return int(page_table[p // PAGE]), p % PAGE
+
+
+def split_ranges(n_keys, splits):
+    per = -(-n_keys // splits)
+    return [(min(s * per, n_keys), min(min(s * per, n_keys) + per, n_keys)) for s in range(splits)]
+
+
+def attention_partials_ref(q, k, v, pos0, scale, splits):
+    """Per split: (o unnormalized vs the split max, m, l). q [T, H, HD]; k, v [L, KVH, HD] by position."""
+    t_len, h_len, hd = q.shape
+    group = h_len // k.shape[1]
+    o = np.zeros((splits, t_len, h_len, hd))
+    ml = np.zeros((splits, t_len, h_len, 2))
+    for t in range(t_len):
+        for h in range(h_len):
+            kk, vv = k[:, h // group].astype(np.float64), v[:, h // group].astype(np.float64)
+            scores = kk @ q[t, h].astype(np.float64) * scale
+            for s, (a, b) in enumerate(split_ranges(pos0 + t + 1, splits)):
+                if a == b:
+                    ml[s, t, h] = (NEG_BIG, 0.0)
+                    continue
+                m = scores[a:b].max()
+                p = np.exp(scores[a:b] - m)
+                o[s, t, h] = p @ vv[a:b]
+                ml[s, t, h] = (m, p.sum())
+    return o, ml
+
+
+def attention_ref(q, k, v, pos0, scale):
+    o, ml = attention_partials_ref(q, k, v, pos0, scale, 1)
+    return (o[0] / ml[0, ..., 1:2]).reshape(q.shape[0], -1)
+
+
+def cache_with(positions_kv, page_table, n_pages, kvh, hd):
+    """A NaN-filled f16 cache [n_pages, KVH, PAGE, HD] holding rows[p] = [KVH, HD] at their slots."""
+    cache = np.full((n_pages, kvh, PAGE, hd), np.nan, np.float16)
+    for p, row in enumerate(positions_kv):
+        page, sl = slot(page_table, p)
+        cache[page, :, sl] = row
+    return cache
+
+
+def check_cache(cache, page_table, expected, positions, atol):
+    """Slots of `positions` match expected[i] = [KVH, HD]; every other slot is still NaN."""
+    written = np.zeros(cache.shape[:1] + cache.shape[2:3], bool)
+    for i, p in enumerate(positions):
+        page, sl = slot(page_table, p)
+        np.testing.assert_allclose(cache[page, :, sl].astype(np.float64), expected[i], rtol=0, atol=atol)
+        written[page, sl] = True
+    assert np.isnan(cache.transpose(0, 2, 1, 3)[~written]).all(), "a cache slot outside the step was written"
+
+
+class AttentionSetup:
+    """Random q and a paged cache holding positions 0..pos0+T-1 (NaN everywhere else)."""
+
+    def __init__(self, g, rng, H, KVH, HD, T, pos0):
+        self.H, self.KVH, self.HD, self.T, self.pos0 = H, KVH, HD, T, pos0
+        n_keys = pos0 + T
+        self.q = rng.standard_normal((T, H, HD)).astype(np.float32)
+        self.k = rng.standard_normal((n_keys, KVH, HD)).astype(np.float16)
+        self.v = rng.standard_normal((n_keys, KVH, HD)).astype(np.float16)
+        page_table, n_pages = page_table_for(rng, (n_keys - 1) // PAGE + 1)
+        self.scale = 1.0 / np.sqrt(HD)
+        self.bufs = [
+            g.upload("q", self.q),
+            g.upload("k_cache", cache_with(self.k, page_table, n_pages, KVH, HD)),
+            g.upload("v_cache", cache_with(self.v, page_table, n_pages, KVH, HD)),
+            g.upload("pt", page_table),
+        ]
+
+    def consts(self, WG, split):
+        return dict(WG=WG, H=self.H, KVH=self.KVH, HD=self.HD, PAGE=PAGE, SCALE=float(self.scale), SPLIT=split)
 
 
 # ---- whole models against their oracles ---------------------------------------------------------------------------
@@ -362,6 +495,71 @@ def record_moe_block(gpu, block, ws, x, layers=(0,)):
     result = read(gpu, ws.delta, (rows, D))
     assert np.isnan(result[T:]).all(), "rows past n_tokens were written"
     return result[:T], dispatches
+
+
+# ---- MoE kernels: packed expert stacks, the router's float64 reference and its tolerance --------------------------
+
+def assert_close(out, ref, tol=1e-4):
+    assert np.isfinite(out).all(), "unwritten (NaN) or non-finite outputs"
+    # As in test_kernels_matmul: f32 rounding of K ≤ 512-term sums and the router's exp and divisions stay near
+    # 1e-6 of max|y|, while a wrong expert, slot or code moves y by 1e-3 of it or more
+    err = np.abs(out - ref).max() / np.abs(ref).max()
+    assert err < tol, f"max error {err:.2e} of max|ref|"
+
+
+def random_weight(rng, shape, fmt, scale=0.02):
+    """A PackedWeight of `shape` ([..., N, K]) in format `fmt` with every code value in use; scales > 0 and
+    biases that centre the codes (w spans about ±half the code range times the scale)."""
+    *lead, n, k = shape
+    if fmt == "f16":
+        return PackedWeight({"weight": rng.uniform(-8 * scale, 8 * scale, shape).astype(np.float16)}, fmt, shape, ())
+    bits = format_knobs(fmt)["bits"]
+    q_weight = rng.integers(0, 2**32, size=(*lead, n, k * bits // 32), dtype=np.uint32)
+    s = rng.uniform(0.5, 1.5, size=(*lead, n, k // 64)) * scale / 2 ** (bits - 4)
+    b = -s * 2 ** (bits - 1) + rng.uniform(-0.5, 0.5, s.shape) * s
+    q_scale = np.stack([s, b], axis=-1).astype(np.float16)
+    return PackedWeight({"q_weight": q_weight, "q_scale": q_scale}, fmt, tuple(shape), ())
+
+
+def moe_values(weight):
+    return mlx_dequantize(weight).astype(np.float64)
+
+
+def reference_route(logits, E, top_k, shared, norm):
+    """float64: softmax over the E logits, top-k by a stable sort (ties -> lower index), renormalise."""
+    lg = logits[:, :E].astype(np.float64)
+    p = np.exp(lg - lg.max(1, keepdims=True))
+    p /= p.sum(1, keepdims=True)
+    ids = np.argsort(-lg, axis=1, kind="stable")[:, :top_k]
+    w = np.take_along_axis(p, ids, 1)
+    if norm:
+        w /= w.sum(1, keepdims=True)
+    if shared:
+        ids = np.concatenate([ids, np.full((len(lg), 1), E)], 1)
+        w = np.concatenate([w, 1 / (1 + np.exp(-logits[:, E:E + 1].astype(np.float64)))], 1)
+    return ids, w
+
+
+U = 2.0**-23  # one f32 ULP, relative (an upper bound for normal numbers)
+
+
+def route_tolerance(logits, ids, E, top_k, shared, norm):
+    """Relative bound on each router weight from WGSL's accuracy table: exp(x) within 3 + 2|x| ULP, x / y within
+    2.5 ULP, x − y and x + y correctly rounded (half an ULP). Softmax: each exp(l − m) carries its own error plus
+    the subtraction's (|l − m|·U/2), the sum of E positive terms adds (E − 1)·U/2 in any order, the division
+    2.5 ULP; renormalising repeats the sum (top_k terms) and the division; the shared gate 1 / (1 + exp(−x))."""
+    lg = logits[:, :E].astype(np.float64)
+    d = np.abs(lg - lg.max(1, keepdims=True))
+    term = (3 + 2 * d) * U + d * U / 2  # each exp(l − m)
+    total = term.max(1, keepdims=True) + (E - 1) * U / 2
+    prob = np.take_along_axis(term, ids[:, :top_k].astype(np.int64), 1) + total + 2.5 * U
+    if norm:
+        prob = prob + prob.max(1, keepdims=True) + (top_k - 1) * U / 2 + 2.5 * U
+    if shared:
+        x = logits[:, E:E + 1].astype(np.float64)
+        e = np.exp(-x)
+        prob = np.concatenate([prob, e / (1 + e) * (3 + 2 * np.abs(x)) * U + U / 2 + 2.5 * U], 1)
+    return prob
 
 
 # ---- tiny random Hugging Face checkpoints (transformers) ----------------------------------------------------------
@@ -734,6 +932,31 @@ def make_model(tmp_path, rng, arch, qtype=Q.Q4_0, **kw):
 def roundtrip(w, qtype):
     """What ggml itself gives back for HF weights quantized in `qtype` (vectors stay F32)."""
     return gguf_dequantize(gguf_quantize(w, qtype), qtype) if w.ndim == 2 else w
+
+
+# ---- GGUF tokenizer fields, as llama.cpp's converter writes them --------------------------------------------------
+
+# GGUF's token types (tokenizer.ggml.token_type)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+
+
+def looks_special(token: str) -> bool:
+    # convert_hf_to_gguf.py's does_token_look_special: such added tokens are CONTROL even if not special.
+    return (token.startswith("<|") and token.endswith("|>")) or token in ("<pad>", "<mask>")
+
+
+def byte_level_fields(folder: Path, pre: str, vocab_size: int | None = None) -> dict:
+    """tokenizer.ggml.* fields as convert_hf_to_gguf.py writes a byte-level BPE tokenizer.json: added tokens as
+    plain text (CONTROL if special or special-looking, else USER_DEFINED), ids padded with [PADn] (UNUSED)."""
+    data = json.loads((folder / "tokenizer.json").read_text())
+    by_id = {i: (t, NORMAL) for t, i in data["model"]["vocab"].items()}
+    for a in data["added_tokens"]:
+        by_id[a["id"]] = (a["content"], CONTROL if a["special"] or looks_special(a["content"]) else USER_DEFINED)
+    n = max(vocab_size or 0, max(by_id) + 1)
+    tokens, types = zip(*(by_id.get(i, (f"[PAD{i}]", UNUSED)) for i in range(n)), strict=True)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": list(tokens),
+            "tokenizer.ggml.token_type": list(types), "tokenizer.ggml.merges": merges}
 
 
 # ---- the catalog --------------------------------------------------------------------------------------------------

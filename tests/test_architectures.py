@@ -5,7 +5,8 @@ every source tensor present with the shape the table gives (rows joined), and ev
 declared ignored. Adding an architecture is adding a file (shown with a throwaway one). Import directions are
 checked on the source: architecture files and format readers never import the runtime or the GPU layer, the memory
 estimate and the catalog take no runtime constants (they ask the runtime's own plan), the tokenizer and the GGUF
-tokenizer reader do not import each other, and nothing in the engine imports the app.
+tokenizer reader do not import each other, nothing in the engine imports the app, and no test module imports
+another (what tests share lives in tests/helpers.py and conftest.py).
 """
 
 from __future__ import annotations
@@ -150,6 +151,33 @@ def test_the_engine_never_imports_the_app():
     for path in sorted((ROOT / "engine").rglob("*.py")):
         bad = [m for m in imports(path) if m == "app" or m.startswith("app.")]
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def imported_test_modules(source: str) -> set[str]:
+    """The tests.test_* modules a test file's source imports: from tests.test_x import ..., import tests.test_x,
+    from tests import test_x, and their relative forms (from .test_x import ..., from . import test_x)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            module = "tests" + (f".{node.module}" if node.module else "") if node.level else node.module or ""
+            found |= {module} | {f"{module}.{a.name}" for a in node.names}
+    return {".".join(m.split(".")[:2]) for m in found if m.split(".")[0] == "tests"
+            and len(m.split(".")) > 1 and m.split(".")[1].startswith("test_")}
+
+
+def test_imported_test_modules_sees_every_form():
+    source = ("from tests.test_a import f\nimport tests.test_b\nfrom tests import test_c, helpers\n"
+              "from .test_d import g\nfrom . import test_e\nfrom tests.helpers import run\nimport test_f_lookalike\n"
+              "def lazy():\n    from tests.test_g import h\n")
+    assert imported_test_modules(source) == {f"tests.test_{x}" for x in "abcdeg"}
+
+
+def test_no_test_module_imports_another():
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        bad = imported_test_modules(path.read_text())
+        assert not bad, f"tests/{path.name} imports {sorted(bad)}: move what it shares into tests/helpers.py"
 
 
 def test_packed_weight_is_neutral():

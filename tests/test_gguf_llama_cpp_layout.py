@@ -20,8 +20,7 @@ from engine.formats.gguf import GgufCheckpoint
 from engine.model import load_model
 from engine.sampling import SamplingParams
 from engine.tokenizer_loader import load_tokenizer
-from tests.helpers import CHAT_TEMPLATE, kquant_raw, use_more_bits, write_tiny_tokenizer
-from tests.test_gguf_tokenizer import byte_level_fields
+from tests.helpers import CHAT_TEMPLATE, byte_level_fields, kquant_raw, use_more_bits, write_tiny_tokenizer
 
 DIMS = dict(dim=256, heads=4, kv_heads=2, head_dim=64, ffn=384, vocab=288, layers=12)
 FILE_TYPE_Q4_K_M = 15  # llama_ftype LLAMA_FTYPE_MOSTLY_Q4_K_M

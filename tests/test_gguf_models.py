@@ -38,7 +38,7 @@ HF_KEYS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm
 
 
 def hf_to_flat(model, model_type):
-    """transformers weights → the flat keys tests.test_gguf_format.gguf_tensors takes."""
+    """transformers weights → the flat keys tests.helpers.gguf_tensors takes."""
     sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
     cfg = model.config
     w = {"embed": sd["model.embed_tokens.weight"], "norm": sd["model.norm.weight"]}

@@ -23,9 +23,19 @@ from tokenizers import Tokenizer as HFTokenizer
 from engine.errors import ModelFormatError
 from engine.tokenizer import Tokenizer
 from engine.tokenizer_loader import load_tokenizer
-from tests.helpers import FetchError, demo_gguf, llama2_tokenizer_dir, llama3_tokenizer_dir, qwen3_tokenizer_dir
-
-NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+from tests.helpers import (
+    BYTE,
+    CONTROL,
+    NORMAL,
+    UNKNOWN,
+    UNUSED,
+    FetchError,
+    byte_level_fields,
+    demo_gguf,
+    llama2_tokenizer_dir,
+    llama3_tokenizer_dir,
+    qwen3_tokenizer_dir,
+)
 
 TEXTS = [
     "Hello, world!",
@@ -78,25 +88,6 @@ def write_gguf(path: Path, fields: dict, arch: str = "llama") -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
-
-
-def looks_special(token: str) -> bool:
-    # convert_hf_to_gguf.py's does_token_look_special: such added tokens are CONTROL even if not special.
-    return (token.startswith("<|") and token.endswith("|>")) or token in ("<pad>", "<mask>")
-
-
-def byte_level_fields(folder: Path, pre: str, vocab_size: int | None = None) -> dict:
-    """tokenizer.ggml.* fields as convert_hf_to_gguf.py writes a byte-level BPE tokenizer.json: added tokens as
-    plain text (CONTROL if special or special-looking, else USER_DEFINED), ids padded with [PADn] (UNUSED)."""
-    data = json.loads((folder / "tokenizer.json").read_text())
-    by_id = {i: (t, NORMAL) for t, i in data["model"]["vocab"].items()}
-    for a in data["added_tokens"]:
-        by_id[a["id"]] = (a["content"], CONTROL if a["special"] or looks_special(a["content"]) else USER_DEFINED)
-    n = max(vocab_size or 0, max(by_id) + 1)
-    tokens, types = zip(*(by_id.get(i, (f"[PAD{i}]", UNUSED)) for i in range(n)), strict=True)
-    merges = [m if isinstance(m, str) else " ".join(m) for m in data["model"]["merges"]]
-    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre, "tokenizer.ggml.tokens": list(tokens),
-            "tokenizer.ggml.token_type": list(types), "tokenizer.ggml.merges": merges}
 
 
 # ---- SmolLM2 (the demo GGUF) --------------------------------------------------------------------------

@@ -4,9 +4,21 @@ and decode-vs-prefill agreement."""
 import numpy as np
 import pytest
 
-from tests.helpers import PAGE, assert_q8_row, inv_freq_for, poisoned, read, rope_ref, run, step_uniform
-
-NEG_BIG = -3.0e38
+from tests.helpers import (
+    PAGE,
+    AttentionSetup,
+    assert_q8_row,
+    attention_partials_ref,
+    attention_ref,
+    check_cache,
+    inv_freq_for,
+    page_table_for,
+    poisoned,
+    read,
+    rope_ref,
+    run,
+    step_uniform,
+)
 
 
 def _run(g, shader, consts, buffers, grid):
@@ -42,69 +54,6 @@ def quantize_q4f16_1(w):
         words |= q[..., i] << np.uint32(4 * i)
     dequant = (q.reshape(n, k // 32, 32).astype(np.float64) - 7.0) * s64
     return words, scale, dequant.reshape(n, k)
-
-
-def page_table_for(rng, n_logical, spare=2):
-    """A shuffled logical→physical map over n_logical + spare physical pages (spares stay unused)."""
-    physical = rng.permutation(n_logical + spare)[:n_logical]
-    return physical.astype(np.uint32), n_logical + spare
-
-
-def slot(page_table, p):
-    return int(page_table[p // PAGE]), p % PAGE
-
-
-def split_ranges(n_keys, splits):
-    per = -(-n_keys // splits)
-    return [(min(s * per, n_keys), min(min(s * per, n_keys) + per, n_keys)) for s in range(splits)]
-
-
-def attention_partials_ref(q, k, v, pos0, scale, splits):
-    """Per split: (o unnormalized vs the split max, m, l). q [T, H, HD]; k, v [L, KVH, HD] by position."""
-    t_len, h_len, hd = q.shape
-    group = h_len // k.shape[1]
-    o = np.zeros((splits, t_len, h_len, hd))
-    ml = np.zeros((splits, t_len, h_len, 2))
-    for t in range(t_len):
-        for h in range(h_len):
-            kk, vv = k[:, h // group].astype(np.float64), v[:, h // group].astype(np.float64)
-            scores = kk @ q[t, h].astype(np.float64) * scale
-            for s, (a, b) in enumerate(split_ranges(pos0 + t + 1, splits)):
-                if a == b:
-                    ml[s, t, h] = (NEG_BIG, 0.0)
-                    continue
-                m = scores[a:b].max()
-                p = np.exp(scores[a:b] - m)
-                o[s, t, h] = p @ vv[a:b]
-                ml[s, t, h] = (m, p.sum())
-    return o, ml
-
-
-def attention_ref(q, k, v, pos0, scale):
-    o, ml = attention_partials_ref(q, k, v, pos0, scale, 1)
-    return (o[0] / ml[0, ..., 1:2]).reshape(q.shape[0], -1)
-
-
-# ---- cache helpers ---------------------------------------------------------------------------------
-
-
-def cache_with(positions_kv, page_table, n_pages, kvh, hd):
-    """A NaN-filled f16 cache [n_pages, KVH, PAGE, HD] holding rows[p] = [KVH, HD] at their slots."""
-    cache = np.full((n_pages, kvh, PAGE, hd), np.nan, np.float16)
-    for p, row in enumerate(positions_kv):
-        page, sl = slot(page_table, p)
-        cache[page, :, sl] = row
-    return cache
-
-
-def check_cache(cache, page_table, expected, positions, atol):
-    """Slots of `positions` match expected[i] = [KVH, HD]; every other slot is still NaN."""
-    written = np.zeros(cache.shape[:1] + cache.shape[2:3], bool)
-    for i, p in enumerate(positions):
-        page, sl = slot(page_table, p)
-        np.testing.assert_allclose(cache[page, :, sl].astype(np.float64), expected[i], rtol=0, atol=atol)
-        written[page, sl] = True
-    assert np.isnan(cache.transpose(0, 2, 1, 3)[~written]).all(), "a cache slot outside the step was written"
 
 
 # ---- rope_append (prefill) -------------------------------------------------------------------------
@@ -180,28 +129,6 @@ def test_rope_append_far_positions(gpu, rng):
 
 
 # ---- attention + combine ---------------------------------------------------------------------------
-
-
-class AttentionSetup:
-    """Random q and a paged cache holding positions 0..pos0+T-1 (NaN everywhere else)."""
-
-    def __init__(self, g, rng, H, KVH, HD, T, pos0):
-        self.H, self.KVH, self.HD, self.T, self.pos0 = H, KVH, HD, T, pos0
-        n_keys = pos0 + T
-        self.q = rng.standard_normal((T, H, HD)).astype(np.float32)
-        self.k = rng.standard_normal((n_keys, KVH, HD)).astype(np.float16)
-        self.v = rng.standard_normal((n_keys, KVH, HD)).astype(np.float16)
-        page_table, n_pages = page_table_for(rng, (n_keys - 1) // PAGE + 1)
-        self.scale = 1.0 / np.sqrt(HD)
-        self.bufs = [
-            g.upload("q", self.q),
-            g.upload("k_cache", cache_with(self.k, page_table, n_pages, KVH, HD)),
-            g.upload("v_cache", cache_with(self.v, page_table, n_pages, KVH, HD)),
-            g.upload("pt", page_table),
-        ]
-
-    def consts(self, WG, split):
-        return dict(WG=WG, H=self.H, KVH=self.KVH, HD=self.HD, PAGE=PAGE, SCALE=float(self.scale), SPLIT=split)
 
 
 def attention_unsplit(g, a, WG):

@@ -5,8 +5,20 @@ import numpy as np
 import pytest
 
 from engine.kernels.attention import attention_decode_consts, rope_append_consts
-from tests.helpers import PAGE, assert_q8_row, inv_freq_for, poisoned, read, rope_ref, run, step_uniform
-from tests.test_kernels_attention import attention_ref, cache_with, check_cache, page_table_for
+from tests.helpers import (
+    PAGE,
+    assert_q8_row,
+    attention_ref,
+    cache_with,
+    check_cache,
+    inv_freq_for,
+    page_table_for,
+    poisoned,
+    read,
+    rope_ref,
+    run,
+    step_uniform,
+)
 
 EPS = 1e-6
 

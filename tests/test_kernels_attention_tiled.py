@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from engine.kernels.attention import attention_tiled_grid, attention_tiled_plan
-from tests.helpers import PAGE, poisoned, read, run, step_uniform
-from tests.test_kernels_attention import AttentionSetup, attention_ref
+from tests.helpers import PAGE, AttentionSetup, attention_ref, poisoned, read, run, step_uniform
 
 
 @pytest.mark.parametrize(

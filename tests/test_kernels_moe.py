@@ -6,82 +6,27 @@ representable in our packed layouts: random codes and f16 (scale, bias) pairs, d
 import numpy as np
 import pytest
 
-from engine.formats.mlx import dequantize
 from engine.gpu import Recorder
 from engine.kernels.matmul import format_knobs
 from engine.kernels.moe import combine_plan, expert_plan, expert_q8_plan, router_plan
-from engine.packed import PackedWeight
-from tests.helpers import moe_block, poisoned, read, record_moe_block, run, step_uniform, unpack_codes
-
-
-def silu(v):
-    return v / (1 + np.exp(-v))
-
-
-def assert_close(out, ref, tol=1e-4):
-    assert np.isfinite(out).all(), "unwritten (NaN) or non-finite outputs"
-    # As in test_kernels_matmul: f32 rounding of K ≤ 512-term sums and the router's exp and divisions stay near
-    # 1e-6 of max|y|, while a wrong expert, slot or code moves y by 1e-3 of it or more
-    err = np.abs(out - ref).max() / np.abs(ref).max()
-    assert err < tol, f"max error {err:.2e} of max|ref|"
-
-
-def random_weight(rng, shape, fmt, scale=0.02):
-    """A PackedWeight of `shape` ([..., N, K]) in format `fmt` with every code value in use; scales > 0 and
-    biases that centre the codes (w spans about ±half the code range times the scale)."""
-    *lead, n, k = shape
-    if fmt == "f16":
-        return PackedWeight({"weight": rng.uniform(-8 * scale, 8 * scale, shape).astype(np.float16)}, fmt, shape, ())
-    bits = format_knobs(fmt)["bits"]
-    q_weight = rng.integers(0, 2**32, size=(*lead, n, k * bits // 32), dtype=np.uint32)
-    s = rng.uniform(0.5, 1.5, size=(*lead, n, k // 64)) * scale / 2 ** (bits - 4)
-    b = -s * 2 ** (bits - 1) + rng.uniform(-0.5, 0.5, s.shape) * s
-    q_scale = np.stack([s, b], axis=-1).astype(np.float16)
-    return PackedWeight({"q_weight": q_weight, "q_scale": q_scale}, fmt, tuple(shape), ())
-
-
-def values(weight):
-    return dequantize(weight).astype(np.float64)
+from tests.helpers import (
+    assert_close,
+    moe_block,
+    moe_values,
+    poisoned,
+    quantized_rows,
+    random_weight,
+    read,
+    record_moe_block,
+    reference_route,
+    route_tolerance,
+    run,
+    silu,
+    step_uniform,
+)
 
 
 # ---- router ----------------------------------------------------------------------------------------
-def reference_route(logits, E, top_k, shared, norm):
-    """float64: softmax over the E logits, top-k by a stable sort (ties -> lower index), renormalise."""
-    lg = logits[:, :E].astype(np.float64)
-    p = np.exp(lg - lg.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    ids = np.argsort(-lg, axis=1, kind="stable")[:, :top_k]
-    w = np.take_along_axis(p, ids, 1)
-    if norm:
-        w /= w.sum(1, keepdims=True)
-    if shared:
-        ids = np.concatenate([ids, np.full((len(lg), 1), E)], 1)
-        w = np.concatenate([w, 1 / (1 + np.exp(-logits[:, E:E + 1].astype(np.float64)))], 1)
-    return ids, w
-
-
-U = 2.0**-23  # one f32 ULP, relative (an upper bound for normal numbers)
-
-
-def route_tolerance(logits, ids, E, top_k, shared, norm):
-    """Relative bound on each router weight from WGSL's accuracy table: exp(x) within 3 + 2|x| ULP, x / y within
-    2.5 ULP, x − y and x + y correctly rounded (half an ULP). Softmax: each exp(l − m) carries its own error plus
-    the subtraction's (|l − m|·U/2), the sum of E positive terms adds (E − 1)·U/2 in any order, the division
-    2.5 ULP; renormalising repeats the sum (top_k terms) and the division; the shared gate 1 / (1 + exp(−x))."""
-    lg = logits[:, :E].astype(np.float64)
-    d = np.abs(lg - lg.max(1, keepdims=True))
-    term = (3 + 2 * d) * U + d * U / 2  # each exp(l − m)
-    total = term.max(1, keepdims=True) + (E - 1) * U / 2
-    prob = np.take_along_axis(term, ids[:, :top_k].astype(np.int64), 1) + total + 2.5 * U
-    if norm:
-        prob = prob + prob.max(1, keepdims=True) + (top_k - 1) * U / 2 + 2.5 * U
-    if shared:
-        x = logits[:, E:E + 1].astype(np.float64)
-        e = np.exp(-x)
-        prob = np.concatenate([prob, e / (1 + e) * (3 + 2 * np.abs(x)) * U + U / 2 + 2.5 * U], 1)
-    return prob
-
-
 def run_router(gpu, logits, E, top_k, shared, norm, wg=64):
     T = len(logits)
     slots = top_k + shared
@@ -165,7 +110,7 @@ def test_expert_matvec(any_gpu, rng, fmt, gate_up):
     consts, grid = expert_plan(K, N, E, T, slots, gate_up=gate_up, x_slot=not gate_up,
                                x_stride=None if gate_up else K + 32, **format_knobs(fmt))
     out = run_experts(any_gpu, consts, grid, x, ids, w, (T, slots, N), T)
-    full = np.einsum("tsk,tsnk->tsn", xs.astype(np.float64), values(w)[ids])
+    full = np.einsum("tsk,tsnk->tsn", xs.astype(np.float64), moe_values(w)[ids])
     ref = silu(full[..., :N]) * full[..., N:] if gate_up else full
     assert_close(out, ref)
 
@@ -180,7 +125,7 @@ def test_expert_matvec_other_shapes(any_gpu, rng, rows, wg):
     x = rng.standard_normal((T, K)).astype(np.float32)
     consts, grid = expert_plan(K, N, E, T, slots, gate_up=True, rows=rows, wg=wg, **format_knobs("mlx4"))
     out = run_experts(any_gpu, consts, grid, x, ids, w, (T, slots, N), T)
-    full = np.einsum("tk,tsnk->tsn", x.astype(np.float64), values(w)[ids])
+    full = np.einsum("tk,tsnk->tsn", x.astype(np.float64), moe_values(w)[ids])
     assert_close(out, silu(full[..., :N]) * full[..., N:])
 
 
@@ -195,7 +140,7 @@ def test_expert_matvec_slot_range_and_stack_of_one(any_gpu, rng):
                                **format_knobs("mlx4"))
     assert grid[1:] == (T, 1)  # tokens in y, the one slot in z
     out = run_experts(any_gpu, consts, grid, x, ids, w, (T, slots, 40), T)
-    full = x.astype(np.float64) @ values(w)[0].T
+    full = x.astype(np.float64) @ moe_values(w)[0].T
     assert_close(out[:, 2, :N], silu(full[:, :N]) * full[:, N:])
     assert np.isnan(out[:, :2]).all() and np.isnan(out[:, 2, N:]).all()
 
@@ -241,7 +186,7 @@ def transformers_moe(weights, E, top_k, D, F, shared):
                                num_experts=E, num_experts_per_tok=top_k)
     cfg._experts_implementation = "eager"
     block = Qwen3_5MoeSparseMoeBlock(cfg).double()
-    v = {k: torch.from_numpy(values(w)) for k, w in weights.items()}
+    v = {k: torch.from_numpy(moe_values(w)) for k, w in weights.items()}
     with torch.no_grad():
         block.gate.weight.copy_(v["gate"])
         block.experts.gate_up_proj.copy_(torch.cat([v["switch_mlp.gate_proj"], v["switch_mlp.up_proj"]], 1))
@@ -295,7 +240,7 @@ def test_moe_block_without_renormalisation_matches_mlx_lm(gpu, rng, T):
     block = SparseMoeBlock(TextModelArgs(hidden_size=D, num_experts=E, num_experts_per_tok=top_k,
                                          moe_intermediate_size=F, shared_expert_intermediate_size=F,
                                          norm_topk_prob=False))
-    v = {k: mx.array(values(w).astype(np.float32)) for k, w in weights.items()}
+    v = {k: mx.array(moe_values(w).astype(np.float32)) for k, w in weights.items()}
     block.gate.weight, block.shared_expert_gate.weight = v["gate"], v["shared_expert_gate"]
     for p in ("gate_proj", "up_proj", "down_proj"):
         getattr(block.switch_mlp, p).weight = v[f"switch_mlp.{p}"]
@@ -308,7 +253,7 @@ def test_moe_block_without_renormalisation_matches_mlx_lm(gpu, rng, T):
 
 def reference_moe(weights, x, top_k, norm):
     """float64 numpy: softmax router, stable top-k, SwiGLU experts, optional sigmoid-gated shared expert."""
-    v = {k: values(w) for k, w in weights.items()}
+    v = {k: moe_values(w) for k, w in weights.items()}
     x = x.astype(np.float64)
     logits = x @ v["gate"].T
     p = np.exp(logits - logits.max(1, keepdims=True))
@@ -378,23 +323,6 @@ def test_moe_block_refuses_too_many_tokens(gpu, rng):
 
 
 # ---- int8-activation experts (decode) ------------------------------------------------------------------------
-def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: int = 0):
-    """quantize_q8 over rows of x (as the block does): (xq buffer, xm buffer, the dequantized rows as float64)."""
-    from engine.kernels.matmul import quantize_q8_plan
-
-    rows, K = x_rows.shape
-    stride = x_stride or K
-    padded = np.zeros((row0 + rows, stride), np.float32)
-    padded[row0:, :K] = x_rows
-    total = row0 + rows
-    xq, xm = poisoned(gpu, "xq", (total * K // 4,), np.uint32), poisoned(gpu, "xm", (total * K // 32, 2))
-    consts, grid = quantize_q8_plan(K, rows=rows, row0=row0, x_stride=stride)
-    run(gpu, "quantize_q8", consts, [gpu.upload("x", padded), xq, xm, step_uniform(gpu, 1)], grid)
-    codes = unpack_codes(read(gpu, xq, (total * K // 4,), np.uint32)).reshape(total, K)[row0:]
-    scales = read(gpu, xm, (total * K // 32, 2))[:, 0].reshape(total, K // 32)[row0:]
-    return xq, xm, codes * np.repeat(scales.astype(np.float64), 32, axis=1)
-
-
 @pytest.mark.parametrize("fmt", ["mlx4", "mlx3"])
 @pytest.mark.parametrize("gate_up", [True, False])
 def test_expert_matvec_int8(gpu, rng, gate_up, fmt):
@@ -412,7 +340,7 @@ def test_expert_matvec_int8(gpu, rng, gate_up, fmt):
     run(gpu, "moe_matvec_q8", consts, [xq, gpu.upload("ids", ids.astype(np.uint32)),
                                         gpu.upload("w", w["q_weight"].view(np.uint32)), gpu.upload("s", w["q_scale"]),
                                         y, xm], grid)
-    full = np.einsum("sk,snk->sn", xs, values(w)[ids])
+    full = np.einsum("sk,snk->sn", xs, moe_values(w)[ids])
     ref = silu(full[..., :N]) * full[..., N:] if gate_up else full
     np.testing.assert_allclose(read(gpu, y, (slots, N)), ref, rtol=0, atol=2e-5 * np.abs(ref).max())
 
@@ -473,7 +401,7 @@ def test_expert_matvec_int8_3bit_stack_with_4bit_expert_after_it(gpu, rng):
     y = poisoned(gpu, "y", (4, N))
     run(gpu, "moe_matvec_q8", consts, [xq, gpu.upload("ids", ids), gpu.upload("w", w), gpu.upload("s", s), y, xm],
         grid)
-    dense = np.concatenate([values(routed), values(shared)[None]])[[3, 0, E, E]]
+    dense = np.concatenate([moe_values(routed), moe_values(shared)[None]])[[3, 0, E, E]]
     full = np.einsum("k,snk->sn", x_hat[0], dense)
     ref = silu(full[:, :N]) * full[:, N:]
     np.testing.assert_allclose(read(gpu, y, (4, N)), ref, rtol=0, atol=2e-5 * np.abs(ref).max())

@@ -11,16 +11,19 @@ from engine.kernels.matmul import FORMATS, norm_pack_layout
 from engine.kernels.moe import decode_pack_layout, down_q8_plan, gate_up_q8_plan, router_norm_plan
 from tests.helpers import (
     assert_q8_matches,
+    moe_values,
     poisoned,
     random_packed,
+    random_weight,
     read,
     reference_dequantize_fmt,
     reference_quantize_q8,
+    reference_route,
+    route_tolerance,
     run,
     silu,
     unpack_codes,
 )
-from tests.test_kernels_moe import random_weight, reference_route, route_tolerance, values
 
 EPS = 1e-6
 # The f32 dot products of K ≤ 512 random-sign terms drift ~1e-6 of max|y| (test_kernels_matmul's argument); a wrong
@@ -49,7 +52,7 @@ def random_matrix(rng, rows: int, K: int, fmt: str):
     reader's own dequantize)."""
     if fmt == "mlx3":
         pw = random_weight(rng, (rows, K), fmt)
-        return pw["q_weight"], pw["q_scale"], values(pw)
+        return pw["q_weight"], pw["q_scale"], moe_values(pw)
     w, s = random_packed(rng, rows, K, **FORMATS[fmt])
     return w, s, reference_dequantize_fmt(w, s, **FORMATS[fmt])
 

@@ -6,8 +6,17 @@ import pytest
 
 from engine.kernels.matmul import format_knobs
 from engine.kernels.moe import grouped_plan, grouped_q8_plan, max_tiles, sort_plan
-from tests.helpers import poisoned, read, run, step_uniform
-from tests.test_kernels_moe import assert_close, random_weight, silu, values
+from tests.helpers import (
+    assert_close,
+    moe_values,
+    poisoned,
+    quantized_rows,
+    random_weight,
+    read,
+    run,
+    silu,
+    step_uniform,
+)
 
 
 def run_sort(gpu, ids, experts, T, slots, slot0=0, n_slots=None, tm=4, wg=32):
@@ -103,7 +112,7 @@ def test_grouped_gemm_matches_float64(gpu, rng, fmt, gate_up):
         dense = (q.reshape(*q.shape[:-2], K).astype(np.float64) - 7) * np.repeat(w["q_scale"], 32, -1)
     else:
         w = random_weight(rng, (E, 2 * N if gate_up else N, K), fmt)
-        dense = values(w)
+        dense = moe_values(w)
     ids = np.stack([rng.permutation(E)[:slots] for _ in range(rows)])
     if gate_up:  # x row = token
         x = rng.standard_normal((rows, K)).astype(np.float32)
@@ -126,7 +135,7 @@ def test_grouped_gemm_many_pairs_per_expert(gpu, rng):
     ids = np.stack([rng.permutation(E) for _ in range(T)])
     xs = rng.standard_normal((T, slots, K)).astype(np.float32)
     out = run_grouped(gpu, xs, ids, w, E, T, slots, slots, K, N, False, K, "mlx4", tm=8, tn=32)
-    ref = np.einsum("tsk,tsnk->tsn", xs.astype(np.float64), values(w)[ids])
+    ref = np.einsum("tsk,tsnk->tsn", xs.astype(np.float64), moe_values(w)[ids])
     assert_close(out[..., :N], ref)
 
 
@@ -144,8 +153,6 @@ def test_grouped_plan_validates():
 def test_grouped_gemm_int8_matches_float64(gpu, rng, fmt, gate_up):
     # moe_gemm_q8 on int8 activations (quantize_q8's rows, dequantized for the reference): the sums are exact in
     # int32 per chunk, so only f32 rounding of the scaled partial sums remains.
-    from tests.test_kernels_moe import quantized_rows
-
     E, T, slots, n_slots, K, N = 5, 11, 3, 2, 256, 37
     rows = T + 2
     rows_n = 2 * N if gate_up else N
@@ -156,7 +163,7 @@ def test_grouped_gemm_int8_matches_float64(gpu, rng, fmt, gate_up):
         dense = (q.reshape(E, rows_n, K).astype(np.float64) - 7) * np.repeat(w["q_scale"], 32, -1)
     else:
         w = random_weight(rng, (E, rows_n, K), fmt)
-        dense = values(w)
+        dense = moe_values(w)
     ids = np.stack([rng.permutation(E)[:slots] for _ in range(rows)])
     if gate_up:  # x row = token
         xq, xm, x_hat = quantized_rows(gpu, rng.standard_normal((rows, K)).astype(np.float32))

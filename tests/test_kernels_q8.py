@@ -5,30 +5,19 @@ import numpy as np
 import pytest
 
 from engine.kernels import MAX_GROUPS_PER_DIM
-from engine.kernels.matmul import FORMATS, matvec_q8_plan, quantize_q8_plan
+from engine.kernels.matmul import matvec_q8_plan, quantize_q8_plan
 from tests.helpers import (
+    Q4,
     assert_q8_matches,
     int8_rounding_bound,
-    poisoned,
+    q8_reference,
+    quantize_on_gpu,
     random_packed,
-    read,
     reference_dequantize_fmt,
     reference_quantize_q8,
-    run,
-    silu,
-    step_uniform,
+    run_q8,
     unpack_codes,
 )
-
-Q4 = {tag: FORMATS[tag] for tag in ("q4f16_1", "q4_0", "q4_1", "mlx4")}
-
-
-def quantize_on_gpu(gpu, x: np.ndarray, last_row: bool):
-    T, K = x.shape
-    xq, xm = poisoned(gpu, "xq", (K // 4,), np.uint32), poisoned(gpu, "xm", (K // 32, 2))
-    consts, grid = quantize_q8_plan(K, last_row)
-    run(gpu, "quantize_q8", consts, [gpu.upload("x", x), xq, xm, step_uniform(gpu, T)], grid)
-    return xq, xm, read(gpu, xq, (K // 4,), np.uint32), read(gpu, xm, (K // 32, 2))
 
 
 @pytest.mark.parametrize("T,K,last_row", [(1, 32, False), (3, 2080, True), (2, 64 * 70, False)])
@@ -44,21 +33,6 @@ def test_quantize_q8_matches_reference(gpu, rng, T, K, last_row):
     assert K == 32 or not live[1]
 
 
-def run_q8(gpu, x_row, w, s, N, gate_up, fmt, subgroup_size=None, **plan):
-    K = x_row.shape[0]
-    xq_buf, xm_buf, xq, xm = quantize_on_gpu(gpu, x_row[None], False)
-    consts, grid = matvec_q8_plan(K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, **plan, **fmt)
-    y = poisoned(gpu, "y", (N,))
-    run(gpu, "matvec_q8", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf], grid)
-    x_hat = unpack_codes(xq).astype(np.float64) * np.repeat(xm[:, 0].astype(np.float64), 32)
-    return read(gpu, y, (N,)), x_hat, grid
-
-
-def reference(x, w, s, N, gate_up, fmt):
-    out = x @ reference_dequantize_fmt(w, s, **fmt).T
-    return silu(out[:N]) * out[N:] if gate_up else out
-
-
 @pytest.mark.parametrize("tag", list(Q4))
 @pytest.mark.parametrize("K,N,gate_up", [(192, 37, False), (128, 21, True), (1024, 90, False), (640, 33, True)])
 def test_matvec_q8_on_the_quantized_x(gpu, rng, tag, K, N, gate_up):
@@ -66,10 +40,10 @@ def test_matvec_q8_on_the_quantized_x(gpu, rng, tag, K, N, gate_up):
     w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
     x = rng.standard_normal(K).astype(np.float32)
     out, x_hat, _ = run_q8(gpu, x, w, s, N, gate_up, fmt)
-    ref = reference(x_hat, w, s, N, gate_up, fmt)
+    ref = q8_reference(x_hat, w, s, N, gate_up, fmt)
     f32 = 2e-5 * np.abs(ref).max()  # exact integer dots per chunk; f32 scales and sums K/32 ≤ 32
     np.testing.assert_allclose(out, ref, rtol=0, atol=f32)
-    exact = reference(x.astype(np.float64), w, s, N, gate_up, fmt)
+    exact = q8_reference(x.astype(np.float64), w, s, N, gate_up, fmt)
     bound = int8_rounding_bound(x, reference_dequantize_fmt(w, s, **fmt), N, gate_up)
     assert (np.abs(out - exact) <= bound + f32).all()  # against the unrounded x: the int8 rounding's own bound
 
@@ -80,7 +54,7 @@ def test_matvec_q8_covers_every_row_whatever_the_subgroup_size(gpu, rng, claimed
     w, s = random_packed(rng, N, K, **fmt)
     out, x_hat, _ = run_q8(gpu, rng.standard_normal(K).astype(np.float32), w, s, N, False, fmt, claimed,
                            wg=64, rows=3)
-    ref = reference(x_hat, w, s, N, False, fmt)
+    ref = q8_reference(x_hat, w, s, N, False, fmt)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
 
 
@@ -90,7 +64,7 @@ def test_matvec_q8_folded_grid(gpu, rng):
     out, x_hat, grid = run_q8(gpu, rng.standard_normal(K).astype(np.float32), w, s, N, False, fmt,
                               wg=gpu.subgroup_size * 2, rows=1)
     assert grid[1] > 1
-    ref = reference(x_hat, w, s, N, False, fmt)
+    ref = q8_reference(x_hat, w, s, N, False, fmt)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
 
 

@@ -7,15 +7,18 @@ import pytest
 
 from engine.kernels.matmul import matvec_q8_norm_plan, matvec_q8_plan, matvec_q8_rms_plan, norm_pack_layout
 from tests.helpers import (
+    Q4,
     assert_q8_matches,
     poisoned,
+    q8_reference,
+    quantize_on_gpu,
     random_packed,
     read,
     reference_dequantize_fmt,
     run,
+    run_q8,
     step_uniform,
 )
-from tests.test_kernels_q8 import Q4, quantize_on_gpu, reference, run_q8
 
 
 def run_rms(gpu, v_row, w, s, N, gate_up, fmt, ss, eps, subgroup_size=None):
@@ -42,7 +45,7 @@ def test_matvec_q8_rms(gpu, rng, tag, K, N, gate_up, claimed):
     out = run_rms(gpu, v, w, s, N, gate_up, fmt, ss, eps, claimed)
     _, v_hat, _ = run_q8(gpu, v, w, s, N, False, fmt)  # the quantized input row, in float64
     inv = 1.0 / np.sqrt(ss.astype(np.float64).sum() / K + eps)
-    ref = reference(v_hat * inv, w, s, N, gate_up, fmt)
+    ref = q8_reference(v_hat * inv, w, s, N, gate_up, fmt)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
 
 
@@ -62,7 +65,7 @@ def test_matvec_q8_norm(gpu, rng, tag, K, N, offset):
     run(gpu, "matvec_q8_norm", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
                                          gpu.upload("r_in", r_in), gpu.upload("nw", nw), nq], grid)
     _, x_hat, _ = run_q8(gpu, x, w, s, N, False, fmt)
-    ref = r_in.astype(np.float64) + reference(x_hat, w, s, N, False, fmt)
+    ref = r_in.astype(np.float64) + q8_reference(x_hat, w, s, N, False, fmt)
     got = read(gpu, y, (N,))
     np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
     words = read(gpu, nq, (pack["bytes"] // 4,), np.uint32)
