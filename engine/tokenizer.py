@@ -325,10 +325,10 @@ def _templates_from_dir(folder: Path, config: dict) -> dict[str, ChatTemplate]:
     if isinstance(value, str):
         return {"default": ChatTemplate(value, where)}
     if isinstance(value, list):
-        try:
-            return {t["name"]: ChatTemplate(t["template"], f"{where} ({t['name']})") for t in value}
-        except (KeyError, TypeError) as e:
-            raise ModelFormatError(f"{where}: chat_template list entries need 'name' and 'template'") from e
+        if not all(isinstance(t, dict) and isinstance(t.get("name"), str) and t["name"]
+                   and isinstance(t.get("template"), str) for t in value):
+            raise ModelFormatError(f"{where}: chat_template list entries need a 'name' and a 'template', both text")
+        return {t["name"]: ChatTemplate(t["template"], f"{where} ({t['name']})") for t in value}
     return {}
 
 

@@ -219,6 +219,20 @@ def check_config(folder: Path, config) -> None:
             assert str(folder) in str(e) or "chat template named" in str(e), e
 
 
+@pytest.mark.parametrize("entries", [
+    [{"name": True, "template": "a"}, {"name": None, "template": "b"}],  # the long fuzz pass found these names
+    [{"name": "", "template": "a"}],
+    [{"name": "tool_use", "template": 3}],
+    ["{{ messages }}"],
+])
+def test_named_templates_need_text_names_and_bodies(tmp_path, entries):
+    tiny_tokenizer_files(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": entries}))
+    with pytest.raises(ModelFormatError, match="chat_template list entries need a 'name' and a 'template'") as e:
+        Tokenizer.from_dir(tmp_path)
+    assert str(tmp_path / "tokenizer_config.json") in str(e.value)
+
+
 @QUICK
 @given(config=tokenizer_configs())
 def test_fuzzed_tokenizer_configs_load_or_fail_clearly(tmp_path_factory, config):
