@@ -10,20 +10,14 @@
 // up rows; y = silu(gate)·up), HALVES (per-16 offsets), KTYPE, QK, BW.
 #import kq_items
 #import q8_element_order
+#import kq_q8_rows
 
-const NB: u32 = K / QK;
 const ITEMS: u32 = NB * IPB;  // items per row
-const MATS: u32 = select(1u, 2u, GATE_UP);
-const WROWS: u32 = ROWS * MATS;
-const ONES: u32 = 0x01010101u;
-
-fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 
 fn kq_q8_rows(group_id: u32, lane: Lane) {
     for (var blkrow = lane.sg_id; blkrow < BLOCKS; blkrow += lane.n_sg) {
         let first = (group_id * BLOCKS + blkrow) * ROWS;
-        var blk0: array<u32, WROWS>;  // rows past N are clamped to N − 1: read, summed, never written
-        for (var i = 0u; i < WROWS; i++) { blk0[i] = ((i / ROWS) * N + min(first + i % ROWS, N - 1u)) * NB; }
+        let blk0 = kq_row_blocks(first);
         var acc = array<f32, WROWS>();
         for (var item = lane.sg_lane; item < ITEMS; item += lane.sg_size) {
             let bo = item / IPB;
@@ -58,19 +52,6 @@ fn kq_q8_rows(group_id: u32, lane: Lane) {
                 acc[i] += s;
             }
         }
-        var total: array<f32, WROWS>;
-        for (var i = 0u; i < WROWS; i++) { total[i] = subgroupAdd(acc[i]); }
-        if (lane.sg_lane == 0u) {
-            for (var i = 0u; i < ROWS; i++) {
-                let r = first + i;
-                if (r < N) {
-                    if (GATE_UP) {
-                        y[r] = silu(total[i]) * total[ROWS + i];
-                    } else {
-                        y[r] = total[i];
-                    }
-                }
-            }
-        }
+        store_kq_rows(first, acc, lane);
     }
 }

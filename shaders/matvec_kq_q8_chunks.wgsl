@@ -13,6 +13,7 @@
 #import reduce
 #import kq_decode
 #import q8_element_order
+#import kq_q8_rows
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
@@ -21,20 +22,13 @@
 @group(0) @binding(4) var<storage, read> xm: array<vec2<f32>>;
 
 const CHUNKS: u32 = K / 32u;
-const NB: u32 = K / QK;
-const MATS: u32 = select(1u, 2u, GATE_UP);
-const WROWS: u32 = ROWS * MATS;
-const ONES: u32 = 0x01010101u;
-
-fn silu(v: f32) -> f32 { return v / (1.0 + exp(-v)); }
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
     let group_id = wid.y * nwg.x + wid.x;
     for (var blkrow = lane.sg_id; blkrow < BLOCKS; blkrow += lane.n_sg) {
         let first = (group_id * BLOCKS + blkrow) * ROWS;
-        var blk0: array<u32, WROWS>;  // rows past N are clamped to N − 1: read, summed, never written
-        for (var i = 0u; i < WROWS; i++) { blk0[i] = ((i / ROWS) * N + min(first + i % ROWS, N - 1u)) * NB; }
+        let blk0 = kq_row_blocks(first);
         var acc = array<f32, WROWS>();
         for (var c = lane.sg_lane; c < CHUNKS; c += lane.sg_size) {
             let blk_off = c / CPB;
@@ -65,19 +59,6 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
                 acc[i] += m.x * (ab.x * f32(d0) + ab.y * f32(d1) + ab.z * xsum.x + ab.w * xsum.y);
             }
         }
-        var total: array<f32, WROWS>;
-        for (var i = 0u; i < WROWS; i++) { total[i] = subgroupAdd(acc[i]); }
-        if (lane.sg_lane == 0u) {
-            for (var i = 0u; i < ROWS; i++) {
-                let r = first + i;
-                if (r < N) {
-                    if (GATE_UP) {
-                        y[r] = silu(total[i]) * total[ROWS + i];
-                    } else {
-                        y[r] = total[i];
-                    }
-                }
-            }
-        }
+        store_kq_rows(first, acc, lane);
     }
 }

@@ -14,6 +14,7 @@
 #import reduce
 #import matvec_q8_body
 #import q8_codes
+#import norm_chunk_out
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -24,8 +25,6 @@
 @group(0) @binding(6) var<storage, read> nw: array<f16>;
 @group(0) @binding(7) var<storage, read_write> nq: array<u32>;
 
-var<workgroup> v_sh: array<f32, 32>;
-var<workgroup> sq_sh: array<f32, 32>;
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -45,16 +44,6 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     }
     workgroupBarrier();
     if (lane.lid == 0u && live) {
-        var v: array<vec4<f32>, 8>;
-        var sq = 0.0;
-        for (var j = 0u; j < 8u; j++) {
-            v[j] = vec4<f32>(v_sh[4u * j], v_sh[4u * j + 1u], v_sh[4u * j + 2u], v_sh[4u * j + 3u]);
-            sq += sq_sh[4u * j] + sq_sh[4u * j + 1u] + sq_sh[4u * j + 2u] + sq_sh[4u * j + 3u];
-        }
-        let q = q8_chunk(&v);
-        for (var j = 0u; j < 8u; j++) { nq[chunk * 8u + j] = q.words[j]; }
-        nq[META + 2u * chunk] = bitcast<u32>(q.scale_sum.x);
-        nq[META + 2u * chunk + 1u] = bitcast<u32>(q.scale_sum.y);
-        nq[SS + chunk] = bitcast<u32>(sq);
+        store_norm_chunk(chunk);
     }
 }
