@@ -212,11 +212,16 @@ def main(argv=None) -> int:
     p.add_argument("--breakdown", action="store_true", help="host ms per decode token by phase")
     p.add_argument("--poll-here", action="store_true", help="A/B: wait for mappings by polling the device on the "
                                                              "calling thread instead of through wgpu-py's poll thread")
+    p.add_argument("--gather-threads", type=int, help="A/B: threads that gather missed experts (default: "
+                                                     "engine/blocks/expert_cache.py's GATHER_THREADS)")
     p.add_argument("--time-limit", type=float, default=390, help="seconds; configurations not started by then are "
                                                                 "recorded as skipped (the run must fit 8 minutes)")
     args = p.parse_args(argv)
     started = time.perf_counter()
     gpu = Gpu()
+    if args.gather_threads:
+        from engine.blocks import expert_cache
+        expert_cache.GATHER_THREADS = args.gather_threads
     if args.poll_here:
         gpu.wait_map = lambda promise: poll_here(gpu, promise)
     results = []
@@ -231,7 +236,7 @@ def main(argv=None) -> int:
                 json.dump({"partial": True, "results": results}, f, indent=1)
     doc = {"date": datetime.date.today().isoformat(), "gpu": gpu.info.name, "backend": gpu.info.backend,
            "driver": gpu.info.driver, "commit": bench.git_commit(), "poll_here": args.poll_here,
-           "results": results}
+           "gather_threads": args.gather_threads, "results": results}
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
     print(f"{'shape':22s} {'budget':>7s} {'routing':8s} {'slots':>5s} {'tok/s':>7s} {'hits':>6s} {'MB/tok':>7s} "
