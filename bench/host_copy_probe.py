@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     n = max(1, int(a.mib * 2**20) // exp)
     total = n * exp
     rng = np.random.default_rng(0)
-    stack = rng.integers(0, 255, size=(512, exp), dtype=np.uint8)
+    stack = np.empty((512, exp), np.uint8)
+    for row in stack:  # random bytes (ones and zeros alike would let pages share)
+        row[:] = rng.integers(0, 255, exp, dtype=np.uint8)
     ids = rng.choice(512, n, replace=False)
     host_out = np.empty(total, np.uint8)
     gpu = Gpu()
@@ -48,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict = {"bytes": total, "experts": n, "expert_bytes": exp, "adapter": str(gpu.info)[:80]}
 
     def gather(out, threads, pool):
+        ids[:] = rng.choice(len(stack), n, replace=False)  # fresh experts each round: read from DRAM, not cache
         pieces = [(stack[e], out[i * exp:(i + 1) * exp]) for i, e in enumerate(ids)]
         share = [pieces[i::threads] for i in range(threads)]
         if threads == 1:

@@ -394,7 +394,8 @@ def _gather(arr, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 
 _POOL = None
-GATHER_THREADS = min(8, os.cpu_count() or 1)  # numpy's copies release the GIL: host copies scale with cores
+# numpy's copies release the GIL, but reading experts from DRAM saturates at a few threads (bench/host_copy_probe.py)
+GATHER_THREADS = min(4, os.cpu_count() or 1)
 MIN_THREAD_BYTES = 1 << 20  # below this a share runs on the caller's thread alone
 
 
