@@ -45,8 +45,18 @@ try:  # wgpu-native's functions unwrapped: wgpu-py's checked wrappers capture an
 
     _RAW_PASS_CALLS = (_lib.wgpuComputePassEncoderSetPipeline, _lib.wgpuComputePassEncoderSetBindGroup,
                        _lib.wgpuComputePassEncoderDispatchWorkgroups, _ffi.NULL)
+    _RAW_COPY = _lib.wgpuCommandEncoderCopyBufferToBuffer
 except (ImportError, AttributeError):  # another wgpu-py layout: the public API it is
-    _RAW_PASS_CALLS = None
+    _RAW_PASS_CALLS = _RAW_COPY = None
+
+
+def copy_buffer(encoder, src, src_offset: int, dst, dst_offset: int, size: int) -> None:
+    """encoder.copy_buffer_to_buffer without wgpu-py's per-call error capture (a streamed layer records dozens of
+    expert copies); a bad copy is still reported, by the encoder's finish()."""
+    if _RAW_COPY is None:
+        encoder.copy_buffer_to_buffer(src, src_offset, dst, dst_offset, size)
+    else:
+        _RAW_COPY(encoder._internal, src._internal, src_offset, dst._internal, dst_offset, size)
 
 
 @dataclass

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from engine.errors import GpuError
-from engine.gpu import Gpu, PlanRecorder, Recorder, list_adapters, pick_adapter
+from engine.gpu import Gpu, PlanRecorder, Recorder, copy_buffer, list_adapters, pick_adapter
 from engine.kernels import fold_grid
 from tests.helpers import assert_q8_row, poisoned, read, run, step_uniform
 
@@ -122,6 +122,22 @@ def test_sealed_and_first_command_buffers_run_in_order(gpu):
     rec.submit_first([first_copying(0)])
     rec.submit()
     assert word() == 2
+
+
+def test_copy_buffer_moves_the_bytes_and_a_bad_copy_fails_at_finish(gpu, rng):
+    """The unchecked copy (expert uploads) writes exactly its range; a misaligned one is still reported."""
+    src = gpu.upload("copy-src", rng.integers(0, 2**32, 64, dtype=np.uint32))
+    dst = gpu.upload("copy-dst", np.full(64, 0xDEADBEEF, np.uint32))
+    enc = gpu.device.create_command_encoder()
+    copy_buffer(enc, src, 16, dst, 64, 32)
+    gpu.queue.submit([enc.finish()])
+    want = np.full(64, 0xDEADBEEF, np.uint32)
+    want[16:24] = read(gpu, src, 64, np.uint32)[4:12]
+    np.testing.assert_array_equal(read(gpu, dst, 64, np.uint32), want)
+    enc = gpu.device.create_command_encoder()
+    copy_buffer(enc, src, 2, dst, 0, 8)
+    with pytest.raises(Exception, match="(?i)align"):
+        enc.finish()
 
 
 def test_fold_grid():

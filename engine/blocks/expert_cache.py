@@ -32,6 +32,7 @@ import numpy as np
 import wgpu
 
 from engine.blocks import BufferNeed, buffer_bytes
+from engine.gpu import copy_buffer
 
 STAGING_EXPERTS = 32  # experts per upload round (the staging buffer holds this many, or the cache if smaller)
 STAGING = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
@@ -355,11 +356,10 @@ class ExpertStream:
             for part in parts:
                 size = self.part_bytes[part]
                 for k, first, count in _runs([slot for _, slot in batch]):
-                    enc.copy_buffer_to_buffer(staging, offsets[part] + k * size, cache[part], first * size,
-                                              count * size)
+                    copy_buffer(enc, staging, offsets[part] + k * size, cache[part], first * size, count * size)
             if last:
                 table_offset, table_bytes = self.table_range(layer)
-                enc.copy_buffer_to_buffer(staging, table_at, self.table, table_offset, table_bytes)
+                copy_buffer(enc, staging, table_at, self.table, table_offset, table_bytes)
             self.pending.append(enc.finish())
             self._staged[j] = "used"
             self._unsent.add(j)
