@@ -30,6 +30,7 @@ MATVEC_SG = declare("matvec_sg", writes=("y",))
 MATVEC_Q8 = declare("matvec_q8", writes=("y",))
 MATVEC_Q8_RMS = declare("matvec_q8_rms", writes=("y",))
 MATVEC_Q8_NORM = declare("matvec_q8_norm", writes=("y", "nq"))
+MATVEC_Q8_RMS_Q8 = declare("matvec_q8_rms_q8", writes=("y", "yq", "ym"))
 MATMUL_INT4 = declare("matmul_int4", writes=("y",))
 MATMUL_Q8W = declare("matmul_q8w", writes=("y",))
 QUANTIZE_Q8 = declare("quantize_q8", writes=("xq", "xm"))
@@ -48,8 +49,9 @@ MATVEC_SG_WG = 128
 # The int8-activation matvec (shaders/matvec_q8.wgsl): 2 weight rows per subgroup measured best on the H200
 # (bench/matvec_probe.py; BENCH.md).
 MATVEC_Q8_SLOTS = 2
-# matvec_q8_norm's workgroups (one 32-output chunk each): a subgroup per block of rows up to this many threads (512
-# on the H200's 32-lane subgroups: as many threads in flight as matvec_q8's 128-thread workgroups over 4× as many).
+# matvec_q8_norm's and matvec_q8_rms_q8's workgroups (one 32-output chunk each): a subgroup per block of rows up to
+# this many threads (512 on the H200's 32-lane subgroups: as many threads in flight as matvec_q8's 128-thread
+# workgroups over 4× as many; a gate_up chunk's 32 one-output blocks take two turns per subgroup).
 MATVEC_Q8_NORM_MAX_WG = 512
 QUANTIZE_WG = 64
 GEMM_TM = 64
@@ -191,6 +193,27 @@ def matvec_q8_norm_plan(
     without 1/rms, `pack` = norm_pack_layout(N)): one 32-output chunk per workgroup, a subgroup per block of ROWS
     while MATVEC_Q8_NORM_MAX_WG allows. None where the shape cannot take it (N not whole chunks)."""
     consts, _ = matvec_q8_plan(K, N, subgroup_size, bits=bits, zero=zero, affine=affine, group=group)
+    chunked = _chunk_workgroups(consts, N, subgroup_size)
+    if chunked is None:
+        return None
+    return dict(chunked[0], NORM_OFFSET=float(norm_offset), META=pack["META"], SS=pack["SS"]), chunked[1]
+
+
+def matvec_q8_rms_q8_plan(
+    K: int, N: int, subgroup_size: int, eps: float, gate_up: bool = False, *, bits: int = 4, zero: int = 7,
+    affine: bool = False, group: int = 32,
+) -> tuple[dict, tuple[int, int]] | None:
+    """Constants and grid for shaders/matvec_q8_rms_q8.wgsl (matvec_q8_rms whose output also goes out in int8, as
+    quantize_q8 writes it): matvec_q8_rms's constants, one 32-output chunk per workgroup as matvec_q8_norm. None
+    where the shape cannot take it (N not whole chunks)."""
+    consts, _ = matvec_q8_rms_plan(K, N, subgroup_size, eps, gate_up, bits=bits, zero=zero, affine=affine,
+                                   group=group)
+    return _chunk_workgroups(consts, N, subgroup_size)
+
+
+def _chunk_workgroups(consts: dict, N: int, subgroup_size: int) -> tuple[dict, tuple[int, int]] | None:
+    """matvec_q8's constants regridded to one 32-output chunk per workgroup (the kernels that quantize their own
+    output chunk): a subgroup per block of ROWS outputs while MATVEC_Q8_NORM_MAX_WG allows, the rest looping."""
     rows = consts["ROWS"]
     if N % CHUNK or CHUNK % rows:
         return None
@@ -198,8 +221,7 @@ def matvec_q8_norm_plan(
     wg = max(min(blocks * subgroup_size, MATVEC_Q8_NORM_MAX_WG // subgroup_size * subgroup_size), CHUNK)
     if wg % subgroup_size:
         return None
-    return (dict(consts, WG=wg, BLOCKS=blocks, NORM_OFFSET=float(norm_offset), META=pack["META"], SS=pack["SS"]),
-            fold_grid(N // CHUNK))
+    return dict(consts, WG=wg, BLOCKS=blocks), fold_grid(N // CHUNK)
 
 
 def quantize_q8_plan(K: int, last_row: bool = False, rows: int = 1, row0: int = 0,
