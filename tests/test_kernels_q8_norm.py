@@ -87,8 +87,10 @@ def test_matvec_q8_rms_q8_writes_what_quantize_q8_writes(gpu, rng, tag, K, N, ga
 
 def test_matvec_q8_rms_q8_plan():
     assert matvec_q8_rms_q8_plan(64, 48, 32, 1e-5, True) is None  # not whole chunks
-    for sg, wg in ((32, 512), (8, 256), (64, 512), (1, 32)):  # gate_up: a subgroup a one-output block, up to 512
-        consts, grid = matvec_q8_rms_q8_plan(64, 96, sg, 1e-5, True)
+    # gate_up: a subgroup a one-output block, up to 1024 threads and the GPU's limit
+    for sg, limit, wg in ((32, 1024, 1024), (32, 256, 256), (8, 1024, 256), (64, 1024, 1024), (64, 1536, 1024),
+                          (1, 256, 32)):
+        consts, grid = matvec_q8_rms_q8_plan(64, 96, sg, 1e-5, True, limit)
         assert (consts["ROWS"], consts["BLOCKS"], consts["WG"], consts["EPS"], grid) == (1, 32, wg, 1e-5, (3, 1))
 
 
