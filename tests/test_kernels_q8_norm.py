@@ -58,17 +58,19 @@ def test_matvec_q8_rms(gpu, rng, tag, K, N, gate_up, claimed):
 
 @pytest.mark.parametrize("tag", list(Q4))
 @pytest.mark.parametrize("K,N,gate_up,claimed", [(128, 96, True, None), (256, 64, True, 4), (192, 32, True, 64),
-                                                 (128, 64, False, None)])
+                                                 (128, 64, True, 32), (128, 64, False, None)])
 def test_matvec_q8_rms_q8_writes_what_quantize_q8_writes(gpu, rng, tag, K, N, gate_up, claimed):
     """Its f32 outputs are matvec_q8_rms's (the same sums in the same order: equal bits, so the decode logits do not
     move) and its int8 row is, bit for bit, what quantize_q8 writes from that f32 row (the dense MLP's down reads it
-    in place of the quantize_q8 dispatch), whatever the subgroup size it was planned for. Outputs start poisoned."""
+    in place of the quantize_q8 dispatch), whatever the subgroup size it was planned for (claimed 32 or 64: up to 1,024
+    threads, more subgroups than blocks where the real size is smaller). Outputs start poisoned."""
     fmt, eps = Q4[tag], 1e-5
     w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
     v = rng.standard_normal(K).astype(np.float32) * 4
     ss = (rng.random(K // 32) * 40).astype(np.float32)
     xq_buf, xm_buf, _, _ = quantize_on_gpu(gpu, v[None], False)
-    consts, grid = matvec_q8_rms_q8_plan(K, N, claimed or gpu.subgroup_size, eps, gate_up, **fmt)
+    threads = gpu.limits["max-compute-invocations-per-workgroup"]  # as the runtime plans it
+    consts, grid = matvec_q8_rms_q8_plan(K, N, claimed or gpu.subgroup_size, eps, gate_up, threads, **fmt)
     assert consts["BLOCKS"] * consts["ROWS"] == 32 and grid == (N // 32, 1)
     y, yq, ym = poisoned(gpu, "y", (N,)), poisoned(gpu, "yq", (N // 4,), np.uint32), poisoned(gpu, "ym", (N // 32, 2))
     run(gpu, "matvec_q8_rms_q8", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
