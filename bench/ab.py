@@ -6,6 +6,11 @@ A variant is a JSON object of RuntimeOptions fields (engine/runtime_options.py);
 variables for its run only, and "moe_fused": false runs the MoE decode unfused (bench/moe_unfused.py):
 
     python3 bench/ab.py qwen3.6-35b-a3b-4bit qwen3.6-35b-a3b-3bit --variants '{"moe_fused": false}' '{}'
+
+Its "matmul_consts" object sets tuning constants of engine/kernels/matmul.py for its run only:
+
+    python3 bench/ab.py phi3-mini --variants '{"gate_up_q8": false}' '{}' \
+        '{"matmul_consts": {"MATVEC_Q8_RMS_Q8_MAX_WG": 512}}'
 """
 
 import argparse
@@ -16,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import engine.kernels.matmul as matmul  # noqa: E402
 from bench.moe_unfused import unfused_moe  # noqa: E402
 from engine.bench import run_bench  # noqa: E402
 from engine.gpu import Gpu  # noqa: E402
@@ -34,13 +40,20 @@ if __name__ == "__main__":
             opts = json.loads(variant)
             env = opts.pop("env", {})
             fused = opts.pop("moe_fused", True)
+            consts = opts.pop("matmul_consts", {})
             saved = {k: os.environ.get(k) for k in env}
+            saved_consts = {k: getattr(matmul, k) for k in consts}  # an unknown name fails here, before the run
             os.environ.update(env)
+            for k, v in consts.items():
+                setattr(matmul, k, v)
             try:
                 with unfused_moe(not fused):
                     r = run_bench(shape, runs=3, long_prompt=0, timestamps=True, gpu=gpu, **opts)
             finally:
                 for k, v in saved.items():
                     os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-            opts = {**opts, **({"env": env} if env else {}), **({} if fused else {"moe_fused": False})}
+                for k, v in saved_consts.items():
+                    setattr(matmul, k, v)
+            opts = {**opts, **({"env": env} if env else {}), **({} if fused else {"moe_fused": False}),
+                    **({"matmul_consts": consts} if consts else {})}
             print(json.dumps({"shape": shape, "options": opts, **{k: r.get(k) for k in KEYS}}), flush=True)

@@ -1,9 +1,10 @@
 """Dispatches per decode token of the bench shapes (greedy, attention in one pass), and per block.
 
-    python3 bench/decode_dispatches.py [phi3-mini qwen3-4b qwen3.5-4b ...] [--layers A B]
+    python3 bench/decode_dispatches.py [phi3-mini qwen3-4b qwen3.5-4b ...] [--layers A B] [--options JSON]
 
 With --layers the models are built with A and B layers of the real widths and the count is extrapolated per layer
 to the full depth (a software GPU cannot hold the full models quickly); without it, the full models are built.
+--options: RuntimeOptions fields as JSON, for an A/B (e.g. '{"gate_up_q8": false}').
 Prints one JSON line per shape.
 """
 
@@ -46,7 +47,9 @@ if __name__ == "__main__":
     p.add_argument("shapes", nargs="*", default=["phi3-mini", "qwen3-4b", "qwen3.5-4b"])
     p.add_argument("--layers", nargs=2, type=int, metavar=("A", "B"),
                    help="build A and B layers and extrapolate (hybrids: a multiple of the attention interval, 4)")
+    p.add_argument("--options", default="{}", help="RuntimeOptions fields as JSON")
     args = p.parse_args()
+    OPTIONS = RuntimeOptions.of(OPTIONS, **json.loads(args.options))
     gpu = Gpu()
     for shape in args.shapes:
         if args.layers:

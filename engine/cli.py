@@ -487,9 +487,12 @@ def cmd_bench(args) -> None:
     from engine.gpu_budget import from_env, parse_size
 
     budget = parse_size(args.gpu_weights) if args.gpu_weights is not None else from_env()
+    options = json.loads(args.options)
+    if not isinstance(options, dict):
+        raise ValueError(f"--options takes a JSON object of runtime option names and values, got {args.options}")
     result = run_bench(args.shape, decode_tokens=args.decode_tokens, prompt_tokens=args.prompt_tokens,
                        runs=args.runs, long_prompt=args.long_prompt_tokens, timestamps=args.timestamps,
-                       **({"gpu_weights": budget} if budget else {}))
+                       **({"gpu_weights": budget} if budget else {}), **options)
     print(json.dumps(result, indent=2) if args.json else result["table"])
 
 
@@ -608,6 +611,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--runs", type=int, default=5)
     s.add_argument("--gpu-weights", metavar="SIZE", help="weights budget (a MoE shape over it streams its experts; "
                                                         "bench/expert_stream.py measures that in detail)")
+    s.add_argument("--options", default="{}", metavar="JSON",
+                   help='runtime options (engine/runtime_options.py) as JSON, for an A/B: \'{"gate_up_q8": false}\'')
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_bench)
     return p

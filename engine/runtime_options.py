@@ -35,6 +35,8 @@ class RuntimeOptions:
     gpu_weights: bytes of model weights allowed on the GPU (engine/gpu_budget.py; None: auto, the adapter's memory
         less the model's other buffers and a margin where it is known, else no limit). A MoE model over it keeps
         its routed experts in host memory behind a GPU expert cache; a dense model over it is refused.
+    gate_up_q8: a decode token's dense MLP gate_up writes down's int8 input itself (shaders/matvec_q8_rms_q8.wgsl,
+        where the decode matvecs carry the norms); False: a quantize_q8 dispatch between them, the same bytes (A/B).
     expert_policy: the expert cache's eviction policy, "lfu" (with aging) or "lru" (engine/blocks/expert_cache.py;
         bench/expert_policy.py: equal under random routing, LFU ahead under skewed routing, 85% vs 78% hits at 8 GiB).
     """
@@ -49,6 +51,7 @@ class RuntimeOptions:
     snapshot_every: int = 16
     gpu_weights: int | None = None
     expert_policy: str = "lfu"
+    gate_up_q8: bool = True
 
     def __post_init__(self) -> None:
         def positive(name: str, value, hi: int | None = None) -> None:
@@ -66,7 +69,7 @@ class RuntimeOptions:
             positive("gpu_weights", self.gpu_weights)
         if self.expert_policy not in ("lru", "lfu"):
             raise ValueError(f"runtime option expert_policy must be 'lru' or 'lfu', got {self.expert_policy!r}")
-        for name in ("q8_decode",):
+        for name in ("q8_decode", "gate_up_q8"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"runtime option {name} must be true or false, got {getattr(self, name)!r}")
         if self.q8_prefill not in (None, True, False):

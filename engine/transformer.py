@@ -77,7 +77,7 @@ class RuntimePlan:
             mixers.append(GatedDeltaNetMixer(s, layers, formats, ar, C, traits.offset_alignment,
                                              self.options.state_snapshots, self.options.snapshot_every))
         if layers := layers_of("mlp", 1):
-            ffns.append(DenseMlp(s.dim, s.ffn_dim, layers, formats, ar, C))
+            ffns.append(DenseMlp(s.dim, s.ffn_dim, layers, formats, ar, C, self.options.gate_up_q8))
         if layers := layers_of("moe", 1):
             ffns.append(MoeFfn(s.dim, s.n_experts, s.top_k, s.moe_ffn_dim, s.shared_ffn_dim, layers, formats, ar, C,
                                s.norm_topk_prob))

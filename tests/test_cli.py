@@ -237,3 +237,24 @@ def test_generate_and_chat_say_what_speed_to_expect_on_a_software_gpu(demo_home,
                    "estimate). `zerotvm gpus` says how to get full speed.\n")
     _software_note(DISCRETE, str(demo_home / demo_gguf().name))
     assert capsys.readouterr().err == ""
+
+
+def test_bench_options_reach_the_runtime_options(monkeypatch, capsys):
+    """`bench --options JSON` passes RuntimeOptions fields through to run_bench (an A/B of a decode variant); not an
+    object, bad JSON or an unknown name is a plain error."""
+    import engine.bench
+    from engine.runtime_options import RuntimeOptions
+
+    seen = {}
+
+    def fake_run_bench(shape, decode_tokens, prompt_tokens, runs, long_prompt, timestamps, **runtime_options):
+        seen.update(shape=shape, options=RuntimeOptions.of(**runtime_options))  # as run_bench builds them
+        return {"table": "ok"}
+
+    monkeypatch.setattr(engine.bench, "run_bench", fake_run_bench)
+    assert cli_main(["bench", "--shape", "qwen3-4b", "--options", '{"gate_up_q8": false}']) == 0
+    assert seen["shape"] == "qwen3-4b" and seen["options"].gate_up_q8 is False
+    assert capsys.readouterr().out.strip() == "ok"
+    for bad, said in (("[1]", "JSON object"), ('{"gate_up_q8": }', "Expecting value"), ('{"nope": 1}', "nope")):
+        assert cli_main(["bench", "--options", bad]) == 2
+        assert said in capsys.readouterr().err

@@ -1,11 +1,18 @@
 """The decode matvecs that carry the residual add + RMSNorm between them: matvec_q8_norm (+ residual add, the next
 norm's int8 row without 1/rms, each chunk's Σ x²) and matvec_q8_rms (its input that row), vs float64 numpy on the
-quantized x, the int8 row vs what quantize_q8 writes, and the pair vs add_rms_norm + matvec_q8."""
+quantized x, the int8 row vs what quantize_q8 writes, and the pair vs add_rms_norm + matvec_q8; matvec_q8_rms_q8
+(matvec_q8_rms that also writes its output in int8) vs matvec_q8_rms then quantize_q8, bit for bit."""
 
 import numpy as np
 import pytest
 
-from engine.kernels.matmul import matvec_q8_norm_plan, matvec_q8_plan, matvec_q8_rms_plan, norm_pack_layout
+from engine.kernels.matmul import (
+    matvec_q8_norm_plan,
+    matvec_q8_plan,
+    matvec_q8_rms_plan,
+    matvec_q8_rms_q8_plan,
+    norm_pack_layout,
+)
 from tests.helpers import (
     Q4,
     assert_q8_matches,
@@ -47,6 +54,46 @@ def test_matvec_q8_rms(gpu, rng, tag, K, N, gate_up, claimed):
     inv = 1.0 / np.sqrt(ss.astype(np.float64).sum() / K + eps)
     ref = q8_reference(v_hat * inv, w, s, N, gate_up, fmt)
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("tag", list(Q4))
+@pytest.mark.parametrize("K,N,gate_up,claimed", [(128, 96, True, None), (256, 64, True, 4), (192, 32, True, 64),
+                                                 (128, 64, True, 32), (128, 64, False, None)])
+def test_matvec_q8_rms_q8_writes_what_quantize_q8_writes(gpu, rng, tag, K, N, gate_up, claimed):
+    """Its f32 outputs are matvec_q8_rms's (the same sums in the same order: equal bits, so the decode logits do not
+    move) and its int8 row is, bit for bit, what quantize_q8 writes from that f32 row (the dense MLP's down reads it
+    in place of the quantize_q8 dispatch), whatever the subgroup size it was planned for (claimed 32 or 64: up to 1,024
+    threads, more subgroups than blocks where the real size is smaller). Outputs start poisoned."""
+    fmt, eps = Q4[tag], 1e-5
+    w, s = random_packed(rng, 2 * N if gate_up else N, K, **fmt)
+    v = rng.standard_normal(K).astype(np.float32) * 4
+    ss = (rng.random(K // 32) * 40).astype(np.float32)
+    xq_buf, xm_buf, _, _ = quantize_on_gpu(gpu, v[None], False)
+    threads = gpu.limits["max-compute-invocations-per-workgroup"]  # as the runtime plans it
+    consts, grid = matvec_q8_rms_q8_plan(K, N, claimed or gpu.subgroup_size, eps, gate_up, threads, **fmt)
+    assert consts["BLOCKS"] * consts["ROWS"] == 32 and grid == (N // 32, 1)
+    y, yq, ym = poisoned(gpu, "y", (N,)), poisoned(gpu, "yq", (N // 4,), np.uint32), poisoned(gpu, "ym", (N // 32, 2))
+    run(gpu, "matvec_q8_rms_q8", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
+                                          gpu.upload("ss", ss), yq, ym], grid)
+    got = read(gpu, y, (N,))
+    np.testing.assert_array_equal(got, run_rms(gpu, v, w, s, N, gate_up, fmt, ss, eps))
+    _, v_hat, _ = run_q8(gpu, v, w, s, N, False, fmt)
+    ref = q8_reference(v_hat / np.sqrt(ss.astype(np.float64).sum() / K + eps), w, s, N, gate_up, fmt)
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
+    codes, meta = read(gpu, yq, (N // 4,), np.uint32), read(gpu, ym, (N // 32, 2))
+    _, _, q_codes, q_meta = quantize_on_gpu(gpu, got[None], False)
+    np.testing.assert_array_equal(codes, q_codes)
+    np.testing.assert_array_equal(meta.view(np.uint32), q_meta.view(np.uint32))
+    assert_q8_matches(codes, meta, got)
+
+
+def test_matvec_q8_rms_q8_plan():
+    assert matvec_q8_rms_q8_plan(64, 48, 32, 1e-5, True) is None  # not whole chunks
+    # gate_up: a subgroup a one-output block, up to 1024 threads and the GPU's limit
+    for sg, limit, wg in ((32, 1024, 1024), (32, 256, 256), (8, 1024, 256), (64, 1024, 1024), (64, 1536, 1024),
+                          (1, 256, 32)):
+        consts, grid = matvec_q8_rms_q8_plan(64, 96, sg, 1e-5, True, limit)
+        assert (consts["ROWS"], consts["BLOCKS"], consts["WG"], consts["EPS"], grid) == (1, 32, wg, 1e-5, (3, 1))
 
 
 @pytest.mark.parametrize("tag,K,N,offset", [("q4f16_1", 128, 96, 0.0), ("q4_1", 256, 64, 1.0), ("mlx4", 192, 32, 0.0)])

@@ -115,18 +115,18 @@ def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(model):
 
 
 def test_int8_decode(gpu, tiny):
-    """The default decode (int8 activations into the 4-bit matvecs): each step close to the full forward, and one
-    quantize_q8 a layer, before down (head and value dims are multiples of 32: the norms, the decode attention and the
-    GDN output norm write the other int8 inputs); the mixers' and MLP's last matvecs carry the add + norm after them
-    (matvec_q8_norm), so only the final norm remains, as recorded."""
+    """The default decode (int8 activations into the 4-bit matvecs): each step close to the full forward, and no
+    quantize_q8 (head and value dims are multiples of 32: the norms, the decode attention and the GDN output norm
+    write the int8 inputs, the MLP's gate_up down's); the mixers' and MLP's last matvecs carry the add + norm after
+    them (matvec_q8_norm), so only the final norm remains, as recorded."""
     model = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, single_pass_keys=48)
     assert_int8_decode_steps_match_the_full_forward(model)
     rt = model.runtime
     attn = len(rt.spec.attn_layers)
-    # embedding, first and final norm, LM head, argmax; per layer the MLP's gate_up, quantize_q8, down; a GDN mixer
+    # embedding, first and final norm, LM head, argmax; per layer the MLP's gate_up, down; a GDN mixer
     # in_proj, conv (+ gates), recurrence, norm, out; a gated attention mixer qkv, gate, attention_decode, o
-    assert rt.dispatches_per_token == 5 + 8 * (rt.spec.n_layers - attn) + 7 * attn
-    assert rt.dispatched_kernels().count("quantize_q8") == rt.spec.n_layers
+    assert rt.dispatches_per_token == 5 + 7 * (rt.spec.n_layers - attn) + 6 * attn
+    assert rt.dispatched_kernels().count("quantize_q8") == 0
     assert_recorded_count(rt)
 
 
@@ -148,15 +148,16 @@ def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
     assert_int8_decode_steps_match_the_full_forward(model)
 
 
-def test_int8_decode_quantizes_only_before_down(gpu, tiny):
+def test_int8_decode_quantizes_no_row(gpu, tiny):
     """The first norm writes the int8 row layer 0's GDN in_proj or attention qkv and gate read, the final norm the LM
     head's, the matvecs ending each mixer and MLP (matvec_q8_norm) the next norm's row (without 1/rms) for the rest;
-    the decode attention o's and the GDN output norm out's: a decode token quantizes only before down and runs one
-    add + norm."""
+    the decode attention o's, the GDN output norm out's and the MLP's gate_up (matvec_q8_rms_q8) down's: a decode
+    token runs no quantize_q8 and one add + norm."""
     rt = load_model(tiny[1], gpu=gpu, max_context=64).runtime
     kernels = rt.dispatched_kernels()
-    assert kernels.count("quantize_q8") == rt.spec.n_layers and kernels.count("add_rms_norm") == 1
+    assert "quantize_q8" not in kernels and kernels.count("add_rms_norm") == 1
     assert kernels.count("matvec_q8_norm") == 2 * rt.spec.n_layers - 1
+    assert kernels.count("matvec_q8_rms_q8") == rt.spec.n_layers
     assert_recorded_count(rt)
 
 
@@ -421,8 +422,8 @@ def test_real_qwen3_5_4b_layer_shapes_run(gpu):
                 yield name, rng.normal(1.0 if "norm" in name else 0.0, 0.3, shape).astype(np.float16)
 
     rt = Transformer(gpu, spec, weights(), options=RuntimeOptions(max_context=64, prefill_chunk=16))
-    # one add + norm and a quantize_q8 before each down: as test_int8_decode counts them
-    assert rt.dispatches_per_token == 5 + 8 + 7
+    # one add + norm, no quantize_q8: as test_int8_decode counts them
+    assert rt.dispatches_per_token == 5 + 7 + 6
     ids = rng.integers(0, 1024, 6)  # the GEMM path is slow on a software GPU: one 6-row chunk
     chunked = rt.logits(ids)
     rt.reset()

@@ -17,6 +17,7 @@ from engine.kernels.matmul import (
     MATVEC_Q8,
     MATVEC_Q8_NORM,
     MATVEC_Q8_RMS,
+    MATVEC_Q8_RMS_Q8,
     MATVEC_SG,
     QUANTIZE_Q8,
     format_knobs,
@@ -26,6 +27,7 @@ from engine.kernels.matmul import (
     matvec_q8_norm_plan,
     matvec_q8_plan,
     matvec_q8_rms_plan,
+    matvec_q8_rms_q8_plan,
     matvec_sg_plan,
     norm_pack_layout,
     packed_shapes,
@@ -137,23 +139,33 @@ class Linear:
         self._grids: dict[int, tuple] = {}
 
     def bind(self, gpu, ws, src, matrix: dict, dst, label: str, src_int8: bool = False,
-             rows_ready: bool = False, rms: dict | None = None, norm_out: dict | None = None) -> None:
+             rows_ready: bool = False, rms: dict | None = None, norm_out: dict | None = None,
+             int8_out: bool = False) -> None:
         """Bind the products from `src` to `dst`. `src_int8`: the int8 copy of src's last row is in the workspace's
         int8 row already (a norm wrote it); `rows_ready`: the GEMM recorded just before quantized the same rows.
         Decode-only variants of the int8 matvec (the prefill GEMM is unchanged):
         `rms` {xq, xm, ss: bindings, eps}: the input is matvec_q8_norm's int8 row without its 1/rms (matvec_q8_rms);
-        `norm_out` {r_in, r_out, nw, nq: bindings, pack: norm_pack_layout, offset}: the output is added to the
-        residual r_in into r_out and the next norm's row without 1/rms goes to nq (matvec_q8_norm)."""
+        with `int8_out` (and `rms`) the output row also goes to the workspace's int8 row as quantize_q8 writes it
+        (matvec_q8_rms_q8: the next matvec binds src_int8); `norm_out` {r_in, r_out, nw, nq: bindings, pack:
+        norm_pack_layout, offset}: the output is added to the residual r_in into r_out and the next norm's row
+        without 1/rms goes to nq (matvec_q8_norm)."""
         kernel, consts, grid = self.mv
         knobs = format_knobs(self.tag) if self.norm_variants else {}
         extra = {}
         y = dst
+        if int8_out and (rms is None or not self.writes_int8()):
+            raise ValueError(f"{label}: no matvec_q8_rms_q8 for K={self.k}, N={self.n} reading {self.tag} weights "
+                             f"{'here' if rms else 'from a row other than a norm without 1/rms'}")
         if rms is not None:
             if not self.norm_variants:
                 raise ValueError(f"{label}: only matvec_q8's formats read a norm's row without 1/rms")
             kernel, (consts, grid) = MATVEC_Q8_RMS, matvec_q8_rms_plan(self.k, self.n, self.subgroup_size, rms["eps"],
                                                                         self.gate_up, **knobs)
             extra = dict(ss=rms["ss"])
+            if int8_out:
+                kernel, (consts, grid) = MATVEC_Q8_RMS_Q8, matvec_q8_rms_q8_plan(
+                    self.k, self.n, self.subgroup_size, rms["eps"], self.gate_up, self.max_threads, **knobs)
+                extra |= dict(yq=ws.x_q8, ym=ws.x_q8_meta)
         if norm_out is not None:
             plan = self.norm_variants and matvec_q8_norm_plan(self.k, self.n, self.subgroup_size, norm_out["offset"],
                                                               norm_out["pack"], **knobs)
@@ -198,6 +210,15 @@ class Linear:
             return True
         plan = matvec_q8_norm_plan(self.k, self.n, self.subgroup_size, 0.0, norm_pack_layout(self.n),
                                    **format_knobs(self.tag))
+        return plan is not None and plan[0]["WG"] <= self.max_threads
+
+    def writes_int8(self) -> bool:
+        """Whether the decode matvec, reading a norm's row without 1/rms, can also write its output row in int8
+        (matvec_q8_rms_q8: N whole 32-output chunks and a workgroup size the GPU allows)."""
+        if not self.norm_variants:
+            return False
+        plan = matvec_q8_rms_q8_plan(self.k, self.n, self.subgroup_size, 0.0, self.gate_up, self.max_threads,
+                                     **format_knobs(self.tag))
         return plan is not None and plan[0]["WG"] <= self.max_threads
 
     @property

@@ -1,5 +1,6 @@
 """The dense feed-forward block: gate_up (gate rows then up rows, one matrix) with SiLU(gate)·up fused into its
-product, then down."""
+product, then down. Where the decode matvecs carry the norms (engine/blocks/residual.py), gate_up also writes its
+output row in int8 (matvec_q8_rms_q8), so down reads it with no quantize_q8 dispatch between them."""
 
 from __future__ import annotations
 
@@ -14,8 +15,11 @@ class DenseMlp(Block):
     name = "mlp"
 
     def __init__(self, dim: int, ffn_dim: int, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic,
-                 chunk: int):
+                 chunk: int, gate_up_int8: bool = True):
+        """`gate_up_int8`: gate_up writes down's int8 input where it can (RuntimeOptions.gate_up_q8; False: the
+        quantize_q8 dispatch, for A/B)."""
         self.dim, self.ffn_dim, self.layers, self.ar, self.chunk = dim, ffn_dim, tuple(layers), ar, chunk
+        self.gate_up_int8 = gate_up_int8
         self.norms = None  # the residual block when down carries the add + norm after it and gate_up reads that row
         self.formats = {(i, m): formats.get(f"layers.{i}.{m}", "q4f16_1") for i in self.layers for m in ("gate_up",
                                                                                                            "down")}
@@ -59,9 +63,10 @@ class DenseMlp(Block):
                       for m in ("gate_up", "down")}
             fused = self.norms is not None
             last = fused and i == self.norms.n_layers - 1  # the last add + norm (the final norm) stays a dispatch
+            int8_out = fused and self.gate_up_int8 and lin["gate_up"].writes_int8()
             lin["gate_up"].bind(gpu, ws, ws.hidden, matrix["gate_up"], act, f"{c}.gate_up", src_int8=self.ar.norm_int8,
-                                rms=self.norms.rms_input() if fused else None)
-            lin["down"].bind(gpu, ws, act, matrix["down"], ws.delta, f"{c}.down",
+                                rms=self.norms.rms_input() if fused else None, int8_out=int8_out)
+            lin["down"].bind(gpu, ws, act, matrix["down"], ws.delta, f"{c}.down", src_int8=int8_out,
                              norm_out=self.norms.epilogue(i, "ffn") if fused and not last else None)
 
     def record(self, rec, layer: int, T: int, splits: int = 1) -> None:

@@ -30,6 +30,7 @@ MATVEC_SG = declare("matvec_sg", writes=("y",))
 MATVEC_Q8 = declare("matvec_q8", writes=("y",))
 MATVEC_Q8_RMS = declare("matvec_q8_rms", writes=("y",))
 MATVEC_Q8_NORM = declare("matvec_q8_norm", writes=("y", "nq"))
+MATVEC_Q8_RMS_Q8 = declare("matvec_q8_rms_q8", writes=("y", "yq", "ym"))
 MATMUL_INT4 = declare("matmul_int4", writes=("y",))
 MATMUL_Q8W = declare("matmul_q8w", writes=("y",))
 QUANTIZE_Q8 = declare("quantize_q8", writes=("xq", "xm"))
@@ -51,6 +52,10 @@ MATVEC_Q8_SLOTS = 2
 # matvec_q8_norm's workgroups (one 32-output chunk each): a subgroup per block of rows up to this many threads (512
 # on the H200's 32-lane subgroups: as many threads in flight as matvec_q8's 128-thread workgroups over 4× as many).
 MATVEC_Q8_NORM_MAX_WG = 512
+# matvec_q8_rms_q8's (gate_up: 32 one-output blocks a chunk): a subgroup per output, as matvec_q8's gate_up, up to
+# this many threads and the GPU's limit (past it a subgroup takes several blocks in turn). Untuned; bench/ab.py
+# variants may set it ("matmul_consts").
+MATVEC_Q8_RMS_Q8_MAX_WG = 1024
 QUANTIZE_WG = 64
 GEMM_TM = 64
 GEMM_TN = 64  # halved with gate_up, so the staged weight tile stays 64 rows
@@ -191,15 +196,36 @@ def matvec_q8_norm_plan(
     without 1/rms, `pack` = norm_pack_layout(N)): one 32-output chunk per workgroup, a subgroup per block of ROWS
     while MATVEC_Q8_NORM_MAX_WG allows. None where the shape cannot take it (N not whole chunks)."""
     consts, _ = matvec_q8_plan(K, N, subgroup_size, bits=bits, zero=zero, affine=affine, group=group)
+    chunked = _chunk_workgroups(consts, N, subgroup_size, MATVEC_Q8_NORM_MAX_WG)
+    if chunked is None:
+        return None
+    return dict(chunked[0], NORM_OFFSET=float(norm_offset), META=pack["META"], SS=pack["SS"]), chunked[1]
+
+
+def matvec_q8_rms_q8_plan(
+    K: int, N: int, subgroup_size: int, eps: float, gate_up: bool = False, max_threads: int = 256, *, bits: int = 4,
+    zero: int = 7, affine: bool = False, group: int = 32,
+) -> tuple[dict, tuple[int, int]] | None:
+    """Constants and grid for shaders/matvec_q8_rms_q8.wgsl (matvec_q8_rms whose output also goes out in int8, as
+    quantize_q8 writes it): matvec_q8_rms's constants, one 32-output chunk per workgroup as matvec_q8_norm, of at most
+    `max_threads` (the GPU's) and MATVEC_Q8_RMS_Q8_MAX_WG threads. None where the shape cannot take it (N not whole
+    chunks)."""
+    consts, _ = matvec_q8_rms_plan(K, N, subgroup_size, eps, gate_up, bits=bits, zero=zero, affine=affine,
+                                   group=group)
+    return _chunk_workgroups(consts, N, subgroup_size, min(MATVEC_Q8_RMS_Q8_MAX_WG, max_threads))
+
+
+def _chunk_workgroups(consts: dict, N: int, subgroup_size: int, max_wg: int) -> tuple[dict, tuple[int, int]] | None:
+    """matvec_q8's constants regridded to one 32-output chunk per workgroup (the kernels that quantize their own
+    output chunk): a subgroup per block of ROWS outputs while max_wg threads allow, the rest looping."""
     rows = consts["ROWS"]
     if N % CHUNK or CHUNK % rows:
         return None
     blocks = CHUNK // rows
-    wg = max(min(blocks * subgroup_size, MATVEC_Q8_NORM_MAX_WG // subgroup_size * subgroup_size), CHUNK)
+    wg = max(min(blocks * subgroup_size, max_wg // subgroup_size * subgroup_size), CHUNK)
     if wg % subgroup_size:
         return None
-    return (dict(consts, WG=wg, BLOCKS=blocks, NORM_OFFSET=float(norm_offset), META=pack["META"], SS=pack["SS"]),
-            fold_grid(N // CHUNK))
+    return dict(consts, WG=wg, BLOCKS=blocks), fold_grid(N // CHUNK)
 
 
 def quantize_q8_plan(K: int, last_row: bool = False, rows: int = 1, row0: int = 0,
