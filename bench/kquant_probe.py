@@ -16,8 +16,9 @@ the GPU's L2 cache (50 MiB on the H100 / H200) the weights come from memory, as 
 0 reads one copy over and over, which a matrix smaller than the L2 cache serves from there.
 `--kinds` times only some kernel kinds (all four are still checked). `--variants` also times other plan settings
 (ROWS, WG, tiles; the u32-load int8 kernel for the types that have a vec4 one; for Q2_K / Q3_K the older
-matvec_kq_q8_chunks and matvec_kq_q8_sub's SPLIT and STAGE), each checked against the default. Old against new for
-Q2_K / Q3_K in one run: `--types q2_k,q3_k --kinds "matvec int8" --variants` (the `{'chunks': True}` lines).
+matvec_kq_q8_chunks and matvec_kq_q8_sub's SPLIT; STAGE), each checked against the default. Old against new in one
+run: `--types q2_k,q3_k,q4_k --kinds "matvec int8" --variants` (old: the `{'chunks': True}` lines of Q2_K / Q3_K,
+the `{'stage': False}` line of Q4_K).
 
     python3 bench/kquant_probe.py [--tokens 512] [--reps 50] [--types q4_k,q6_k] [--kinds "matvec int8"]
                                   [--weight-mib 256] [--variants] [--quick] [--json out.json]
@@ -64,8 +65,9 @@ F32_TOL, Q8_TOL = 1e-4, 5e-2  # relative to max|y|: f32 rounding; int8 rounding 
 KINDS = ("matvec f32", "matvec int8", "gemm f32", "gemm int8")
 # --variants: other plan settings of the K-quant kernels, each checked against the default one first (same x, so
 # only the summation order differs: 1e-5 of max|y|). vec4=False: matvec_kq_q8 (u32 loads) where the default is the
-# vec4 kernel. chunks=True: Q2_K / Q3_K on matvec_kq_q8_chunks, their kernel before matvec_kq_q8_sub; split / stage:
-# matvec_kq_q8_sub's segments per subgroup and its activation row staged in workgroup memory or read per lane.
+# vec4 kernel. chunks=True: Q2_K / Q3_K on matvec_kq_q8_chunks, their kernel before matvec_kq_q8_sub. stage=False:
+# the activation row read per lane, not staged in workgroup memory (for Q4_K..Q5_1 their loop before staging).
+# split: matvec_kq_q8_sub's segments per subgroup.
 # A knob that does not apply to a type, or repeats its default, is not timed.
 VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec f32", dict(rows=4, wg=128)),
             ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=4)), ("matvec int8", dict(rows=2, wg=64)),
@@ -129,7 +131,7 @@ def variant_plan(g: Gpu, tag: str, K: int, N: int, T: int, kind: str, plan: dict
         if vec4 is not None and vec4 == has_vec4_blocks(tag):
             return None
         sub = tag in SUB_BLOCK_TYPES
-        if plan.get("chunks") and not sub or ("split" in plan or "stage" in plan) and not sub:
+        if (plan.get("chunks") or "split" in plan) and not sub:
             return None
         consts, grid = matvec_kq_q8_plan(tag, K, N, g.subgroup_size, **plan)
         if vec4 is None and not plan.get("chunks") and consts == matvec_kq_q8_plan(tag, K, N, g.subgroup_size)[0]:

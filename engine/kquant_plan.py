@@ -141,10 +141,11 @@ def sub_split(items: int, subgroup_size: int) -> int:
     return best
 
 
-def sub_stage_fits(K: int, wg: int) -> bool:
-    """Whether matvec_kq_q8_sub can stage the activation row in workgroup memory: its element-order codes (K bytes)
-    and per-chunk scale and half sums (K / 4 bytes), beside reduce_subgroup's WG vec4s."""
-    return K + K // 4 + 16 * wg <= WORKGROUP_BYTES
+def q8_stage_fits(K: int, wg: int) -> bool:
+    """Whether an int8 decode kernel can stage the activation row in workgroup memory (shaders/kq_q8_halves.wgsl):
+    its element-order codes (K bytes, in whole 128-byte groups) and per-chunk scale and half sums (K / 4 bytes),
+    beside reduce_subgroup's WG vec4s."""
+    return -(-K // 128) * 128 + K // 4 + 16 * wg <= WORKGROUP_BYTES
 
 
 def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None,
@@ -152,28 +153,32 @@ def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: boo
                       stage: bool | None = None) -> tuple[dict, tuple[int, int]]:
     """Constants and grid for the int8 decode kernel of `tag` (matvec_kq_q8_kernel's: shaders/matvec_kq_q8_sub,
     matvec_kq_q8_chunks, matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or a norm's Q8 output). BLOCKS row
-    blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size still covers all);
-    matvec_kq_q8_sub's take SPLIT · ROWS outputs, `split` (default sub_split) and `stage` (default: where it fits)
-    being its own knobs."""
+    blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size still covers all).
+    `stage` (all but matvec_kq_q8_chunks; default: where q8_stage_fits): the activation row staged in workgroup
+    memory. `split` (matvec_kq_q8_sub; default sub_split): segments per subgroup, each taking ROWS outputs."""
     fmt = _check(tag, K, N)
     if subgroup_size < 1 or wg % subgroup_size:
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
     rows = rows or max(MATVEC_Q8_ROWS // (2 if gate_up else 1), 1)
     blocks = wg // subgroup_size
     sub = tag in SUB_BLOCK_TYPES and not chunks
-    if (split is not None or stage is not None) and not sub:
-        raise ValueError("split and stage are matvec_kq_q8_sub's (Q2_K, Q3_K) knobs")
+    if split is not None and not sub:
+        raise ValueError("split is matvec_kq_q8_sub's (Q2_K, Q3_K) knob")
+    if stage is not None and chunks:
+        raise ValueError("matvec_kq_q8_chunks reads the activation row as it is: no stage")
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
+    if not chunks:
+        stage = q8_stage_fits(K, wg) if stage is None else stage
+        if stage and not q8_stage_fits(K, wg):
+            raise ValueError(f"K={K}: the staged activation row ({K * 5 // 4} bytes) and WG={wg} do not fit "
+                             f"{WORKGROUP_BYTES} bytes of workgroup memory")
+        consts["STAGE"] = stage
     if sub:
         split = split or sub_split(K // 64, subgroup_size)
         if split not in SUB_SPLITS:
             raise ValueError(f"SPLIT must be one of {SUB_SPLITS}, got {split}")
-        stage = sub_stage_fits(K, wg) if stage is None else stage
-        if stage and not sub_stage_fits(K, wg):
-            raise ValueError(f"K={K}: the staged activation row ({K * 5 // 4} bytes) and WG={wg} do not fit "
-                             f"{WORKGROUP_BYTES} bytes of workgroup memory")
         del consts["HALVES"], consts["BH"]
-        consts.update(SPLIT=split, STAGE=stage)
+        consts["SPLIT"] = split
         return consts, fold_grid(-(-N // (rows * blocks * split)))
     # Q2_K and Q3_K both scale per 16 elements (no HALVES); kq_items.wgsl indexes wh by block (no BH).
     del consts["HALVES" if tag in SUB_BLOCK_TYPES else "BH"]

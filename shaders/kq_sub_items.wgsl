@@ -11,7 +11,6 @@
 
 const TWO4: vec4<u32> = vec4<u32>(0x03030303u);
 const BIT4: vec4<u32> = vec4<u32>(0x01010101u);
-const SUB_ONES: u32 = 0x01010101u;
 
 // An item's activations: sub-block k's 16 codes in element order, its chunk's scale xs, Σ codes and xs·Σ codes.
 struct SubX {

@@ -267,6 +267,20 @@ def test_matvec_kq_q8_rows_and_block_counts(gpu, rng, tag, blocks, N, rows, gate
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
+@pytest.mark.parametrize("tag,vec4", [("q4_k", True), ("q5_k", True), ("q6_k", True), ("q6_k", False),
+                                      ("q5_0", False), ("q5_1", False)])
+@pytest.mark.parametrize("blocks,N,gate_up", [(3, 37, False), (2, 11, True)])
+def test_matvec_kq_q8_item_kernels_unstaged(gpu, rng, tag, vec4, blocks, N, gate_up):
+    # STAGE off: the item kernels' loop before the staged one (each lane orders its activations itself), which
+    # bench/kquant_probe.py --variants times against it.
+    K = blocks * kquant.TYPES[tag].elements
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, vec4=vec4, stage=False)
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+
+
 @pytest.mark.parametrize("tag", [t for t in TAGS if has_vec4_blocks(t)])
 @pytest.mark.parametrize("gate_up", [False, True])
 def test_matvec_kq_q8_u32_kernel_reads_the_vec4_types_too(gpu, rng, tag, gate_up):
@@ -508,13 +522,15 @@ def test_plans_refuse_what_they_cannot_run():
         matvec_kq_q8_kernel("q4_k", chunks=True)
     with pytest.raises(ValueError, match="matvec_kq_q8_sub's"):
         matvec_kq_q8_plan("q4_k", 256, 8, 32, split=2)
-    with pytest.raises(ValueError, match="matvec_kq_q8_sub's"):
+    with pytest.raises(ValueError, match="no stage"):
         matvec_kq_q8_plan("q2_k", 256, 8, 32, chunks=True, stage=False)
     with pytest.raises(ValueError, match="SPLIT must be one of"):
         matvec_kq_q8_plan("q2_k", 256, 8, 32, split=3)
     with pytest.raises(ValueError, match="workgroup memory"):
         matvec_kq_q8_plan("q3_k", 12288, 8, 32, stage=True)
-    assert matvec_kq_q8_plan("q3_k", 12288, 8, 32)[0]["STAGE"] is False  # the default stages only what fits
+    # The default stages only what fits 16 KiB beside the reduction's WG vec4s: K = 11264 at WG = 128.
+    assert [matvec_kq_q8_plan(t, K, 8, 32)[0]["STAGE"] for t in ("q3_k", "q4_k") for K in (11264, 11520)] == [
+        True, False, True, False]
     assert matvec_kq_q8_kernel("q2_k", chunks=True).name == "matvec_kq_q8_chunks"
     # The faster kernel per type on the H200 (BENCH.md, K-quant bandwidth; Q2_K / Q3_K: the sub-block kernel that
     # replaced matvec_kq_q8_chunks, to be timed against it there).
