@@ -1,5 +1,5 @@
 """K-quant kernels vs Q4_0 on model-size matrices: weight bytes streamed per second by the decode matvecs (f32 x:
-matvec_kq vs the engine's matvec_int4 / matvec_sg; int8 x: the type's matvec_kq_q8_chunks, matvec_kq_q8 or
+matvec_kq vs the engine's matvec_int4 / matvec_sg; int8 x: the type's matvec_kq_q8_sub, matvec_kq_q8 or
 matvec_kq_q8_vec4, as engine/kquant_plan.py matvec_kq_q8_kernel picks, vs matvec_q8) and the prefill GEMMs
 (matmul_kq vs matmul_int4; quantize_q8 + matmul_kq_q8 vs quantize_q8 + matmul_q8w) on random weights of each type.
 
@@ -15,7 +15,10 @@ one row per type: GB/s and × Q4_0 per timed kind and matrix (markdown, as BENCH
 the GPU's L2 cache (50 MiB on the H100 / H200) the weights come from memory, as a model's do in decode; the default
 0 reads one copy over and over, which a matrix smaller than the L2 cache serves from there.
 `--kinds` times only some kernel kinds (all four are still checked). `--variants` also times other plan settings
-(ROWS, WG, tiles; the u32-load int8 kernel for the types that have a vec4 one), each checked against the default.
+(ROWS, WG, tiles; the u32-load int8 kernel for the types that have a vec4 one; for Q2_K / Q3_K the older
+matvec_kq_q8_chunks and matvec_kq_q8_sub's SPLIT; STAGE), each checked against the default. Old against new in one
+run: `--types q2_k,q3_k,q4_k --kinds "matvec int8" --variants` (old: the `{'chunks': True}` lines of Q2_K / Q3_K,
+the `{'stage': False}` line of Q4_K).
 
     python3 bench/kquant_probe.py [--tokens 512] [--reps 50] [--types q4_k,q6_k] [--kinds "matvec int8"]
                                   [--weight-mib 256] [--variants] [--quick] [--json out.json]
@@ -46,6 +49,7 @@ from engine.kernels.matmul import (  # noqa: E402
     quantize_q8_plan,
 )
 from engine.kquant_plan import (  # noqa: E402
+    SUB_BLOCK_TYPES,
     gemm_kq_plan,
     gemm_kq_q8_plan,
     has_vec4_blocks,
@@ -61,10 +65,16 @@ F32_TOL, Q8_TOL = 1e-4, 5e-2  # relative to max|y|: f32 rounding; int8 rounding 
 KINDS = ("matvec f32", "matvec int8", "gemm f32", "gemm int8")
 # --variants: other plan settings of the K-quant kernels, each checked against the default one first (same x, so
 # only the summation order differs: 1e-5 of max|y|). vec4=False: matvec_kq_q8 (u32 loads) where the default is the
-# vec4 kernel; Q2_K and Q3_K have no other int8 decode kernel, their ROWS / WG variants apply to matvec_kq_q8_chunks.
+# vec4 kernel. chunks=True: Q2_K / Q3_K on matvec_kq_q8_chunks, their kernel before matvec_kq_q8_sub. stage=False:
+# the activation row read per lane, not staged in workgroup memory (for Q4_K..Q5_1 their loop before staging).
+# split: matvec_kq_q8_sub's segments per subgroup.
+# A knob that does not apply to a type, or repeats its default, is not timed.
 VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec f32", dict(rows=4, wg=128)),
             ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=4)), ("matvec int8", dict(rows=2, wg=64)),
             ("matvec int8", dict(rows=2, wg=256)), ("matvec int8", dict(vec4=False)),
+            ("matvec int8", dict(chunks=True)), ("matvec int8", dict(chunks=True, rows=4)),
+            ("matvec int8", dict(stage=False)), ("matvec int8", dict(split=1)), ("matvec int8", dict(split=2)),
+            ("matvec int8", dict(split=4)), ("matvec int8", dict(rows=4, split=1)),
             ("gemm int8", dict(kc=4, tm=32, tn=32)), ("gemm int8", dict(tm=32, tn=128))]
 
 
@@ -120,7 +130,13 @@ def variant_plan(g: Gpu, tag: str, K: int, N: int, T: int, kind: str, plan: dict
         vec4 = plan.pop("vec4", None)
         if vec4 is not None and vec4 == has_vec4_blocks(tag):
             return None
-        return (matvec_kq_q8_kernel(tag, vec4), *matvec_kq_q8_plan(tag, K, N, g.subgroup_size, **plan))
+        sub = tag in SUB_BLOCK_TYPES
+        if (plan.get("chunks") or "split" in plan) and not sub:
+            return None
+        consts, grid = matvec_kq_q8_plan(tag, K, N, g.subgroup_size, **plan)
+        if vec4 is None and not plan.get("chunks") and consts == matvec_kq_q8_plan(tag, K, N, g.subgroup_size)[0]:
+            return None  # the default's kernel and settings again
+        return (matvec_kq_q8_kernel(tag, vec4, plan.get("chunks", False)), consts, grid)
     return ("matmul_kq_q8", *gemm_kq_q8_plan(tag, K, N, T, **plan))
 
 

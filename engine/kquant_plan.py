@@ -7,14 +7,15 @@ arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
 | shader | role | bindings (in order) | grid |
 |---|---|---|---|
 | matvec_kq | decode, f32 x | x, w, wh, y, step | matvec_kq_plan |
-| matvec_kq_q8_chunks | decode, int8 x (quantize_q8's layout): Q2_K, Q3_K | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8_sub | decode, int8 x (quantize_q8's layout): Q2_K, Q3_K | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8_chunks | the same, older (a 32-element chunk a lane) | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8 | the same for the other types, w as u32 | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8_vec4 | the same, w as vec4 (blocks of whole 16-byte units) | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matmul_kq | prefill GEMM, f32 X | x, w, wh, y, step | gemm_kq_plan |
 | matmul_kq_q8 | prefill GEMM, int8 X (quantize_q8 rows) | xq, w, wh, y, xm, step | gemm_kq_q8_plan |
 | embedding_kq | embedding rows as f32 | tokens, w, wh, x, step | embedding_kq_plan |
 
-`matvec_kq_q8_kernel` picks among the three int8 decode kernels.
+`matvec_kq_q8_kernel` picks among the four int8 decode kernels.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from engine.kernels import declare, fold_grid
 
 # The host's expectations of each kernel, checked against its WGSL declarations (engine/kernels/__init__.py).
 MATVEC_KQ = declare("matvec_kq", writes=("y",))
+MATVEC_KQ_Q8_SUB = declare("matvec_kq_q8_sub", writes=("y",))
 MATVEC_KQ_Q8_CHUNKS = declare("matvec_kq_q8_chunks", writes=("y",))
 MATVEC_KQ_Q8 = declare("matvec_kq_q8", writes=("y",))
 MATVEC_KQ_Q8_VEC4 = declare("matvec_kq_q8_vec4", writes=("y",))
@@ -46,6 +48,7 @@ EMBED_WG = 64
 
 BINDINGS = {
     "matvec_kq": ("x", "w", "wh", "y", "step"),
+    "matvec_kq_q8_sub": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_chunks": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_vec4": ("xq", "w", "wh", "y", "xm"),
@@ -90,10 +93,12 @@ def matvec_kq_plan(tag: str, K: int, N: int, gate_up: bool = False, last_row: bo
     return consts, fold_grid(-(-N // rows))
 
 
-# The int8 decode kernel of each type is the one that measured faster on the H200 (BENCH.md, K-quant bandwidth):
-# for Q2_K and Q3_K lanes of whole 32-element chunks (matvec_kq_q8_chunks), for the others lanes of consecutive
-# 16-byte items (matvec_kq_q8, matvec_kq_q8_vec4).
-CHUNK_LANE_TYPES = ("q2_k", "q3_k")
+# The int8 decode kernel of each type: for Q2_K and Q3_K lanes of 64-element items of four sub-blocks
+# (matvec_kq_q8_sub); matvec_kq_q8_chunks (lanes of whole 32-element chunks) was theirs before and stays selectable
+# for bench/kquant_probe.py --variants. For the others lanes of consecutive 16-byte items (matvec_kq_q8,
+# matvec_kq_q8_vec4), the faster on the H200 (BENCH.md, K-quant bandwidth).
+SUB_BLOCK_TYPES = ("q2_k", "q3_k")
+SUB_SPLITS = (1, 2, 4, 8, 16)  # segments a subgroup of matvec_kq_q8_sub may be cut into
 
 
 def has_vec4_blocks(tag: str) -> bool:
@@ -101,33 +106,82 @@ def has_vec4_blocks(tag: str) -> bool:
     return ktype(tag).words % 4 == 0
 
 
-def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None):
-    """The int8 decode kernel for `tag`: matvec_kq_q8_chunks for Q2_K and Q3_K; for the others matvec_kq_q8_vec4
-    where the blocks allow (or `vec4` asks), else matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them)."""
+def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool = False):
+    """The int8 decode kernel for `tag`: matvec_kq_q8_sub for Q2_K and Q3_K (`chunks`: their older
+    matvec_kq_q8_chunks); for the others matvec_kq_q8_vec4 where the blocks allow (or `vec4` asks), else matvec_kq_q8
+    (u32 loads; vec4=False asks for it on any of them)."""
     if vec4 and not has_vec4_blocks(tag):
         raise ValueError(f"{tag} blocks are {ktype(tag).words * 4} bytes in q_blocks, not whole 16-byte units: "
                          "matvec_kq_q8_vec4 cannot read them")
-    if tag in CHUNK_LANE_TYPES:
+    if tag in SUB_BLOCK_TYPES:
         if vec4 is not None:
-            raise ValueError(f"{tag} runs matvec_kq_q8_chunks only (shaders/kq_items.wgsl has no items of its blocks)")
-        return MATVEC_KQ_Q8_CHUNKS
+            raise ValueError(f"{tag} runs matvec_kq_q8_sub or matvec_kq_q8_chunks only (shaders/kq_items.wgsl has no "
+                             "items of its blocks)")
+        return MATVEC_KQ_Q8_CHUNKS if chunks else MATVEC_KQ_Q8_SUB
+    if chunks:
+        raise ValueError(f"matvec_kq_q8_chunks reads Q2_K and Q3_K only, not {tag}")
     vec4 = has_vec4_blocks(tag) if vec4 is None else vec4
     return MATVEC_KQ_Q8_VEC4 if vec4 else MATVEC_KQ_Q8
 
 
+def sub_split(items: int, subgroup_size: int) -> int:
+    """matvec_kq_q8_sub's default SPLIT for rows of `items` items. Each segment takes a subgroup's rows from the grid,
+    so a split must keep a tenth more of the lanes busy over a row's passes to be taken (K = 3072: 48 items take 2
+    passes of 32 lanes, 3/4 busy; 3 passes of 16, all busy), and more than 2 segments only for rows shorter than
+    half a subgroup."""
+    def busy(split: int) -> float:
+        lanes = subgroup_size // split
+        return items / (-(-items // lanes) * lanes)
+    best = 1
+    for split in SUB_SPLITS:
+        if split > subgroup_size or (split > 2 and 2 * items >= subgroup_size):
+            break
+        if busy(split) > 1.1 * busy(best):
+            best = split
+    return best
+
+
+def q8_stage_fits(K: int, wg: int) -> bool:
+    """Whether an int8 decode kernel can stage the activation row in workgroup memory (shaders/kq_q8_halves.wgsl):
+    its element-order codes (K bytes, in whole 128-byte groups) and per-chunk scale and half sums (K / 4 bytes),
+    beside reduce_subgroup's WG vec4s."""
+    return -(-K // 128) * 128 + K // 4 + 16 * wg <= WORKGROUP_BYTES
+
+
 def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None,
-                      wg: int = MATVEC_Q8_WG) -> tuple[dict, tuple[int, int]]:
-    """Constants and grid for the int8 decode kernel of `tag` (matvec_kq_q8_kernel's: shaders/matvec_kq_q8_chunks,
-    matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or a norm's Q8 output). BLOCKS row blocks of ROWS outputs
-    per workgroup, one per subgroup of the probed size (any real size still covers all)."""
+                      wg: int = MATVEC_Q8_WG, *, chunks: bool = False, split: int | None = None,
+                      stage: bool | None = None) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for the int8 decode kernel of `tag` (matvec_kq_q8_kernel's: shaders/matvec_kq_q8_sub,
+    matvec_kq_q8_chunks, matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or a norm's Q8 output). BLOCKS row
+    blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size still covers all).
+    `stage` (all but matvec_kq_q8_chunks; default: where q8_stage_fits): the activation row staged in workgroup
+    memory. `split` (matvec_kq_q8_sub; default sub_split): segments per subgroup, each taking ROWS outputs."""
     fmt = _check(tag, K, N)
     if subgroup_size < 1 or wg % subgroup_size:
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
     rows = rows or max(MATVEC_Q8_ROWS // (2 if gate_up else 1), 1)
     blocks = wg // subgroup_size
-    # Q2_K and Q3_K both scale per 16 elements (no HALVES); kq_items.wgsl indexes wh by block (no BH).
-    del fmt["HALVES" if tag in CHUNK_LANE_TYPES else "BH"]
+    sub = tag in SUB_BLOCK_TYPES and not chunks
+    if split is not None and not sub:
+        raise ValueError("split is matvec_kq_q8_sub's (Q2_K, Q3_K) knob")
+    if stage is not None and chunks:
+        raise ValueError("matvec_kq_q8_chunks reads the activation row as it is: no stage")
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
+    if not chunks:
+        stage = q8_stage_fits(K, wg) if stage is None else stage
+        if stage and not q8_stage_fits(K, wg):
+            raise ValueError(f"K={K}: the staged activation row ({K * 5 // 4} bytes) and WG={wg} do not fit "
+                             f"{WORKGROUP_BYTES} bytes of workgroup memory")
+        consts["STAGE"] = stage
+    if sub:
+        split = split or sub_split(K // 64, subgroup_size)
+        if split not in SUB_SPLITS:
+            raise ValueError(f"SPLIT must be one of {SUB_SPLITS}, got {split}")
+        del consts["HALVES"], consts["BH"]
+        consts["SPLIT"] = split
+        return consts, fold_grid(-(-N // (rows * blocks * split)))
+    # Q2_K and Q3_K both scale per 16 elements (no HALVES); kq_items.wgsl indexes wh by block (no BH).
+    del consts["HALVES" if tag in SUB_BLOCK_TYPES else "BH"]
     return consts, fold_grid(-(-N // (rows * blocks)))
 
 

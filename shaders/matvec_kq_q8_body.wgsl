@@ -5,11 +5,14 @@
 // Per item a lane loads its parts' activations (quantize_q8's layout, q8_pack.wgsl) once, puts them in element order
 // and reuses them for its WROWS weight rows; per row and part: Σ w·x = xs·(a·Σ u·xq + b·Σ xq), the integer sums
 // exact through dot4I8Packed.
+// With STAGE the kernels run kq_q8_rows_staged instead: the same sums, the activation row staged once per workgroup
+// in element order (kq_q8_halves.wgsl) and each item's words loaded one item ahead.
 // The including kernel declares xq (vec4<u32>), w, wh (f16), y (f32), xm (vec2<f32>), defines wv / ws
 // (kq_items.wgsl) and imports reduce. Constants: K (a multiple of QK), N, WG, ROWS, BLOCKS, GATE_UP (gate rows then
-// up rows; y = silu(gate)·up), HALVES (per-16 offsets), KTYPE, QK, BW.
+// up rows; y = silu(gate)·up), HALVES (per-16 offsets), STAGE, KTYPE, QK, BW.
 #import kq_items
 #import q8_element_order
+#import kq_q8_halves
 #import kq_q8_rows
 
 const ITEMS: u32 = NB * IPB;  // items per row
@@ -48,6 +51,53 @@ fn kq_q8_rows(group_id: u32, lane: Lane) {
                     let d = dot4I8Packed(u.x, x.x) + dot4I8Packed(u.y, x.y) + dot4I8Packed(u.z, x.z)
                           + dot4I8Packed(u.w, x.w);
                     s += xs[p] * (it.a[p] * f32(d) + it.b[p] * xb[p]);
+                }
+                acc[i] += s;
+            }
+        }
+        store_kq_rows(first, acc, lane);
+    }
+}
+
+// The words of item `item` of the rows whose first blocks are blk0.
+fn kq_row_words(blk0: array<u32, WROWS>, item: u32) -> array<KqWords, WROWS> {
+    var o: array<KqWords, WROWS>;
+    for (var i = 0u; i < WROWS; i++) { o[i] = kq_words(blk0[i] + item / IPB, item % IPB); }
+    return o;
+}
+
+// kq_q8_rows with the activation row staged and each item's words loaded one item ahead (the first ones before the
+// row is staged, in flight through it; rows past N clamp to N − 1, items past the row to its last). Each part's
+// offset takes its own half's Σ xq: a chunk's b on both halves sums to b·Σ xq over the chunk. Call from uniform
+// control flow (the staging ends in a workgroup barrier).
+fn kq_q8_rows_staged(group_id: u32, lane: Lane) {
+    let first0 = (group_id * BLOCKS + lane.sg_id) * ROWS;
+    var next = kq_row_words(kq_row_blocks(first0), min(lane.sg_lane, ITEMS - 1u));
+    stage_halves(lane);
+    for (var blkrow = lane.sg_id; blkrow < BLOCKS; blkrow += lane.n_sg) {
+        let first = (group_id * BLOCKS + blkrow) * ROWS;
+        let blk0 = kq_row_blocks(first);
+        if (first != first0) { next = kq_row_words(blk0, min(lane.sg_lane, ITEMS - 1u)); }
+        var acc = array<f32, WROWS>();
+        for (var item = lane.sg_lane; item < ITEMS; item += lane.sg_size) {
+            let cur = next;
+            if (item + lane.sg_size < ITEMS) { next = kq_row_words(blk0, item + lane.sg_size); }
+            let bo = item / IPB;
+            let t = item % IPB;
+            var x: array<XHalf, PARTS>;
+            for (var p = 0u; p < PARTS; p++) {
+                let ch = kq_part(t, p);
+                x[p] = x_half(2u * (bo * CPB + ch.x) + ch.y);
+            }
+            for (var i = 0u; i < WROWS; i++) {
+                let it = kq_item_of(cur[i], t);
+                var s = 0.0;
+                for (var p = 0u; p < PARTS; p++) {
+                    let u = it.codes[p];
+                    let v = x[p].codes;
+                    let d = dot4I8Packed(u.x, v.x) + dot4I8Packed(u.y, v.y) + dot4I8Packed(u.z, v.z)
+                          + dot4I8Packed(u.w, v.w);
+                    s += x[p].scale * (it.a[p] * f32(d) + it.b[p] * f32(x[p].sum));
                 }
                 acc[i] += s;
             }

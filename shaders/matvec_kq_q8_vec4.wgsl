@@ -16,5 +16,9 @@ fn ws(word: u32) -> u32 { return w[word / 4u][word % 4u]; }
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    kq_q8_rows(wid.y * nwg.x + wid.x, lane);
+    if (STAGE) {
+        kq_q8_rows_staged(wid.y * nwg.x + wid.x, lane);
+    } else {
+        kq_q8_rows(wid.y * nwg.x + wid.x, lane);
+    }
 }

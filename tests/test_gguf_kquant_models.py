@@ -206,8 +206,8 @@ def kq_kernels(rt) -> set[str]:
     return {k for k in rt.dispatched_kernels() + rt.dispatched_kernels(8) if "_kq" in k}
 
 
-# The int8 decode matvec of each type (the faster one on the H200: BENCH.md, K-quant bandwidth).
-INT8_DECODE_KERNEL = {Q.Q2_K: "matvec_kq_q8_chunks", Q.Q3_K: "matvec_kq_q8_chunks", Q.Q4_K: "matvec_kq_q8_vec4",
+# The int8 decode matvec of each type (engine/kquant_plan.py matvec_kq_q8_kernel; BENCH.md, K-quant bandwidth).
+INT8_DECODE_KERNEL = {Q.Q2_K: "matvec_kq_q8_sub", Q.Q3_K: "matvec_kq_q8_sub", Q.Q4_K: "matvec_kq_q8_vec4",
                       Q.Q5_K: "matvec_kq_q8_vec4", Q.Q6_K: "matvec_kq_q8_vec4", Q.Q5_0: "matvec_kq_q8",
                       Q.Q5_1: "matvec_kq_q8"}
 

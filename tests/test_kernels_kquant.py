@@ -229,13 +229,14 @@ def scaled_activations(rng, T, K):
     return x.astype(np.float32)
 
 
-def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, **plan):
+def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, chunks=False, **plan):
     K = x_row.shape[0]
     xq, xm, x_hat, scale = quantize_x(gpu, x_row[None])
-    consts, grid = matvec_kq_q8_plan(tag, K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, **plan)
+    consts, grid = matvec_kq_q8_plan(tag, K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, chunks=chunks,
+                                     **plan)
     y = poisoned(gpu, "y", (N,))
     w, wh = upload_weight(gpu, tag, raw, K)
-    run(gpu, matvec_kq_q8_kernel(tag, vec4), consts, [xq, w, wh, y, xm], grid)
+    run(gpu, matvec_kq_q8_kernel(tag, vec4, chunks), consts, [xq, w, wh, y, xm], grid)
     return read(gpu, y, (N,)), x_hat[0], scale[0], grid
 
 
@@ -257,12 +258,26 @@ def test_matvec_kq_q8(gpu, rng, tag, blocks, N, gate_up):
 def test_matvec_kq_q8_rows_and_block_counts(gpu, rng, tag, blocks, N, rows, gate_up):
     # K a multiple of 256 only (1, 3, 5 blocks: the items or chunks a lane takes of a row are not a multiple of the
     # lanes, and one block has fewer than a subgroup has lanes), odd N, and ROWS that leave rows past N in the last
-    # subgroup. Q2_K and Q3_K run matvec_kq_q8_chunks, the others the item kernels.
+    # subgroup. Q2_K and Q3_K run matvec_kq_q8_sub, the others the item kernels.
     K = blocks * 256
     raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
     W, M = reference(tag, raw)
     x = scaled_activations(rng, 1, K)[0]
     out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, rows=rows)
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+
+
+@pytest.mark.parametrize("tag,vec4", [("q4_k", True), ("q5_k", True), ("q6_k", True), ("q6_k", False),
+                                      ("q5_0", False), ("q5_1", False)])
+@pytest.mark.parametrize("blocks,N,gate_up", [(3, 37, False), (2, 11, True)])
+def test_matvec_kq_q8_item_kernels_unstaged(gpu, rng, tag, vec4, blocks, N, gate_up):
+    # STAGE off: the item kernels' loop before the staged one (each lane orders its activations itself), which
+    # bench/kquant_probe.py --variants times against it.
+    K = blocks * kquant.TYPES[tag].elements
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, vec4=vec4, stage=False)
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
@@ -278,14 +293,16 @@ def test_matvec_kq_q8_u32_kernel_reads_the_vec4_types_too(gpu, rng, tag, gate_up
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
-@pytest.mark.parametrize("tag", ["q6_k", "q5_1", "q3_k"])  # one type per kernel: vec4, u32, chunks
+# One type per kernel: vec4, u32, sub-blocks (whose SPLIT the plan takes from the claimed size: 16 segments at 64,
+# which a smaller subgroup takes in turns), chunks.
+@pytest.mark.parametrize("tag,chunks", [("q6_k", False), ("q5_1", False), ("q3_k", False), ("q2_k", True)])
 @pytest.mark.parametrize("claimed", [1, 4, 64])
-def test_matvec_kq_q8_covers_every_row_whatever_the_subgroup_size(gpu, rng, tag, claimed):
+def test_matvec_kq_q8_covers_every_row_whatever_the_subgroup_size(gpu, rng, tag, chunks, claimed):
     K, N = 512, 301
     raw = random_raw(rng, tag, N, K)
     W, M = reference(tag, raw)
     x = rng.standard_normal(K).astype(np.float32)
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, False, claimed, wg=64, rows=3)
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, False, claimed, wg=64, rows=3, chunks=chunks)
     check_int8_product(out, x, x_hat, scale, W, M, N, False, 8 + K // 32 + 64)
 
 
@@ -301,17 +318,39 @@ def test_matvec_kq_q8_folded_grid(gpu, rng):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tag", ["q6_k", "q2_k"])
-def test_matvec_kq_q8_folded_grid_one_row_a_workgroup(gpu, rng, tag):
+@pytest.mark.parametrize("tag,knobs", [("q6_k", {}), ("q2_k", {"chunks": True}), ("q3_k", {"split": 1})])
+def test_matvec_kq_q8_folded_grid_one_row_a_workgroup(gpu, rng, tag, knobs):
     # One row a workgroup: more than 65,535 workgroups fold into (x, y); the vec4 kernel with Q6_K's split-off d,
-    # and matvec_kq_q8_chunks.
+    # matvec_kq_q8_chunks and matvec_kq_q8_sub.
     K, N = 256, MAX_GROUPS_PER_DIM + 1000
     raw = random_raw(rng, tag, N, K)
     W, M = reference(tag, raw)
     x = rng.standard_normal(K).astype(np.float32)
-    out, x_hat, scale, grid = run_matvec_q8(gpu, tag, raw, x, N, False, wg=gpu.subgroup_size, rows=1)
+    out, x_hat, scale, grid = run_matvec_q8(gpu, tag, raw, x, N, False, wg=gpu.subgroup_size, rows=1, **knobs)
     assert grid[1] > 1
     check_int8_product(out, x, x_hat, scale, W, M, N, False, 8 + K // 32 + 64)
+
+
+@pytest.mark.parametrize("tag", ["q2_k", "q3_k"])
+@pytest.mark.parametrize("blocks,N,rows,gate_up,knobs", [
+    (1, 23, 1, False, {"split": 1, "stage": False}),  # 4 items a row: most lanes idle, rows past N
+    (3, 37, 2, False, {"split": 2, "stage": True}),
+    (5, 11, 3, False, {"split": 4, "stage": False}),
+    (2, 9, 1, True, {"split": 16, "stage": True}),  # more segments than this GPU's lanes: taken in turns
+    (12, 17, 2, True, {"split": 8, "stage": False}),
+    (12, 17, 2, False, {"chunks": True}),  # the older kernel, kept for A/B timings
+])
+def test_matvec_kq_q8_sub_knobs(gpu, rng, tag, blocks, N, rows, gate_up, knobs):
+    # matvec_kq_q8_sub's SPLIT and STAGE, each way, on fresh blocks and activations; outputs start as NaN.
+    K = blocks * 256
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, rows=rows, **knobs)
+    # Integer sums are exact (|sc·Σ u·xq| < 2^17, |(s − 32)·Σ (u − 4)·xq| < 2^19); per 64-element item ≤ 4 chained
+    # FMAs over its sub-blocks, xs·Σ xq, the d / dmin products and their difference, then the lane's item chain and
+    # the subgroup sum: within the chunks kernel's 8 + K/32 + 64 roundings.
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
 # ---- prefill GEMM, f32 activations -------------------------------------------------------------------------
@@ -477,11 +516,26 @@ def test_plans_refuse_what_they_cannot_run():
         matvec_kq_q8_plan("q6_k", 256, 8, 48)
     with pytest.raises(ValueError, match="not whole 16-byte units"):
         matvec_kq_q8_kernel("q2_k", vec4=True)
-    with pytest.raises(ValueError, match="q3_k runs matvec_kq_q8_chunks only"):
+    with pytest.raises(ValueError, match="q3_k runs matvec_kq_q8_sub or matvec_kq_q8_chunks only"):
         matvec_kq_q8_kernel("q3_k", vec4=False)
-    # The faster kernel per type on the H200 (BENCH.md, K-quant bandwidth).
+    with pytest.raises(ValueError, match="reads Q2_K and Q3_K only"):
+        matvec_kq_q8_kernel("q4_k", chunks=True)
+    with pytest.raises(ValueError, match="matvec_kq_q8_sub's"):
+        matvec_kq_q8_plan("q4_k", 256, 8, 32, split=2)
+    with pytest.raises(ValueError, match="no stage"):
+        matvec_kq_q8_plan("q2_k", 256, 8, 32, chunks=True, stage=False)
+    with pytest.raises(ValueError, match="SPLIT must be one of"):
+        matvec_kq_q8_plan("q2_k", 256, 8, 32, split=3)
+    with pytest.raises(ValueError, match="workgroup memory"):
+        matvec_kq_q8_plan("q3_k", 12288, 8, 32, stage=True)
+    # The default stages only what fits 16 KiB beside the reduction's WG vec4s: K = 11264 at WG = 128.
+    assert [matvec_kq_q8_plan(t, K, 8, 32)[0]["STAGE"] for t in ("q3_k", "q4_k") for K in (11264, 11520)] == [
+        True, False, True, False]
+    assert matvec_kq_q8_kernel("q2_k", chunks=True).name == "matvec_kq_q8_chunks"
+    # The faster kernel per type on the H200 (BENCH.md, K-quant bandwidth; Q2_K / Q3_K: the sub-block kernel that
+    # replaced matvec_kq_q8_chunks, to be timed against it there).
     assert {t: matvec_kq_q8_kernel(t).name for t in TAGS} == {
-        "q2_k": "matvec_kq_q8_chunks", "q3_k": "matvec_kq_q8_chunks", "q4_k": "matvec_kq_q8_vec4",
+        "q2_k": "matvec_kq_q8_sub", "q3_k": "matvec_kq_q8_sub", "q4_k": "matvec_kq_q8_vec4",
         "q5_k": "matvec_kq_q8_vec4", "q6_k": "matvec_kq_q8_vec4", "q5_0": "matvec_kq_q8", "q5_1": "matvec_kq_q8"}
     # The vec4 kernel reads a block's words 16 bytes at a time from a 16-byte boundary: whole 16-byte blocks only.
     assert [t for t in TAGS if has_vec4_blocks(t)] == ["q4_k", "q5_k", "q6_k"]
@@ -495,5 +549,5 @@ def test_plans_refuse_what_they_cannot_run():
         gemm_kq_q8_plan("q4_k", 256, 8, 4, kc=3)
     with pytest.raises(ValueError, match="workgroup memory"):
         gemm_kq_q8_plan("q4_k", 1024, 8, 4, tm=128, tn=32, kc=4)
-    assert set(BINDINGS) == {"matvec_kq", "matvec_kq_q8_chunks", "matvec_kq_q8", "matvec_kq_q8_vec4", "matmul_kq",
-                             "matmul_kq_q8", "embedding_kq"}
+    assert set(BINDINGS) == {"matvec_kq", "matvec_kq_q8_sub", "matvec_kq_q8_chunks", "matvec_kq_q8",
+                             "matvec_kq_q8_vec4", "matmul_kq", "matmul_kq_q8", "embedding_kq"}
