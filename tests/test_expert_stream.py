@@ -573,3 +573,26 @@ def test_auto_streams_where_the_buffers_fit_but_their_blocks_do_not():
     assert sum(streamed.memory().values()) + auto_margin(memory) <= memory
     assert streamed.footprint().peak + auto_margin(memory) > memory
     assert moe_35b(memory).streaming.slots < 172
+
+
+def test_memfit_says_it_streams_wherever_the_runtimes_auto_would():
+    from engine.blocks import DeviceTraits
+    from engine.catalog import all_models
+    from engine.memfit import check_fit, entry_spec
+    from engine.memfit_stream import entry_formats
+    from engine.runtime_options import RuntimeOptions
+    from engine.sysmem import SystemMemory
+    from engine.transformer import RuntimePlan
+
+    entry = next(e for e in all_models() if e.key == "qwen3.6-35b-a3b-mlx-4bit")
+    ram = SystemMemory(64 * 10**9, 48 * 10**9)
+    spec = entry_spec(entry)
+    for memory in (12 * GIB, 22 * GIB, 32 * GIB):
+        fit = check_fit(entry, 6144, ram, gpu_bytes_available=memory)
+        plan = RuntimePlan(spec, entry_formats(entry, spec), RuntimeOptions(max_context=6144),
+                           DeviceTraits(None, 256, True, 32, memory_bytes=memory))
+        st = plan.streaming
+        assert (fit.verdict == "streams") == (st is not None) and (fit.stream and fit.stream.slots) == (st and st.slots)
+    # 22 GiB holds the model's buffers (memfit once said "tight" and loaded it whole) but not its blocks and the margin
+    fit = check_fit(entry, 6144, ram, gpu_bytes_available=22 * GIB)
+    assert fit.gpu_needed <= 22 * GIB and fit.verdict == "streams"
