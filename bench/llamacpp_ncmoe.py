@@ -11,7 +11,7 @@ smallest N whose GPU weights are at most the budget, and also N = 0 (every exper
 The CPU's experts run on `-t` threads (default: this machine's cores).
 
 Run on the benchmark machine from the repo root (the build and the GGUF are compare_llamacpp.py's; partial results
-are written after each N, and Ns not started by --time-limit are recorded as skipped):
+are written after each N, Ns not started by --time-limit are recorded as skipped, and --ns runs only the Ns given):
 
     python3 bench/llamacpp_ncmoe.py --llama-src .peer/llama.cpp-0c1e57098.tar.xz --out OUT_DIR \
         [--ours expert_stream.json]
@@ -92,14 +92,16 @@ def n_for_budget(table: list[dict], budget: int) -> int | None:
     return next((r["n_cpu_moe"] for r in table if r["gpu_bytes"] <= budget), None)
 
 
-def runs(table: list[dict], budgets: dict[str, int]) -> list[dict]:
-    """The Ns to run, fewest on the CPU first: 0, each budget's, every layer; a row names the budgets it matches."""
-    chosen: dict[int, list[str]] = {0: [], table[-1]["n_cpu_moe"]: []}
+def runs(table: list[dict], budgets: dict[str, int], ns: list[int] | None = None) -> list[dict]:
+    """The Ns to run, fewest on the CPU first (`ns`, else 0, each budget's and every layer); a row names the budgets
+    it matches."""
+    labels: dict[int, list[str]] = {}
     for label, size in budgets.items():
         n = n_for_budget(table, size)
         if n is not None:
-            chosen.setdefault(n, []).append(label)
-    return [table[n] | {"budgets": labels} for n, labels in sorted(chosen.items())]
+            labels.setdefault(n, []).append(label)
+    wanted = set(ns) if ns is not None else {0, table[-1]["n_cpu_moe"], *labels}
+    return [table[n] | {"budgets": labels.get(n, [])} for n in sorted(wanted)]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -151,7 +153,7 @@ def extra_flags(n: int, threads: int) -> tuple[str, ...]:
     return ("-ncmoe", str(n), "-t", str(threads))
 
 
-def build_only(args, budgets: dict[str, int]) -> None:
+def build_only(args, budgets: dict[str, int], ns: list[int] | None) -> None:
     cfg = llamacpp_gguf.TINY["qwen35moe"]
     path = llamacpp_gguf.write(cfg, args.work / "tiny-qwen35moe-q4_0.gguf")
     problems = llamacpp_gguf.check(cfg, path)
@@ -170,7 +172,7 @@ def build_only(args, budgets: dict[str, int]) -> None:
     real = llamacpp_gguf.shape_config(SHAPE)
     print(f"{SHAPE} (from the layout; a run reads the GGUF's own sizes):")
     gguf, exe = args.work / f"{SHAPE}-q4_0.gguf", args.work / "llama.cpp" / "build" / "bin" / "llama-bench"
-    for r in runs(byte_table(layout_tensor_bytes(real), real["layers"]), budgets):
+    for r in runs(byte_table(layout_tensor_bytes(real), real["layers"]), budgets, ns):
         print(f"  -ncmoe {r['n_cpu_moe']:2d}: {r['gpu_bytes'] / GIB:6.2f} GiB on the GPU, {r['cpu_bytes'] / GIB:6.2f}"
               f" GiB in CPU memory{'  <= ' + ', '.join(r['budgets']) if r['budgets'] else ''}")
         for cmd in llama_bench_commands(exe, gguf, reps=args.reps, prompts="512", fa=args.fa,
@@ -189,6 +191,7 @@ def main(argv=None) -> int:
     p.add_argument("--fa", default="1", choices=["0", "1"], help="llama-bench -fa (flash attention off or on)")
     p.add_argument("--reps", type=int, default=3, help="llama-bench -r")
     p.add_argument("--ours", type=Path, help="bench/expert_stream.py's JSON, to report beside llama.cpp")
+    p.add_argument("--ns", help="run these N only (e.g. 24,40: the rest of a run cut short by the time limit)")
     p.add_argument("--time-limit", type=float, default=540, help="seconds from the start; Ns not started by then "
                                                                 "are recorded as skipped")
     p.add_argument("--build-only", action="store_true", help="GGUF, byte table and commands only (no GPU needed)")
@@ -200,10 +203,15 @@ def main(argv=None) -> int:
         budgets = {b.strip(): parse_size(b, "--budgets") for b in args.budgets.split(",") if b.strip()}
     except ValueError as e:
         p.error(str(e))
+    layers = llamacpp_gguf.shape_config(SHAPE)["layers"]
+    ns = args.ns.split(",") if args.ns else None
+    if ns is not None and not all(n.strip().isdigit() and int(n) <= layers for n in ns):
+        p.error(f"--ns: a list of N in 0..{layers}, got {args.ns!r}")
+    ns = [int(n) for n in ns] if ns is not None else None
     if args.llama_bench and not args.llama_bench.is_file():
         p.error(f"--llama-bench: no file at {args.llama_bench}")
     if args.build_only:
-        build_only(args, budgets)
+        build_only(args, budgets, ns)
         return 0
     if not args.llama_src or not args.out:
         p.error("--llama-src and --out are needed for a benchmark run (or pass --build-only)")
@@ -222,7 +230,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"{gguf}: " + "; ".join(problems))
     report = {"shape": SHAPE, "llama_cpp_source": args.llama_src.name, "llama_cpp_build_s": round(build_s, 1),
               "threads": args.threads, "fa": args.fa, "reps": args.reps, "depth": DEPTH, "budgets": args.budgets,
-              "gguf_bytes": sum(tensors.values()), "runs": runs(byte_table(tensors, cfg["layers"]), budgets),
+              "gguf_bytes": sum(tensors.values()), "runs": runs(byte_table(tensors, cfg["layers"]), budgets, ns),
               "ours": ours}
     for r in report["runs"]:
         if time.time() - started > args.time_limit:

@@ -40,6 +40,7 @@ def test_a_budget_gets_the_fewest_layers_whose_gpu_weights_fit():
     assert nc.n_for_budget(table, 10**6) == 0 and nc.n_for_budget(table, 599) is None
     rows = nc.runs(table, {"A": 800, "B": 799, "C": 10})
     assert [(r["n_cpu_moe"], r["budgets"]) for r in rows] == [(0, []), (2, ["A"]), (3, ["B"]), (4, [])]
+    assert [(r["n_cpu_moe"], r["budgets"]) for r in nc.runs(table, {"A": 800}, [4, 2])] == [(2, ["A"]), (4, [])]
 
 
 def test_the_real_shape_lines_up_with_our_budgets():
@@ -60,6 +61,10 @@ def test_build_only_prints_the_table_and_the_commands(tmp_path, capsys):
     assert "layout and tensor sizes as expected" in out
     assert f"-ngl 99 -fa 1 -ncmoe {n8} -t 16 -r 3 -o json" in out and "<= 8G" in out
     assert f"-ncmoe {cfg['layers']} -t 16" in out and "-p 0 -n 128 -d 512" in out and "-p 512 -n 0 -d 0" in out
+    assert nc.main(["--build-only", "--work", str(tmp_path), "--ns", "3"]) == 0
+    assert "-ncmoe  3:" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        nc.main(["--build-only", "--work", str(tmp_path), "--ns", "41"])
 
 
 def test_the_report_puts_our_numbers_beside_llama_cpps_at_the_same_budget():
@@ -82,3 +87,30 @@ def test_the_report_puts_our_numbers_beside_llama_cpps_at_the_same_budget():
     assert "| all | 0 | 18.00 GiB | 0.50 GiB | 40.25 | 900.0 | all | 120.0 | — |" in md
     assert "| 8G | 24 | 7.50 GiB | 11.00 GiB | 40.25 | 900.0 | 80 | 30.5 / 45.0 | 700.0 (pp512) |" in md
     assert "| — | 40 | 1.00 GiB | 17.00 GiB | past --time-limit | — | — | — | — |" in md
+
+
+def test_a_run_benches_each_n_with_its_threads_and_writes_the_report(tmp_path, monkeypatch):
+    """The run's steps on the tiny file, llama-bench stood in for: each N's flags, the JSON and the markdown."""
+    import json
+
+    tiny = g.TINY["qwen35moe"]
+    calls = []
+
+    def bench(exe, model, **kw):
+        calls.append(kw["extra"])
+        n = int(kw["extra"][1])
+        return [dict(n_prompt=512, n_gen=0, n_depth=0, avg_ts=1000.0 - n),
+                dict(n_prompt=0, n_gen=128, n_depth=512, avg_ts=50.0 - n)]
+
+    monkeypatch.setattr(nc, "build_llama", lambda src, work: (work / "llama-bench", 0.0))
+    monkeypatch.setattr(nc, "llama_bench", bench)
+    monkeypatch.setattr(nc.llamacpp_gguf, "shape_config", lambda shape: tiny)
+    (src := tmp_path / "llama.tar.xz").write_bytes(b"")
+    out = tmp_path / "out"
+    assert nc.main(["--llama-src", str(src), "--out", str(out), "--work", str(tmp_path), "--threads", "16",
+                    "--budgets", "600000"]) == 0
+    report = json.loads((out / "ncmoe.json").read_text())
+    assert calls == [("-ncmoe", "0", "-t", "16"), ("-ncmoe", "2", "-t", "16"), ("-ncmoe", "4", "-t", "16")]
+    assert [(r["n_cpu_moe"], r["budgets"], r["llama_cpp"]["tg128_d512"]) for r in report["runs"]] == [
+        (0, [], 50.0), (2, ["600000"], 48.0), (4, [], 46.0)]
+    assert report["threads"] == 16 and "| 600000 | 2 |" in (out / "ncmoe.md").read_text()
