@@ -238,6 +238,10 @@ def main(argv=None) -> int:
             continue
         rows = llama_bench(exe, gguf, ngl=99, reps=args.reps, prompts="512", fa=args.fa,
                            extra=extra_flags(r["n_cpu_moe"], args.threads))
+        used = {(row.get("n_cpu_moe"), row.get("n_threads")) for row in rows}  # as llama-bench reports its runs
+        if used != {(r["n_cpu_moe"], args.threads)}:
+            raise SystemExit(f"llama-bench ran with (n_cpu_moe, n_threads) {sorted(used)}, not "
+                             f"{(r['n_cpu_moe'], args.threads)}")
         r["llama_cpp"] = summarize(rows)
         print(f"-ncmoe {r['n_cpu_moe']} ({r['gpu_bytes'] / GIB:.2f} GiB on the GPU): {r['llama_cpp']}", flush=True)
         (args.out / "ncmoe.json").write_text(json.dumps(report, indent=2))  # what is done so far survives a kill

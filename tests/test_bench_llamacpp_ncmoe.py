@@ -98,9 +98,9 @@ def test_a_run_benches_each_n_with_its_threads_and_writes_the_report(tmp_path, m
 
     def bench(exe, model, **kw):
         calls.append(kw["extra"])
-        n = int(kw["extra"][1])
-        return [dict(n_prompt=512, n_gen=0, n_depth=0, avg_ts=1000.0 - n),
-                dict(n_prompt=0, n_gen=128, n_depth=512, avg_ts=50.0 - n)]
+        n, used = int(kw["extra"][1]), dict(n_cpu_moe=int(kw["extra"][1]), n_threads=int(kw["extra"][3]))
+        return [dict(n_prompt=512, n_gen=0, n_depth=0, avg_ts=1000.0 - n, **used),
+                dict(n_prompt=0, n_gen=128, n_depth=512, avg_ts=50.0 - n, **used)]
 
     monkeypatch.setattr(nc, "build_llama", lambda src, work: (work / "llama-bench", 0.0))
     monkeypatch.setattr(nc, "llama_bench", bench)
@@ -114,3 +114,6 @@ def test_a_run_benches_each_n_with_its_threads_and_writes_the_report(tmp_path, m
     assert [(r["n_cpu_moe"], r["budgets"], r["llama_cpp"]["tg128_d512"]) for r in report["runs"]] == [
         (0, [], 50.0), (2, ["600000"], 48.0), (4, [], 46.0)]
     assert report["threads"] == 16 and "| 600000 | 2 |" in (out / "ncmoe.md").read_text()
+    monkeypatch.setattr(nc, "llama_bench", lambda exe, model, **kw: [dict(n_cpu_moe=0, n_threads=8)])
+    with pytest.raises(SystemExit, match="n_threads"):  # llama-bench's own record of its runs is checked
+        nc.main(["--llama-src", str(src), "--out", str(out), "--work", str(tmp_path), "--threads", "16"])
