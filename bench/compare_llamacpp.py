@@ -56,14 +56,20 @@ def build_llama(src_tar: Path, work: Path) -> tuple[Path, float]:
     return exe, time.time() - t
 
 
+def llama_bench_commands(exe: Path, model: Path, ngl: int = 99, reps: int = 5, prompts: str = "512,2048",
+                         gen: int = 128, depth: int = DEPTH, fa: str = "0,1", extra: tuple[str, ...] = ()) -> list:
+    """The llama-bench command lines llama_bench runs: prefill at depth 0, then decode at `depth`; `extra`: more
+    flags (bench/llamacpp_ncmoe.py: -ncmoe, -t)."""
+    return [[str(exe), "-m", str(model), "-p", p, "-n", str(n), "-d", str(d), "-ngl", str(ngl), "-fa", fa,
+             *extra, "-r", str(reps), "-o", "json"] for p, n, d in ((prompts, 0, 0), ("0", gen, depth))]
+
+
 def llama_bench(exe: Path, model: Path, ngl: int = 99, reps: int = 5, prompts: str = "512,2048", gen: int = 128,
-                depth: int = DEPTH) -> list[dict]:
+                depth: int = DEPTH, fa: str = "0,1", extra: tuple[str, ...] = ()) -> list[dict]:
     """llama-bench's JSON rows: prefill at depth 0 (as our prefill starts from an empty cache) and decode at `depth`
-    (our decode runs after a `depth`-token prompt), both with flash attention off and on."""
+    (our decode runs after a `depth`-token prompt), by default both with flash attention off and on."""
     rows = []
-    for p, n, d in ((prompts, 0, 0), ("0", gen, depth)):
-        cmd = [str(exe), "-m", str(model), "-p", p, "-n", str(n), "-d", str(d), "-ngl", str(ngl), "-fa", "0,1",
-               "-r", str(reps), "-o", "json"]
+    for cmd in llama_bench_commands(exe, model, ngl, reps, prompts, gen, depth, fa, extra):
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode:
             raise SystemExit(f"llama-bench failed on {model.name} (exit {out.returncode}): {out.stderr[-2000:]}")

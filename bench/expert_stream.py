@@ -184,6 +184,8 @@ def run(gpu: Gpu, shape: str, budget: int | None, tokens: int, warmup: int, pref
                 r["prefill_hit_rate"] = round(st.hit_rate(), 4)
         elif prefill:
             r["prefill_tok_s"] = round(prefill / bench.timed_prefill(rt, prompt[:prefill]), 1)
+        if prefill:
+            r["prefill_tokens"] = prefill
         print(json.dumps(r), file=sys.stderr, flush=True)
         out.append(r)
     for b in [rt.ws, *rt.blocks]:

@@ -1,21 +1,25 @@
 """The weights budget: how many bytes of model weights may live on the GPU (RuntimeOptions.gpu_weights).
 
 Spelled as bytes or with a K/M/G suffix (powers of 1024: `--gpu-weights 12G`, `ZEROTVM_GPU_WEIGHTS=12G`), or
-`auto`. Auto is the adapter's memory less the KV cache, the working buffers and a margin when the adapter's memory
-is known (engine/vram.py), else no limit. A MoE model over its budget streams its routed experts from host memory
-(engine/blocks/expert_cache.py); a dense model over an explicit budget is refused. The CLI and the app say so in
-one line (streaming_line) and report the cache's hit rate (hit_rate_line).
+`auto`. Auto (auto_weights), when the adapter's memory is known (engine/vram.py), gives a MoE model the most expert
+cache slots whose whole load, as wgpu's allocator holds it in blocks (the plan's footprint, engine/gpu_heap.py),
+leaves a margin of that memory free; else no limit. The runtime's plan and memfit's streaming verdict both ask it.
+A MoE model over its budget streams its routed experts from host memory (engine/blocks/expert_cache.py); a dense
+model over an explicit budget is refused. The CLI and the app say so in one line (streaming_line) and report the
+cache's hit rate (hit_rate_line).
 """
 
 from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, replace
 
 ENV = "ZEROTVM_GPU_WEIGHTS"
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 MAX_BYTES = 2**50  # a petabyte of weights is a typo, not a GPU
-# What auto leaves free beyond the model's own buffers: the desktop, the driver's pools, allocation rounding.
+# What auto leaves free beyond the model's blocks of memory (which the allocator model counts): the desktop and the
+# driver's own pools.
 AUTO_MARGIN_BYTES = 768 * 2**20
 AUTO_MARGIN_SHARE = 0.05
 
@@ -47,13 +51,48 @@ def from_env(environ=None) -> int | None:
     return parse_size((environ if environ is not None else os.environ).get(ENV), ENV)
 
 
-def auto_budget(memory_bytes: int | None, other_bytes: int) -> int | None:
-    """Auto: the adapter's memory less the model's non-weight buffers (`other_bytes`: KV cache, state, working
-    buffers, expert staging) and a margin; None (no limit) when the memory is unknown."""
+def auto_margin(memory_bytes: int) -> int:
+    """What auto leaves free of an adapter with `memory_bytes` of memory."""
+    return max(AUTO_MARGIN_BYTES, int(memory_bytes * AUTO_MARGIN_SHARE))
+
+
+@dataclass(frozen=True)
+class AutoWeights:
+    budget: int | None  # weight bytes the model may keep on the GPU (None: no limit)
+    slots: int | None  # expert cache slots a MoE layer (None: every expert resident)
+
+
+def auto_weights(plan, memory_bytes: int | None) -> AutoWeights:
+    """Auto for the MoE model `plan` plans (a RuntimePlan: its spec, formats, options and traits are used, the
+    adapter's memory is `memory_bytes`). A plan fits when its load's peak footprint in wgpu's allocator (every
+    buffer, in blocks: RuntimePlan.footprint) plus auto_margin is at most the memory. Every expert resident when that
+    fits, else the most cache slots that fit (the budget their weights take); no limit when the memory is unknown or
+    not even top_k slots fit (the model then loads whole and the driver has the last word)."""
+    from engine.runtime_options import RuntimeOptions
+    from engine.transformer import RuntimePlan, expert_weight_bytes, moe_block
+
     if not memory_bytes:
-        return None
-    margin = max(AUTO_MARGIN_BYTES, int(memory_bytes * AUTO_MARGIN_SHARE))
-    return max(1, memory_bytes - other_bytes - margin)
+        return AutoWeights(None, None)
+    spec, formats, options, traits = plan.spec, plan.formats, plan.options, plan.traits
+    room = memory_bytes - auto_margin(memory_bytes)
+    peak = lambda p: p.footprint(traits.memory_kind).peak  # noqa: E731
+    whole = RuntimePlan(spec, formats, RuntimeOptions.of(options, gpu_weights=None), replace(traits, memory_bytes=None))
+    moe = moe_block(whole)
+    weights, fixed, per_slot = expert_weight_bytes(whole, moe)
+    if (whole_peak := peak(whole)) <= room:
+        return AutoWeights(room - (whole_peak - weights), None)
+
+    def fits(slots: int) -> bool:  # an explicit budget of exactly these slots' weights plans them
+        return peak(RuntimePlan(spec, formats, RuntimeOptions.of(options, gpu_weights=fixed + slots * per_slot),
+                                traits)) <= room
+
+    lo, hi = moe.top_k, moe.E  # fits(lo) is asked first; E slots is the whole model, which does not fit
+    if not fits(lo):
+        return AutoWeights(None, None)
+    while hi - lo > 1:  # fits(lo) and not fits(hi): the answer fits and one slot more does not
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return AutoWeights(fixed + lo * per_slot, lo)
 
 
 def shown(n: int) -> str:

@@ -12,8 +12,8 @@ Host RAM at load: the loaders stream one tensor at a time, so the peak is a base
 and the GPU driver) plus LOAD_COPIES of the largest tensor. On a GPU that shares system RAM (integrated,
 CPU, Apple silicon) the GPU bytes come out of RAM too. wgpu does not report how much memory a GPU has, so
 unless the caller knows (engine/vram.py asks nvidia-smi or AMD's sysfs), the GPU side of the verdict is "unknown".
-A MoE model too big for a GPU whose memory is known gets the verdict "streams" when it runs with its routed experts
-streamed from RAM (engine/memfit_stream.py); the RAM it needs then counts the host-resident experts.
+A MoE model gets the verdict "streams" on a GPU whose memory is known when the runtime's auto budget would stream its
+routed experts from RAM there (engine/memfit_stream.py); the RAM it needs then counts the host-resident experts.
 
 On a software adapter (engine/gpu.py is_software_adapter) the verdict also weighs speed: decode reads
 `decode_bytes` of weights per token, and engine/speed.py turns that into a rough tokens/s; every model is then at
@@ -253,9 +253,11 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
     ram_level = _level(ram_needed, system.available_bytes)
     gpu_available = None if shared_memory else gpu_bytes_available
     gpu_level = "ok" if shared_memory else _level(est.gpu_bytes, gpu_available)
-    stream = None
-    if gpu_level == "wont_fit" and (stream := stream_fit_of(entry, est.context, gpu_available)) is not None:
-        gpu_level = "streams"  # too big whole, but it runs with its experts in RAM: they count as RAM needed
+    # Where the runtime's auto budget streams the experts (too big whole once the allocator's blocks and its margin
+    # count: engine/gpu_budget.py auto_weights), it runs so: the experts then count as RAM needed.
+    stream = stream_fit_of(entry, est.context, gpu_available) if gpu_available is not None else None
+    if stream is not None:
+        gpu_level = "streams"
         ram_needed += stream.host_bytes
         ram_level = _level(ram_needed, system.available_bytes)
     memory = max(ram_level, gpu_level, key=_RANK.__getitem__)

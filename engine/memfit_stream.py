@@ -1,9 +1,10 @@
 """memfit's streaming verdict: a MoE model too big for the GPU that runs with its routed experts streamed from RAM.
 
-The runtime's own plan says how many expert cache slots a weights budget leaves (engine/transformer.py
-expert_slots); the speed is a model, not a measurement: per token each MoE layer reads top_k experts, of which a
-share C/E hits the cache under uniformly random routing (the worst case: LRU's hit rate on uniform independent
-requests is exactly C/E; real text routes more skewed, so it does better), and each miss is uploaded at
+The runtime's own rule says how many expert cache slots fit the GPU (engine/gpu_budget.py auto_weights: the
+load's blocks in wgpu's allocator and a margin, as the runtime's auto budget plans them); the speed is a model, not a
+measurement: per token each MoE layer reads top_k experts, of which a share C/E hits the cache under uniformly
+random routing (the worst case: LRU's hit rate on uniform independent requests is exactly C/E; real text routes
+more skewed, so it does better), and each miss is uploaded at
 UPLOAD_BPS (mapped staging plus a GPU copy: the H200's rate in BENCH.md, rounded down), on top of the resident
 decode's time (the active weights read at RESIDENT_BPS) and one routing readback per MoE layer.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.gpu_budget import auto_budget
+from engine.gpu_budget import auto_weights
 
 UPLOAD_BPS = 6e9  # host -> GPU bytes a second through mapped staging (issue 20's H200 measurement, BENCH.md)
 RESIDENT_BPS = 300e9  # weight bytes a second a mid-range GPU's decode reads (resident part of a token)
@@ -66,25 +67,19 @@ def entry_formats(entry, spec) -> dict[str, str] | None:
 
 def stream_fit(plan, gpu_available: int) -> StreamFit | None:
     """How a model planned as `plan` (engine/transformer.py RuntimePlan, every weight resident) runs on a GPU with
-    `gpu_available` bytes: None when it is not a MoE model or even the smallest expert cache does not fit."""
-    from engine.blocks.moe import MoeFfn
-    from engine.errors import GpuError
-    from engine.transformer import expert_slots
+    `gpu_available` bytes, with the slots the runtime's auto budget gives it: None when it is not a MoE model, fits
+    whole, or even the smallest expert cache does not fit."""
+    from engine.transformer import moe_block
 
-    moe = next((b for b in plan.blocks if isinstance(b, MoeFfn)), None)
+    moe = moe_block(plan)
     if moe is None:
         return None
-    mem = plan.memory()
-    budget = auto_budget(gpu_available, mem["kv"] + mem["state"] + mem["scratch"])
-    try:
-        slots = expert_slots(plan, moe, budget)
-    except GpuError:
-        return None
-    if slots is None:
+    auto = auto_weights(plan, gpu_available)
+    if auto.slots is None:
         return None
     per_layer = moe.routed_expert_bytes() // len(moe.layers)
-    resident = mem["weights"] - moe.E * moe.routed_expert_bytes()
+    resident = plan.memory()["weights"] - moe.E * moe.routed_expert_bytes()
     active = resident + moe.top_k * moe.routed_expert_bytes()
-    rate = decode_rate(slots, moe.E, moe.top_k, len(moe.layers), per_layer, active)
-    return StreamFit(slots, moe.E, moe.top_k, len(moe.layers), per_layer, budget, moe.E * moe.routed_expert_bytes(),
-                     rate)
+    rate = decode_rate(auto.slots, moe.E, moe.top_k, len(moe.layers), per_layer, active)
+    return StreamFit(auto.slots, moe.E, moe.top_k, len(moe.layers), per_layer, auto.budget,
+                     moe.E * moe.routed_expert_bytes(), rate)

@@ -54,8 +54,8 @@ class RuntimePlan:
     def __init__(self, spec, formats: dict[str, str] | None = None, options: RuntimeOptions | None = None,
                  traits: DeviceTraits | None = None):
         s, formats = spec, dict(formats or {})
-        self.spec, self.options = spec, options or RuntimeOptions()
-        traits = traits or DeviceTraits.typical()
+        self.spec, self.options, self.formats = spec, options or RuntimeOptions(), formats
+        self.traits = traits = traits or DeviceTraits.typical()
         self.max_context = min(self.options.max_context or s.context_length, s.context_length)
         self.chunk = C = self.options.prefill_chunk
         int8 = self.options.q8_decode and traits.subgroups
@@ -85,21 +85,22 @@ class RuntimePlan:
         self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
         self.budget = None  # the weights budget in bytes once resolved (None: no limit)
         moe = ffns[-1] if ffns and isinstance(ffns[-1], MoeFfn) else None
-        # An explicit budget binds every model; auto only moves a MoE model's experts to RAM (a dense model over it
-        # loads as before: the driver, not an estimate, has the last word).
-        auto = self.options.gpu_weights is None
-        if ffns and (moe or not auto) and (budget := self._budget(traits)) is not None:
-            self.budget = budget
-            try:
-                slots = expert_slots(self, moe, budget)
-            except GpuError:
-                if not auto:
-                    raise
-                slots = None  # auto below a MoE model's minimum: load it whole and let the driver say
-            if slots is not None:
-                ffns[-1] = MoeFfn(s.dim, s.n_experts, s.top_k, s.moe_ffn_dim, s.shared_ffn_dim, moe.layers, formats,
-                                  ar, C, s.norm_topk_prob, cache_slots=slots, policy=self.options.expert_policy)
-                self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
+        # An explicit budget binds every model; auto only moves a MoE model's experts to RAM (a dense model, or a MoE
+        # one below its minimum, loads whole: the driver, not an estimate, has the last word).
+        if self.options.gpu_weights is not None and ffns:
+            self.budget = self.options.gpu_weights
+            slots = expert_slots(self, moe, self.budget)
+        elif moe is not None:
+            from engine.gpu_budget import auto_weights
+
+            auto = auto_weights(self, traits.memory_bytes)
+            self.budget, slots = auto.budget, auto.slots
+        else:
+            slots = None
+        if slots is not None:
+            ffns[-1] = MoeFfn(s.dim, s.n_experts, s.top_k, s.moe_ffn_dim, s.shared_ffn_dim, moe.layers, formats, ar,
+                              C, s.norm_topk_prob, cache_slots=slots, policy=self.options.expert_policy)
+            self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
         # A decode token's add + norm dispatches fold into the int8 matvecs around them where every mixer and
         # feed-forward block can carry them (engine/blocks/residual.py); decided once the MoE block is known to be
         # resident or streamed (a streamed one keeps its norms).
@@ -117,18 +118,6 @@ class RuntimePlan:
                 shared[name] = max(shared.get(name, 0), size)
         int8_k = max([s.dim] + [b.int8_row_k() for b in self.blocks])
         self.workspace = Workspace(s.dim, C, int8_k, ar.int8_prefill, shared, traits.offset_alignment, fused)
-
-    def _budget(self, traits) -> int | None:
-        """The weights budget: RuntimeOptions.gpu_weights, else auto from the adapter's memory (None: no limit)."""
-        from engine.gpu_budget import auto_budget
-
-        if self.options.gpu_weights is not None:
-            return self.options.gpu_weights
-        if traits.memory_bytes is None:
-            return None
-        mem = sum_needs(n for b in self.blocks for n in b.needs())
-        other = mem["kv"] + mem["state"] + mem["scratch"]  # the workspace's rows are within auto's margin
-        return auto_budget(traits.memory_bytes, other)
 
     @property
     def streaming(self):
@@ -169,21 +158,34 @@ class RuntimePlan:
         return load_footprint(self.reserved(), uploads, [n for n in needs if n.how == "staging"], memory_kind)
 
 
+def moe_block(plan: RuntimePlan) -> MoeFfn | None:
+    """The plan's MoE feed-forward block, if it has one."""
+    return next((b for b in plan.blocks if isinstance(b, MoeFfn)), None)
+
+
+def expert_weight_bytes(plan: RuntimePlan, moe) -> tuple[int, int, int]:
+    """(every weight byte, those outside the routed experts, one routed expert of every MoE layer) of a plan whose
+    MoE block `moe` (None: a dense model) holds every expert."""
+    weights = sum(n.bytes for b in plan.blocks for n in b.needs() if n.kind == "weights")
+    if moe is None:
+        return weights, weights, 0
+    per_slot = moe.routed_expert_bytes()
+    return weights, weights - moe.E * per_slot, per_slot
+
+
 def expert_slots(plan: RuntimePlan, moe, budget: int) -> int | None:
     """Expert cache slots per MoE layer that fit `budget` bytes of weights (None: every weight fits). A MoE model
     needs room for its non-expert weights and top_k experts a layer; a dense one for all of its weights: either
     short is a GpuError naming the minimum."""
     from engine.gpu_budget import shown
 
-    weights = sum(n.bytes for b in plan.blocks for n in b.needs() if n.kind == "weights")
+    weights, fixed, per_slot = expert_weight_bytes(plan, moe)
     if weights <= budget:
         return None
     if moe is None:
         raise GpuError(f"this model's weights need {shown(weights)} on the GPU but the weights budget is "
                        f"{shown(budget)}; only mixture-of-experts models can keep part of their weights in RAM, so "
                        "raise the budget (--gpu-weights, ZEROTVM_GPU_WEIGHTS or Settings) or pick a smaller model")
-    per_slot = moe.routed_expert_bytes()  # one expert of every MoE layer
-    fixed = weights - moe.E * per_slot
     slots = (budget - fixed) // per_slot
     if slots < moe.top_k:
         need = fixed + moe.top_k * per_slot

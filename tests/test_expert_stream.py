@@ -10,7 +10,7 @@ import pytest
 
 from engine.blocks.expert_cache import SlotMap, _runs
 from engine.errors import GpuError
-from engine.gpu_budget import auto_budget, from_env, parse_size
+from engine.gpu_budget import auto_margin, from_env, parse_size
 from engine.model import load_model
 from engine.sampling import SamplingParams
 from tests.helpers import assert_recorded_count, cached_mlx, run
@@ -40,10 +40,9 @@ def test_environment_budget():
         from_env({"ZEROTVM_GPU_WEIGHTS": "lots"})
 
 
-def test_auto_budget_leaves_the_other_buffers_and_a_margin():
-    assert auto_budget(None, 10) is None
-    assert auto_budget(24 * 2**30, 4 * 2**30) == 24 * 2**30 - 4 * 2**30 - int(24 * 2**30 * 0.05)
-    assert auto_budget(8 * 2**30, 2**30) == 7 * 2**30 - 768 * 2**20  # the fixed margin on a small card
+def test_auto_leaves_a_share_of_the_memory_or_a_fixed_margin():
+    assert auto_margin(24 * 2**30) == int(24 * 2**30 * 0.05)
+    assert auto_margin(8 * 2**30) == 768 * 2**20  # the fixed margin on a small card
 
 
 def test_cli_refuses_a_bad_budget(capsys):
@@ -523,3 +522,77 @@ def test_the_stream_benchmark_runs_on_a_tiny_shape(tmp_path):
         assert 0 < r["hit_rate"] < 1 and r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
         assert ms["ids_wait"] > 0 and ms["policy"] > 0 and ms["route"] > 0 and ms["slot_write"] == 0
         assert sum(v for k, v in ms.items() if k not in ("other", "wall")) <= ms["wall"]
+
+
+# ---- auto counts wgpu's allocator blocks (engine/gpu_heap.py), in the runtime's plan and in memfit alike ----------
+GIB = 2**30
+
+
+def moe_35b(memory_bytes=None, gpu_weights=None):
+    from engine.bench_hybrid import hybrid_spec
+    from engine.blocks import DeviceTraits
+    from engine.runtime_options import RuntimeOptions
+    from engine.transformer import RuntimePlan
+
+    spec, formats = hybrid_spec("qwen3.6-35b-a3b-4bit")
+    traits = DeviceTraits(None, 256, True, 32, memory_bytes=memory_bytes)
+    return RuntimePlan(spec, formats, RuntimeOptions(max_context=6144, gpu_weights=gpu_weights), traits)
+
+
+@pytest.mark.parametrize("memory", [8 * GIB, 12 * GIB, 16 * GIB])
+def test_auto_slots_are_the_most_whose_blocks_fit_and_memfit_agrees(memory):
+    from engine.memfit_stream import stream_fit
+    from engine.transformer import expert_weight_bytes, moe_block
+
+    plan = moe_35b(memory)
+    room = memory - auto_margin(memory)
+    st = plan.streaming
+    assert st is not None and plan.footprint().peak <= room  # the load's blocks, not only its buffers, fit
+    _, fixed, per_slot = expert_weight_bytes(moe_35b(), moe_block(moe_35b()))
+    assert plan.budget == fixed + st.slots * per_slot == plan.memory()["weights"]
+    one_more = moe_35b(memory, plan.budget + per_slot)
+    assert one_more.streaming.slots == st.slots + 1 and one_more.footprint().peak > room
+    fit = stream_fit(moe_35b(), memory)  # memfit's verdict asks the same rule
+    assert (fit.slots, fit.budget) == (st.slots, plan.budget)
+
+
+def test_auto_streams_where_the_buffers_fit_but_their_blocks_do_not():
+    from engine.memfit_stream import stream_fit
+    from engine.transformer import expert_weight_bytes, moe_block
+
+    # The whole model: its buffers and the margin fit 22 GiB (the raw count kept every expert), its blocks do not.
+    whole, memory = moe_35b(), 22 * GIB
+    assert sum(whole.memory().values()) + auto_margin(memory) <= memory < whole.footprint().peak + auto_margin(memory)
+    assert moe_35b(memory).streaming is not None and stream_fit(whole, memory) is not None
+    assert moe_35b(24 * GIB).streaming is None and stream_fit(whole, 24 * GIB) is None  # 24 GiB holds the blocks
+    # 172 slots: a gate/up stack (173 MiB) and a down stack (86 MiB) no longer share a 256 MiB block, so each takes
+    # one of its own; at 14.5 GiB auto stops below that, where the buffers alone would say 172 fit.
+    _, fixed, per_slot = expert_weight_bytes(whole, moe_block(whole))
+    streamed, memory = moe_35b(None, fixed + 172 * per_slot), 29 * GIB // 2
+    assert streamed.streaming.slots == 172
+    assert sum(streamed.memory().values()) + auto_margin(memory) <= memory
+    assert streamed.footprint().peak + auto_margin(memory) > memory
+    assert moe_35b(memory).streaming.slots < 172
+
+
+def test_memfit_says_it_streams_wherever_the_runtimes_auto_would():
+    from engine.blocks import DeviceTraits
+    from engine.catalog import all_models
+    from engine.memfit import check_fit, entry_spec
+    from engine.memfit_stream import entry_formats
+    from engine.runtime_options import RuntimeOptions
+    from engine.sysmem import SystemMemory
+    from engine.transformer import RuntimePlan
+
+    entry = next(e for e in all_models() if e.key == "qwen3.6-35b-a3b-mlx-4bit")
+    ram = SystemMemory(64 * 10**9, 48 * 10**9)
+    spec = entry_spec(entry)
+    for memory in (12 * GIB, 22 * GIB, 32 * GIB):
+        fit = check_fit(entry, 6144, ram, gpu_bytes_available=memory)
+        plan = RuntimePlan(spec, entry_formats(entry, spec), RuntimeOptions(max_context=6144),
+                           DeviceTraits(None, 256, True, 32, memory_bytes=memory))
+        st = plan.streaming
+        assert (fit.verdict == "streams") == (st is not None) and (fit.stream and fit.stream.slots) == (st and st.slots)
+    # 22 GiB holds the model's buffers (memfit once said "tight" and loaded it whole) but not its blocks and the margin
+    fit = check_fit(entry, 6144, ram, gpu_bytes_available=22 * GIB)
+    assert fit.gpu_needed <= 22 * GIB and fit.verdict == "streams"
