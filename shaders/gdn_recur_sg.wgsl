@@ -2,15 +2,16 @@
 // every per-token reduction in subgroup shuffles instead of workgroup memory: the token loop has no barrier, so a
 // column's threads run their tokens without waiting for the rest of the workgroup.
 // Thread v (its place in its subgroup: v = sg_id·sg_size + sg_lane, whatever the driver's mapping of
-// local_invocation_index) owns column v / RSPLIT and rows r, r + RSPLIT, r + 2·RSPLIT, .. of it, r = v % RSPLIT
-// (interleaved: a column's lanes read consecutive q/k values at each step); the RSPLIT threads of a column are
-// RSPLIT aligned lanes of one subgroup, so subgroupShuffleXor over offsets < RSPLIT sums kv = Sᵀk, o = Sᵀq and the
-// q/k sums of squares (each column takes its head's norms itself). Needs subgroups of at least RSPLIT lanes (the
-// host checks) and full subgroups below WG (WG a power of two).
+// local_invocation_index) owns column v / RSPLIT and, of its rows, the runs of four 4·(j·RSPLIT + r) .. + 3 for
+// j < RV, r = v % RSPLIT (a column's lanes read consecutive vec4s of q and k at each step), held as vec4s: constant
+// loops of RV steps, the four lanes of a vec4 four partial sums. The RSPLIT threads of a column are RSPLIT aligned
+// lanes of one subgroup, so subgroupShuffleXor over offsets < RSPLIT sums kv = Sᵀk, o = Sᵀq and the q/k sums of
+// squares (each column takes its head's norms itself). Needs subgroups of at least RSPLIT lanes (the host checks)
+// and full subgroups below WG (WG a power of two).
 // q, k, v and the gates come straight from global memory, the next token's loaded before this token's arithmetic:
-// only the state carries from token to token, through kv's sum (four partial sums, a shorter chain than one).
-// Constants: WG threads (a power of two), RSPLIT (a power of two dividing DK and WG), KH, VH, DK, DV, CONV as in
-//   gdn_recur.wgsl.
+// only the state carries from token to token, through kv's sum.
+// Constants: WG threads (a power of two), RSPLIT (a power of two; 4·RSPLIT divides DK, RSPLIT divides WG), KH, VH,
+//   DK, DV, CONV as in gdn_recur.wgsl.
 // Bindings: as gdn_recur.wgsl. Grid: (VH, ceil(DV / COLS)).
 #import step
 #import reduce
@@ -23,23 +24,28 @@
 
 const KEY: u32 = KH * DK;
 const COLS: u32 = WG / RSPLIT;
-const RROWS: u32 = DK / RSPLIT;
+const RV: u32 = DK / (4u * RSPLIT);  // vec4s of rows a thread holds
 
 // One token's inputs as this thread reads them: its rows of q and k, its column's v, the decay gate and β.
 struct TokenIn {
-    q: array<f32, RROWS>,
-    k: array<f32, RROWS>,
+    q: array<vec4<f32>, RV>,
+    k: array<vec4<f32>, RV>,
     v: f32,
     g: f32,
     beta: f32,
 }
 
+fn rows4(i: u32) -> vec4<f32> {
+    return vec4<f32>(qkv[i], qkv[i + 1u], qkv[i + 2u], qkv[i + 3u]);
+}
+
 fn load_token(t: u32, kh: u32, h: u32, r: u32, col: u32) -> TokenIn {
     var x: TokenIn;
     let row = t * CONV;
-    for (var i = 0u; i < RROWS; i++) {
-        x.q[i] = qkv[row + kh * DK + r + i * RSPLIT];
-        x.k[i] = qkv[row + KEY + kh * DK + r + i * RSPLIT];
+    for (var j = 0u; j < RV; j++) {
+        let i = 4u * (j * RSPLIT + r);
+        x.q[j] = rows4(row + kh * DK + i);
+        x.k[j] = rows4(row + KEY + kh * DK + i);
     }
     x.v = qkv[row + 2u * KEY + h * DV + col];
     x.g = gates[t * 2u * VH + h];
@@ -60,6 +66,10 @@ fn column_sum2(x: vec2<f32>) -> vec2<f32> {
     return s;
 }
 
+fn lanes_sum(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
@@ -71,27 +81,38 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let col = min(wid.y * COLS + c_local, DV - 1u);  // threads past DV shadow a real column but never write
     let base = h * DK * DV + col;
     let fresh = step.pos0 == 0u;
-    var s: array<f32, RROWS>;
-    for (var i = 0u; i < RROWS; i++) { s[i] = select(state[base + (r + i * RSPLIT) * DV], 0.0, fresh); }
+    var s: array<vec4<f32>, RV>;
+    for (var j = 0u; j < RV; j++) {
+        let at = base + 4u * (j * RSPLIT + r) * DV;
+        let held = vec4<f32>(state[at], state[at + DV], state[at + 2u * DV], state[at + 3u * DV]);
+        s[j] = select(held, vec4<f32>(0.0), fresh);
+    }
     var next = load_token(0u, kh, h, r, col);
     for (var t = 0u; t < step.n_tokens; t++) {
         let x = next;
         next = load_token(min(t + 1u, step.n_tokens - 1u), kh, h, r, col);  // in flight during this token
-        var sq = vec2<f32>(0.0);
-        for (var i = 0u; i < RROWS; i++) { sq += vec2<f32>(x.q[i] * x.q[i], x.k[i] * x.k[i]); }
-        let sums = column_sum2(sq);
+        var qq = vec4<f32>(0.0);
+        var kk = vec4<f32>(0.0);
+        for (var j = 0u; j < RV; j++) { qq += x.q[j] * x.q[j]; kk += x.k[j] * x.k[j]; }
+        let sums = column_sum2(vec2<f32>(lanes_sum(qq), lanes_sum(kk)));
         let iq = inverseSqrt(sums.x + 1e-6) * inverseSqrt(f32(DK));
         let ik = inverseSqrt(sums.y + 1e-6);
         let decay = exp(x.g);
         var kv = vec4<f32>(0.0);
-        for (var i = 0u; i < RROWS; i++) { s[i] *= decay; kv[i % 4u] += s[i] * x.k[i]; }
-        let delta = (x.v - column_sum((kv.x + kv.y) + (kv.z + kv.w)) * ik) * x.beta * ik;
+        for (var j = 0u; j < RV; j++) { s[j] *= decay; kv += s[j] * x.k[j]; }
+        let delta = (x.v - column_sum(lanes_sum(kv)) * ik) * x.beta * ik;
         var o = vec4<f32>(0.0);
-        for (var i = 0u; i < RROWS; i++) { s[i] += x.k[i] * delta; o[i % 4u] += s[i] * x.q[i]; }
-        let o_all = column_sum((o.x + o.y) + (o.z + o.w));
+        for (var j = 0u; j < RV; j++) { s[j] += x.k[j] * delta; o += s[j] * x.q[j]; }
+        let o_all = column_sum(lanes_sum(o));
         if (live && r == 0u) { out[(t * VH + h) * DV + col] = o_all * iq; }
     }
     if (live) {
-        for (var i = 0u; i < RROWS; i++) { state[base + (r + i * RSPLIT) * DV] = s[i]; }
+        for (var j = 0u; j < RV; j++) {
+            let at = base + 4u * (j * RSPLIT + r) * DV;
+            state[at] = s[j].x;
+            state[at + DV] = s[j].y;
+            state[at + 2u * DV] = s[j].z;
+            state[at + 3u * DV] = s[j].w;
+        }
     }
 }

@@ -174,11 +174,12 @@ def test_gdn_recur(any_gpu, rng, KH, VH, DK, DV, T, pos0, WG, RSPLIT):
 
 
 @pytest.mark.parametrize("KH,VH,DK,DV,T,pos0,WG,RSPLIT", [
-    (2, 4, 32, 32, 6, 5, 64, 8), (1, 2, 48, 24, 3, 1, 8, 8), (2, 2, 16, 72, 1, 7, 32, 2), (2, 4, 32, 32, 4, 0, 64, 4),
-    (16, 32, 128, 128, 2, 3, 64, 8), (16, 32, 128, 128, 1, 9, 64, 8), (2, 4, 40, 64, 9, 2, 128, 8),
-    (2, 4, 64, 40, 70, 0, 64, 8)])
+    (2, 4, 32, 32, 6, 5, 64, 8), (1, 2, 48, 24, 3, 1, 8, 4), (2, 2, 16, 72, 1, 7, 32, 2), (2, 4, 32, 32, 4, 0, 64, 4),
+    (16, 32, 128, 128, 2, 3, 64, 8), (16, 32, 128, 128, 1, 9, 64, 8), (2, 4, 40, 64, 9, 2, 128, 2),
+    (2, 4, 64, 40, 70, 0, 8, 8)])
 def test_gdn_recur_sg(gpu, rng, KH, VH, DK, DV, T, pos0, WG, RSPLIT):
-    """The subgroup-shuffle kernel (RSPLIT ≤ the subgroup size; lavapipe's is 8); WG 8: one subgroup a workgroup."""
+    """The subgroup-shuffle kernel (RSPLIT ≤ the subgroup size; lavapipe's is 8); WG 8: at most one subgroup a
+    workgroup, DV 72 and 40: partly idle workgroups, T 70: the next token's loads run ahead past many tokens."""
     if gpu.subgroup_size < RSPLIT:
         pytest.skip(f"needs subgroups of at least {RSPLIT} lanes, the adapter has {gpu.subgroup_size}")
     consts, grid = gdn_recur_sg_plan(KH, VH, DK, DV, 2 * KH * DK + VH * DV, RSPLIT, wg=WG)
@@ -235,13 +236,15 @@ def test_gdn_recur_kernel_choice():
     assert chosen(128, 32) == (GDN_RECUR_SG, 8)
     assert chosen(128, 8) == (GDN_RECUR_SG, 8)
     assert chosen(128, 4) == (GDN_RECUR_SG, 4)
-    assert chosen(48, 64) == (GDN_RECUR_SG, 8)
-    assert chosen(36, 32) == (GDN_RECUR_SG, 4)  # 8 does not divide 36
-    assert chosen(18, 32) == (GDN_RECUR_SG, 2)
+    assert chosen(48, 64) == (GDN_RECUR_SG, 4)  # a thread's rows come in vec4s: 4·RSPLIT divides DK
+    assert chosen(40, 32) == (GDN_RECUR_SG, 2)
+    assert chosen(36, 32)[0] is GDN_RECUR
     assert chosen(128, 0)[0] is GDN_RECUR  # no subgroups
     assert chosen(128, 2)[0] is GDN_RECUR  # 64 rows a thread: too many registers
     with pytest.raises(ValueError, match="powers of two"):
         gdn_recur_sg_plan(2, 4, 48, 32, 320, 6)
+    with pytest.raises(ValueError, match="4·RSPLIT dividing DK"):
+        gdn_recur_sg_plan(2, 4, 48, 32, 320, 8)
 
 
 def test_gdn_recur_wrong_gva_pairing_would_show(rng):

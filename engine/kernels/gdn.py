@@ -50,11 +50,11 @@ def gdn_recur_plan(kh: int, vh: int, dk: int, dv: int, conv: int, wg: int = 128,
 def gdn_recur_sg_plan(kh: int, vh: int, dk: int, dv: int, conv: int, rsplit: int,
                       wg: int = RECUR_SG_WG) -> tuple[dict, tuple[int, int]]:
     """gdn_recur_sg.wgsl: RSPLIT lanes of one subgroup per state column (the caller keeps RSPLIT ≤ the subgroup
-    size), WG / RSPLIT columns per workgroup."""
+    size), each holding DK / RSPLIT rows as vec4s, WG / RSPLIT columns per workgroup."""
     pow2 = rsplit >= 1 and not rsplit & (rsplit - 1) and wg >= rsplit and not wg & (wg - 1)
-    if vh % kh or not pow2 or dk % rsplit:
-        raise ValueError(f"gdn_recur_sg needs VH % KH == 0, RSPLIT and WG ≥ RSPLIT powers of two and RSPLIT dividing "
-                         f"DK; got KH={kh} VH={vh} DK={dk} WG={wg} RSPLIT={rsplit}")
+    if vh % kh or not pow2 or dk % (4 * rsplit):
+        raise ValueError(f"gdn_recur_sg needs VH % KH == 0, RSPLIT and WG ≥ RSPLIT powers of two and 4·RSPLIT "
+                         f"dividing DK; got KH={kh} VH={vh} DK={dk} WG={wg} RSPLIT={rsplit}")
     return dict(WG=wg, RSPLIT=rsplit, KH=kh, VH=vh, DK=dk, DV=dv, CONV=conv), (vh, -(-dv // (wg // rsplit)))
 
 
@@ -62,7 +62,7 @@ def gdn_recur_kernel(kh: int, vh: int, dk: int, dv: int, conv: int, subgroup_siz
     """(Kernel, constants, grid) of the recurrence: the subgroup-shuffle kernel where the device runs subgroup ops
     (`subgroup_size` 0 where it does not) of at least the RSPLIT lanes a column needs, else the workgroup-memory
     one."""
-    fits = [r for r in RECUR_SG_RSPLITS if r <= subgroup_size and dk % r == 0 and dk // r <= RECUR_SG_MAX_ROWS]
+    fits = [r for r in RECUR_SG_RSPLITS if r <= subgroup_size and dk % (4 * r) == 0 and dk // r <= RECUR_SG_MAX_ROWS]
     if fits and vh % kh == 0:
         return (GDN_RECUR_SG, *gdn_recur_sg_plan(kh, vh, dk, dv, conv, fits[0]))
     return (GDN_RECUR, *gdn_recur_plan(kh, vh, dk, dv, conv))
