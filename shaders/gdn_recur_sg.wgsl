@@ -11,12 +11,12 @@
 // q, k, v and the gates come straight from global memory, the next token's loaded before this token's arithmetic:
 // only the state carries from token to token, through kv's sum.
 // Constants: WG threads (a power of two), RSPLIT (a power of two; 4·RSPLIT divides DK, RSPLIT divides WG), KH, VH,
-//   DK, DV, CONV as in gdn_recur.wgsl.
-// Bindings: as gdn_recur.wgsl. Grid: (VH, ceil(DV / COLS)).
+//   DK, DV, CONV (a multiple of 4) as in gdn_recur.wgsl.
+// Bindings: as gdn_recur.wgsl, qkv read as vec4s. Grid: (VH, ceil(DV / COLS)).
 #import step
 #import reduce
 
-@group(0) @binding(0) var<storage, read> qkv: array<f32>;
+@group(0) @binding(0) var<storage, read> qkv: array<vec4<f32>>;  // CONV % 4 == 0: a row starts on a vec4
 @group(0) @binding(1) var<storage, read> gates: array<f32>;
 @group(0) @binding(2) var<storage, read_write> state: array<f32>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
@@ -35,19 +35,16 @@ struct TokenIn {
     beta: f32,
 }
 
-fn rows4(i: u32) -> vec4<f32> {
-    return vec4<f32>(qkv[i], qkv[i + 1u], qkv[i + 2u], qkv[i + 3u]);
-}
-
 fn load_token(t: u32, kh: u32, h: u32, r: u32, col: u32) -> TokenIn {
     var x: TokenIn;
     let row = t * CONV;
     for (var j = 0u; j < RV; j++) {
         let i = 4u * (j * RSPLIT + r);
-        x.q[j] = rows4(row + kh * DK + i);
-        x.k[j] = rows4(row + KEY + kh * DK + i);
+        x.q[j] = qkv[(row + kh * DK + i) / 4u];
+        x.k[j] = qkv[(row + KEY + kh * DK + i) / 4u];
     }
-    x.v = qkv[row + 2u * KEY + h * DV + col];
+    let vi = row + 2u * KEY + h * DV + col;
+    x.v = qkv[vi / 4u][vi % 4u];
     x.g = gates[t * 2u * VH + h];
     x.beta = gates[t * 2u * VH + VH + h];
     return x;

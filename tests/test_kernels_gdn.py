@@ -239,6 +239,7 @@ def test_gdn_recur_kernel_choice():
     assert chosen(48, 64) == (GDN_RECUR_SG, 4)  # a thread's rows come in vec4s: 4·RSPLIT divides DK
     assert chosen(40, 32) == (GDN_RECUR_SG, 2)
     assert chosen(36, 32)[0] is GDN_RECUR
+    assert gdn_recur_kernel(1, 1, 32, 3, 67, 32)[0] is GDN_RECUR  # rows of 67: q/k/v are not vec4-aligned
     assert chosen(128, 0)[0] is GDN_RECUR  # no subgroups
     assert chosen(128, 2)[0] is GDN_RECUR  # 64 rows a thread: too many registers
     with pytest.raises(ValueError, match="powers of two"):

@@ -50,11 +50,12 @@ def gdn_recur_plan(kh: int, vh: int, dk: int, dv: int, conv: int, wg: int = 128,
 def gdn_recur_sg_plan(kh: int, vh: int, dk: int, dv: int, conv: int, rsplit: int,
                       wg: int = RECUR_SG_WG) -> tuple[dict, tuple[int, int]]:
     """gdn_recur_sg.wgsl: RSPLIT lanes of one subgroup per state column (the caller keeps RSPLIT ≤ the subgroup
-    size), each holding DK / RSPLIT rows as vec4s, WG / RSPLIT columns per workgroup."""
+    size), each holding DK / RSPLIT rows as vec4s, WG / RSPLIT columns per workgroup; q/k/v rows read as vec4s."""
     pow2 = rsplit >= 1 and not rsplit & (rsplit - 1) and wg >= rsplit and not wg & (wg - 1)
-    if vh % kh or not pow2 or dk % (4 * rsplit):
-        raise ValueError(f"gdn_recur_sg needs VH % KH == 0, RSPLIT and WG ≥ RSPLIT powers of two and 4·RSPLIT "
-                         f"dividing DK; got KH={kh} VH={vh} DK={dk} WG={wg} RSPLIT={rsplit}")
+    if vh % kh or not pow2 or dk % (4 * rsplit) or conv % 4:
+        raise ValueError(f"gdn_recur_sg needs VH % KH == 0, RSPLIT and WG ≥ RSPLIT powers of two, 4·RSPLIT dividing "
+                         f"DK and CONV a multiple of 4; got KH={kh} VH={vh} DK={dk} CONV={conv} WG={wg} "
+                         f"RSPLIT={rsplit}")
     return dict(WG=wg, RSPLIT=rsplit, KH=kh, VH=vh, DK=dk, DV=dv, CONV=conv), (vh, -(-dv // (wg // rsplit)))
 
 
@@ -63,7 +64,7 @@ def gdn_recur_kernel(kh: int, vh: int, dk: int, dv: int, conv: int, subgroup_siz
     (`subgroup_size` 0 where it does not) of at least the RSPLIT lanes a column needs, else the workgroup-memory
     one."""
     fits = [r for r in RECUR_SG_RSPLITS if r <= subgroup_size and dk % (4 * r) == 0 and dk // r <= RECUR_SG_MAX_ROWS]
-    if fits and vh % kh == 0:
+    if fits and vh % kh == 0 and conv % 4 == 0:
         return (GDN_RECUR_SG, *gdn_recur_sg_plan(kh, vh, dk, dv, conv, fits[0]))
     return (GDN_RECUR, *gdn_recur_plan(kh, vh, dk, dv, conv))
 
