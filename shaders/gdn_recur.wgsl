@@ -9,6 +9,8 @@
 // one dispatch for decode (T = 1) and prefill (T tokens) alike. Columns are independent, so a head may spread
 // over several workgroups (each re-reads q/k and re-takes their norms). Per token: one workgroup reduction (the
 // two norms), then kv = Sᵀk̂ and o = Sᵀq̂ each summed over a column's RSPLIT threads in workgroup memory.
+// gdn_recur_sg.wgsl is the same recurrence with its sums in subgroup shuffles; this kernel runs where subgroups are
+// missing or narrower than a column's threads.
 // A chunked (UT-transform) prefill would turn the loop into matmuls, at the price of a second algorithm to keep
 // in step with decode; correctness first.
 // Constants: WG threads (a power of two without subgroups), RSPLIT (divides DK and WG), KH key heads, VH value

@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 
 from engine.kernels.attention import attn_gate_plan, rope_append_consts
-from engine.kernels.gdn import gdn_conv_plan, gdn_norm_plan, gdn_recur_plan
+from engine.kernels.gdn import (
+    GDN_RECUR,
+    GDN_RECUR_SG,
+    gdn_conv_plan,
+    gdn_norm_plan,
+    gdn_recur_kernel,
+    gdn_recur_plan,
+    gdn_recur_sg_plan,
+)
 from tests.helpers import PAGE, assert_q8_row, inv_freq_for, poisoned, read, rope_ref, run, step_uniform
 
 # ---- float64 references -------------------------------------------------------------------------------
@@ -161,19 +169,83 @@ def test_gdn_conv_gates(gpu, rng):
     (2, 4, 32, 32, 6, 5, 32, 1), (1, 2, 48, 24, 3, 1, 32, 4), (2, 2, 16, 72, 1, 7, 32, 2), (2, 4, 32, 32, 4, 0, 64, 4),
     (16, 32, 128, 128, 2, 3, 128, 4), (16, 32, 128, 128, 1, 9, 32, 1), (2, 4, 40, 64, 9, 2, 128, 8)])
 def test_gdn_recur(any_gpu, rng, KH, VH, DK, DV, T, pos0, WG, RSPLIT):
-    g = any_gpu
+    consts, grid = gdn_recur_plan(KH, VH, DK, DV, 2 * KH * DK + VH * DV, wg=WG, rsplit=RSPLIT)  # DV 72: partly idle
+    check_recur(any_gpu, rng, "gdn_recur", consts, grid, T, pos0)
+
+
+@pytest.mark.parametrize("KH,VH,DK,DV,T,pos0,WG,RSPLIT", [
+    (2, 4, 32, 32, 6, 5, 64, 8), (1, 2, 48, 24, 3, 1, 8, 4), (2, 2, 16, 72, 1, 7, 32, 2), (2, 4, 32, 32, 4, 0, 64, 4),
+    (16, 32, 128, 128, 2, 3, 64, 8), (16, 32, 128, 128, 1, 9, 64, 8), (2, 4, 40, 64, 9, 2, 128, 2),
+    (2, 4, 64, 40, 70, 0, 8, 8)])
+def test_gdn_recur_sg(gpu, rng, KH, VH, DK, DV, T, pos0, WG, RSPLIT):
+    """The subgroup-shuffle kernel (RSPLIT ≤ the subgroup size; lavapipe's is 8); WG 8: at most one subgroup a
+    workgroup, DV 72 and 40: partly idle workgroups, T 70: the next token's loads run ahead past many tokens."""
+    if gpu.subgroup_size < RSPLIT:
+        pytest.skip(f"needs subgroups of at least {RSPLIT} lanes, the adapter has {gpu.subgroup_size}")
+    consts, grid = gdn_recur_sg_plan(KH, VH, DK, DV, 2 * KH * DK + VH * DV, RSPLIT, wg=WG)
+    check_recur(gpu, rng, "gdn_recur_sg", consts, grid, T, pos0)
+
+
+def check_recur(g, rng, shader, consts, grid, T, pos0):
+    """Run a recurrence kernel on random inputs and compare output and final state with recur_ref."""
+    KH, VH, DK, DV = (consts[k] for k in ("KH", "VH", "DK", "DV"))
     qkv, gates = random_proj(rng, T, KH, VH, DK, DV)
     state = (0.3 * rng.standard_normal((VH, DK, DV))).astype(np.float32)
     if pos0 == 0:
         state[:] = np.nan  # pos0 == 0 starts from a zero state whatever the buffer holds
     out_ref, state_ref = recur_ref(qkv, gates, state, KH, VH, DK, DV, fresh=pos0 == 0)
-    consts, grid = gdn_recur_plan(KH, VH, DK, DV, qkv.shape[1], wg=WG, rsplit=RSPLIT)  # DV 72: partly idle
     out, st = poisoned(g, "out", (T, VH * DV)), g.upload("state", state)
-    run(g, "gdn_recur", consts, [g.upload("qkv", qkv), g.upload("gates", gates), st, out, step_uniform(g, T, pos0)],
-        grid)
+    run(g, shader, consts, [g.upload("qkv", qkv), g.upload("gates", gates), st, out, step_uniform(g, T, pos0)], grid)
     scale = np.abs(out_ref).max()
     np.testing.assert_allclose(read(g, out, (T, VH * DV)), out_ref, rtol=0, atol=2e-5 * scale)
     np.testing.assert_allclose(read(g, st, (VH, DK, DV)), state_ref, rtol=0, atol=2e-5 * np.abs(state_ref).max())
+
+
+@pytest.mark.parametrize("shader", ["gdn_recur", "gdn_recur_sg"])
+def test_gdn_recur_chunks_equal_one_pass(gpu, rng, shader):
+    """Decode steps and prefill chunks carry the state bit for bit: a rollback's replay equals the first pass."""
+    KH, VH, DK, DV, T = 2, 4, 32, 32, 9
+    dims = (KH, VH, DK, DV, 2 * KH * DK + VH * DV)
+    consts, grid = (gdn_recur_plan(*dims) if shader == "gdn_recur" else
+                    gdn_recur_sg_plan(*dims, rsplit=min(8, gpu.subgroup_size)))
+    qkv, gates = random_proj(rng, T, KH, VH, DK, DV)
+
+    def recur(parts):
+        st, outs, pos = gpu.upload("state", np.zeros((VH, DK, DV), np.float32)), [], 0
+        for n in parts:
+            out = poisoned(gpu, "out", (n, VH * DV))
+            run(gpu, shader, consts, [gpu.upload("qkv", qkv[pos:pos + n]), gpu.upload("gates", gates[pos:pos + n]),
+                                      st, out, step_uniform(gpu, n, pos)], grid)
+            outs.append(read(gpu, out, (n, VH * DV)))
+            pos += n
+        return np.concatenate(outs), read(gpu, st, (VH, DK, DV))
+
+    whole, whole_state = recur([T])
+    for parts in ([1] * T, [2, 1, 4, 2]):
+        out, st = recur(parts)
+        np.testing.assert_array_equal(out, whole)
+        np.testing.assert_array_equal(st, whole_state)
+
+
+def test_gdn_recur_kernel_choice():
+    """The shuffle kernel only where a column's lanes fit one subgroup; else the workgroup-memory kernel."""
+    def chosen(dk, sg):
+        k, consts, _ = gdn_recur_kernel(16, 32, dk, 128, 8192, sg)
+        return k, consts["RSPLIT"]
+
+    assert chosen(128, 32) == (GDN_RECUR_SG, 8)
+    assert chosen(128, 8) == (GDN_RECUR_SG, 8)
+    assert chosen(128, 4) == (GDN_RECUR_SG, 4)
+    assert chosen(48, 64) == (GDN_RECUR_SG, 4)  # a thread's rows come in vec4s: 4·RSPLIT divides DK
+    assert chosen(40, 32) == (GDN_RECUR_SG, 2)
+    assert chosen(36, 32)[0] is GDN_RECUR
+    assert gdn_recur_kernel(1, 1, 32, 3, 67, 32)[0] is GDN_RECUR  # rows of 67: q/k/v are not vec4-aligned
+    assert chosen(128, 0)[0] is GDN_RECUR  # no subgroups
+    assert chosen(128, 2)[0] is GDN_RECUR  # 64 rows a thread: too many registers
+    with pytest.raises(ValueError, match="powers of two"):
+        gdn_recur_sg_plan(2, 4, 48, 32, 320, 6)
+    with pytest.raises(ValueError, match="4·RSPLIT dividing DK"):
+        gdn_recur_sg_plan(2, 4, 48, 32, 320, 8)
 
 
 def test_gdn_recur_wrong_gva_pairing_would_show(rng):

@@ -80,6 +80,8 @@ def test_logits_match_transformers_at_every_position(model, tiny):
     with torch.no_grad():
         ref = reference_model(tiny[0])(torch.tensor(ids[None])).logits[0].numpy()
     compare(ours, ref)
+    recur = {b.p_recur.label for b in model.runtime.blocks if b.name == "gated_deltanet"}
+    assert recur == {"gdn_recur_sg" if model.runtime.gpu.use_subgroups else "gdn_recur"}  # the kernel compared
 
 
 def test_untied_lm_head(gpu, tmp_path):

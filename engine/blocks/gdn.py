@@ -22,11 +22,10 @@ from engine.errors import UnsupportedModelError
 from engine.kernels.gdn import (
     GDN_CONV,
     GDN_NORM_OUT,
-    GDN_RECUR,
     gdn_conv_plan,
     gdn_dims,
     gdn_norm_plan,
-    gdn_recur_plan,
+    gdn_recur_kernel,
 )
 from engine.kernels.matmul import packed_shapes
 
@@ -45,6 +44,8 @@ def in_proj_format(formats: dict[str, str], layer: int) -> str:
 class GatedDeltaNetMixer(Block):
     name = "gated_deltanet"
     keeps_state = True
+    # False: the recurrence's workgroup-memory kernel even where subgroups run (bench/gdn_workgroup.py's A/B).
+    recur_on_subgroups = True
 
     def __init__(self, spec, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic, chunk: int,
                  offset_alignment: int, snapshots: tuple[int, int], snapshot_every: int):
@@ -142,10 +143,11 @@ class GatedDeltaNetMixer(Block):
         self.gpu = gpu
         conv_consts, self.conv_grid = gdn_conv_plan(d["CONV"], d["ROW"], s.conv_kernel, s.gdn_v_heads, d["A_OFF"],
                                                     d["B_OFF"])
-        recur_consts, self.recur_grid = gdn_recur_plan(s.gdn_k_heads, s.gdn_v_heads, s.gdn_k_dim, s.gdn_v_dim,
-                                                       d["CONV"])
+        sg = gpu.subgroup_size if gpu.use_subgroups and self.recur_on_subgroups else 0
+        recur, recur_consts, self.recur_grid = gdn_recur_kernel(s.gdn_k_heads, s.gdn_v_heads, s.gdn_k_dim,
+                                                                s.gdn_v_dim, d["CONV"], sg)
         self.p_conv = gpu.pipeline(GDN_CONV, conv_consts)
-        self.p_recur = gpu.pipeline(GDN_RECUR, recur_consts)
+        self.p_recur = gpu.pipeline(recur, recur_consts)
         # The norm writes out's int8 input in decode when out takes int8 (no quantize_q8 before it).
         self.norm_int8 = s.gdn_v_dim % 32 == 0 and all(self.lin[i]["out"].int8 for i in self.layers)
         self.p_norm = gpu.pipeline(GDN_NORM_OUT, gdn_norm_plan(s.gdn_v_heads, s.gdn_v_dim, s.eps, d["ROW"],

@@ -7,9 +7,16 @@ from engine.kernels import declare
 
 GDN_CONV = declare("gdn_conv", writes=("state", "y", "gates"))
 GDN_RECUR = declare("gdn_recur", writes=("state", "out"))
+GDN_RECUR_SG = declare("gdn_recur_sg", writes=("state", "out"))
 GDN_NORM_OUT = declare("gdn_norm_out", writes=("y", "xq", "xm"))
 # Threads per state column in gdn_recur: one thread per whole column spilled its registers (BENCH.md, gdn_rsplit).
 RECUR_RSPLIT = 4
+# gdn_recur_sg: threads per column (its shuffles stay inside one subgroup, so at most the subgroup size), rows a thread
+# holds at most (a whole 128-row column a thread spilled), and threads a workgroup (small: decode's T = 1 wants many
+# workgroups in flight, and with no barriers a bigger workgroup buys nothing).
+RECUR_SG_RSPLITS = (8, 4, 2)
+RECUR_SG_MAX_ROWS = 32
+RECUR_SG_WG = 64
 
 
 def gdn_dims(conv_dim: int, v_heads: int, v_dim: int) -> dict:
@@ -38,6 +45,28 @@ def gdn_recur_plan(kh: int, vh: int, dk: int, dv: int, conv: int, wg: int = 128,
         raise ValueError(f"gdn_recur needs VH % KH == 0, WG a power of two, DK ≤ 1024 and RSPLIT dividing DK and WG; "
                          f"got KH={kh} VH={vh} DK={dk} WG={wg} RSPLIT={rsplit}")
     return dict(WG=wg, RSPLIT=rsplit, KH=kh, VH=vh, DK=dk, DV=dv, CONV=conv), (vh, -(-dv // (wg // rsplit)))
+
+
+def gdn_recur_sg_plan(kh: int, vh: int, dk: int, dv: int, conv: int, rsplit: int,
+                      wg: int = RECUR_SG_WG) -> tuple[dict, tuple[int, int]]:
+    """gdn_recur_sg.wgsl: RSPLIT lanes of one subgroup per state column (the caller keeps RSPLIT ≤ the subgroup
+    size), each holding DK / RSPLIT rows as vec4s, WG / RSPLIT columns per workgroup; q/k/v rows read as vec4s."""
+    pow2 = rsplit >= 1 and not rsplit & (rsplit - 1) and wg >= rsplit and not wg & (wg - 1)
+    if vh % kh or not pow2 or dk % (4 * rsplit) or conv % 4:
+        raise ValueError(f"gdn_recur_sg needs VH % KH == 0, RSPLIT and WG ≥ RSPLIT powers of two, 4·RSPLIT dividing "
+                         f"DK and CONV a multiple of 4; got KH={kh} VH={vh} DK={dk} CONV={conv} WG={wg} "
+                         f"RSPLIT={rsplit}")
+    return dict(WG=wg, RSPLIT=rsplit, KH=kh, VH=vh, DK=dk, DV=dv, CONV=conv), (vh, -(-dv // (wg // rsplit)))
+
+
+def gdn_recur_kernel(kh: int, vh: int, dk: int, dv: int, conv: int, subgroup_size: int):
+    """(Kernel, constants, grid) of the recurrence: the subgroup-shuffle kernel where the device runs subgroup ops
+    (`subgroup_size` 0 where it does not) of at least the RSPLIT lanes a column needs, else the workgroup-memory
+    one."""
+    fits = [r for r in RECUR_SG_RSPLITS if r <= subgroup_size and dk % (4 * r) == 0 and dk // r <= RECUR_SG_MAX_ROWS]
+    if fits and vh % kh == 0 and conv % 4 == 0:
+        return (GDN_RECUR_SG, *gdn_recur_sg_plan(kh, vh, dk, dv, conv, fits[0]))
+    return (GDN_RECUR, *gdn_recur_plan(kh, vh, dk, dv, conv))
 
 
 def gdn_norm_plan(vh: int, dv: int, eps: float, row: int, z_off: int, q8: bool = False) -> dict:
