@@ -1,12 +1,13 @@
 """The dense feed-forward block: gate_up (gate rows then up rows, one matrix) with SiLU(gate)·up fused into its
-product, then down."""
+product, then down. With int8 prefill GEMMs on both (and the arithmetic's int8_epilogues) the gate_up GEMM writes
+SiLU(gate)·up's rows in int8 into buffers of their own, which down's GEMM reads: no quantize_q8 between them."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from engine.blocks import Block, BufferNeed, array_bytes, upload_weight
-from engine.blocks.linear import Arithmetic, Linear, matrix_bindings, matrix_tensors
+from engine.blocks.linear import Arithmetic, Linear, gemm_can_write_rows_q8, matrix_bindings, matrix_tensors
 from engine.kernels.matmul import packed_shapes
 
 
@@ -19,7 +20,12 @@ class DenseMlp(Block):
         self.norms = None  # the residual block when down carries the add + norm after it and gate_up reads that row
         self.formats = {(i, m): formats.get(f"layers.{i}.{m}", "q4f16_1") for i in self.layers for m in ("gate_up",
                                                                                                            "down")}
-        self.lin = {i: {"gate_up": Linear(dim, ffn_dim, self.formats[i, "gate_up"], ar, gate_up=True),
+        # gate_up's own buffers for its int8 rows: the GEMM reads the workspace's rows (hidden's) as it writes these
+        self.rows_q8 = {i: ar.int8_epilogues and ar.is_int8_prefill(self.formats[i, "gate_up"])
+                        and ar.is_int8_prefill(self.formats[i, "down"])
+                        and gemm_can_write_rows_q8(dim, ffn_dim, self.formats[i, "gate_up"]) for i in self.layers}
+        self.lin = {i: {"gate_up": Linear(dim, ffn_dim, self.formats[i, "gate_up"], ar, gate_up=True,
+                                          rows_q8_out=self.rows_q8[i]),
                         "down": Linear(ffn_dim, dim, self.formats[i, "down"], ar)} for i in self.layers}
         self.w: dict[str, object] = {}
 
@@ -39,7 +45,10 @@ class DenseMlp(Block):
                 for key, (shape, dtype) in packed_shapes(self.formats[i, m], n, k).items()]
 
     def shared_needs(self) -> dict[str, int]:
-        return {"ffn-act": self.chunk * self.ffn_dim * 4}
+        out = {"ffn-act": self.chunk * self.ffn_dim * 4}
+        if any(self.rows_q8.values()):
+            out |= {"ffn-act-int8": self.chunk * self.ffn_dim, "ffn-act-int8-scales": self.chunk * self.ffn_dim // 4}
+        return out
 
     def can_carry_norms(self) -> bool:  # gate_up reads the normed row; down adds to the residual and writes it
         return all(lin.carries_norm(producer=m == "down") for i in self.layers for m, lin in self.lin[i].items())
@@ -59,10 +68,11 @@ class DenseMlp(Block):
                       for m in ("gate_up", "down")}
             fused = self.norms is not None
             last = fused and i == self.norms.n_layers - 1  # the last add + norm (the final norm) stays a dispatch
+            rows = (ws.shared["ffn-act-int8"], ws.shared["ffn-act-int8-scales"]) if self.rows_q8[i] else None
             lin["gate_up"].bind(gpu, ws, ws.hidden, matrix["gate_up"], act, f"{c}.gate_up", src_int8=self.ar.norm_int8,
-                                rms=self.norms.rms_input() if fused else None)
+                                rms=self.norms.rms_input() if fused else None, rows_out=rows)
             lin["down"].bind(gpu, ws, act, matrix["down"], ws.delta, f"{c}.down",
-                             norm_out=self.norms.epilogue(i, "ffn") if fused and not last else None)
+                             norm_out=self.norms.epilogue(i, "ffn") if fused and not last else None, rows_in=rows)
 
     def record(self, rec, layer: int, T: int, splits: int = 1) -> None:
         self.lin[layer]["gate_up"].record(rec, T)
