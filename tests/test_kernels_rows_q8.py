@@ -10,9 +10,18 @@ import pytest
 from engine.formats import kquant
 from engine.kernels.attention import attention_tiled_grid, attention_tiled_plan
 from engine.kernels.matmul import FORMATS, gemm_q8w_plan, quantize_q8_plan
-from engine.kquant_plan import gemm_kq_q8_plan
-from tests.helpers import PAGE, AttentionSetup, poisoned, random_packed, read, run, step_uniform, unpack_codes
-from tests.test_kernels_kquant import random_raw, upload_weight
+from engine.kquant_plan import gemm_kq_q8_plan, weight_buffers
+from tests.helpers import (
+    PAGE,
+    AttentionSetup,
+    kquant_raw,
+    poisoned,
+    random_packed,
+    read,
+    run,
+    step_uniform,
+    unpack_codes,
+)
 
 POISON_U32 = np.iinfo(np.uint32).max
 
@@ -116,9 +125,10 @@ def test_gate_up_gemm_q8w_rows_q8(gpu, rng, tag, rows, n_tokens, K, N, tm):
 def test_gate_up_gemm_kq_q8_rows_q8(gpu, rng, tag):
     rows, n_tokens, N = 72, 67, 64
     K = 2 * kquant.TYPES[tag].elements * (4 if kquant.TYPES[tag].elements == 32 else 1)
-    weights = upload_weight(gpu, tag, random_raw(rng, tag, 2 * N, K), K)
+    w, wh = weight_buffers(kquant.pack_rows(tag, kquant_raw(rng, kquant.TYPES[tag].qtype, 2 * N, K), K))
+    weights = [gpu.upload("w", w), gpu.upload("wh", wh)]
     plan = lambda q8, f32: gemm_kq_q8_plan(tag, K, N, rows, gate_up=True, rows_q8=q8, rows_f32=f32)  # noqa: E731
-    variant = gemm_variant(gpu, "matmul_kq_q8", plan, gate_up_input(gpu, rng, rows, K, n_tokens), list(weights),
+    variant = gemm_variant(gpu, "matmul_kq_q8", plan, gate_up_input(gpu, rng, rows, K, n_tokens), weights,
                            rows, N, n_tokens)
     check_variants(gpu, variant, rows, N, n_tokens)
 
