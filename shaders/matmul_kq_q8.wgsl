@@ -62,6 +62,8 @@ fn dots(a: vec4<u32>, b0: vec4<u32>, b1: vec4<u32>, b2: vec4<u32>, b3: vec4<u32>
     return vec4<i32>(dot16(a, b0), dot16(a, b1), dot16(a, b2), dot16(a, b3));
 }
 
+fn q8_row(i: u32) -> u32 { return i; }  // gemm_rows_q8.wgsl: the tile's rows are Y's own
+
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -137,9 +139,9 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     if (ROWS_Q8) {  // a constant: the barriers stay in uniform control flow
         q8_stage_row(acc0, 0u, tx, ty);
         q8_stage_row(acc1, 1u, tx, ty);
-        q8_store_staged(t0, j0, 0u, lid);
+        q8_store_staged(t0, min(step.n_tokens - t0, TM), j0, 0u, lid);
         q8_stage_row(acc2, 0u, tx, ty);
         q8_stage_row(acc3, 1u, tx, ty);
-        q8_store_staged(t0, j0, 1u, lid);
+        q8_store_staged(t0, min(step.n_tokens - t0, TM), j0, 1u, lid);
     }
 }

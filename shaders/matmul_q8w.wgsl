@@ -80,6 +80,8 @@ fn row(acc: vec4<f32>, base: u32, r: u32, ty: u32, xs: f32, xt: f32) -> vec4<f32
     return out;
 }
 
+fn q8_row(i: u32) -> u32 { return i; }  // gemm_rows_q8.wgsl: the tile's rows are Y's own
+
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(num_workgroups) nwg: vec3<u32>) {
@@ -200,11 +202,11 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         q8_stage_row(acc1, 1u, tx, ty);
         q8_stage_row(acc2, 2u, tx, ty);
         q8_stage_row(acc3, 3u, tx, ty);
-        q8_store_staged(t0, j0, 0u, lid);
+        q8_store_staged(t0, min(step.n_tokens - t0, TM), j0, 0u, lid);
         q8_stage_row(acc4, 0u, tx, ty);
         q8_stage_row(acc5, 1u, tx, ty);
         q8_stage_row(acc6, 2u, tx, ty);
         q8_stage_row(acc7, 3u, tx, ty);
-        q8_store_staged(t0, j0, 1u, lid);
+        q8_store_staged(t0, min(step.n_tokens - t0, TM), j0, 1u, lid);
     }
 }
