@@ -32,7 +32,8 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("shapes", nargs="*", default=["phi3-mini", "qwen3-4b"])
     p.add_argument("--chunk", type=int, default=512)
-    p.add_argument("--layers", nargs=2, type=int, default=(1, 2), metavar=("A", "B"))
+    p.add_argument("--layers", nargs=2, type=int, default=(1, 2), metavar=("A", "B"),
+                   help="layers of the two builds (hybrids: multiples of the attention interval, 4)")
     p.add_argument("--options", default="{}", help="RuntimeOptions fields as JSON")
     args = p.parse_args()
     options = RuntimeOptions.of(max_context=args.chunk + 64, prefill_chunk=args.chunk, **json.loads(args.options))
