@@ -23,7 +23,7 @@ from engine.transformer import Transformer  # noqa: E402
 OPTIONS = RuntimeOptions(max_context=256, prefill_chunk=16)
 
 
-def build(gpu: Gpu, shape: str, layers: int | None):
+def build(gpu: Gpu, shape: str, layers: int | None, options: RuntimeOptions = OPTIONS):
     """The runtime of `shape` with `layers` layers (None: its own) and its full depth."""
     if shape in bench_hybrid.HYBRID_SHAPES:
         model_type, config, layout, bits = bench_hybrid.HYBRID_SHAPES[shape]
@@ -33,13 +33,13 @@ def build(gpu: Gpu, shape: str, layers: int | None):
         spec, formats = bench_hybrid.hybrid_spec(name)
         full = config["num_hidden_layers"]
         return Transformer(gpu, spec, bench_hybrid.random_weights(spec, formats), formats=formats,
-                           options=OPTIONS), full
+                           options=options), full
     dims = list(bench.SHAPES[shape])
     full = dims[1]
     name = f"{shape}@{layers}" if layers else shape
     bench.SHAPES[name] = tuple(dims[:1] + [layers or full] + dims[2:])
     spec = bench.shape_spec(name)
-    return Transformer(gpu, spec, bench.random_weights(spec), options=OPTIONS), full
+    return Transformer(gpu, spec, bench.random_weights(spec), options=options), full
 
 
 if __name__ == "__main__":

@@ -87,6 +87,7 @@ def probe(g: Gpu, K: int, N: int, gate_up: bool, T: int, variants: list[str], f3
     step = g.upload("step", np.array([T, 0, 0, 1], np.uint32), usage=UNIFORM)
     xq, xm = g.buffer("xq", T * K), g.buffer("xm", T * K // 32 * 8)
     y = g.buffer("y", T * N * 4)
+    yq, ym = g.buffer("yq", 16), g.buffer("ym", 16)  # the int8 GEMMs' int8 output rows: bound, not written here
     flop = 2.0 * T * K * rows
 
     consts, grid = quantize_q8_plan(K, rows=T)
@@ -102,7 +103,7 @@ def probe(g: Gpu, K: int, N: int, gate_up: bool, T: int, variants: list[str], f3
             out[name] = dict(skipped=str(e))
             continue
         pipe = g.pipeline(shader, consts)
-        kernels[name] = (pipe, g.bind(pipe, [xq, w, s, y, xm, step], f"probe-{name}"), grid)
+        kernels[name] = (pipe, g.bind(pipe, [xq, w, s, y, xm, step, yq, ym], f"probe-{name}"), grid)
         out[name] = dict(shader=shader, consts={k: consts[k] for k in ("TM", "TN", "KC") if k in consts},
                          grid=list(grid))
     if f32:

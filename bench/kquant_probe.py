@@ -143,7 +143,7 @@ def variant_plan(g: Gpu, tag: str, K: int, N: int, T: int, kind: str, plan: dict
 def bind_list(kind: str, io: dict, wbufs: list, y) -> list:
     x, xq, xm, step = io["x"], io["xq"], io["xm"], io["step"]
     return {"matvec f32": [x, *wbufs, y, step], "matvec int8": [xq, *wbufs, y, xm],
-            "gemm f32": [x, *wbufs, y, step], "gemm int8": [xq, *wbufs, y, xm, step]}[kind]
+            "gemm f32": [x, *wbufs, y, step], "gemm int8": [xq, *wbufs, y, xm, step, io["yq"], io["ym"]]}[kind]
 
 
 def run_once(g: Gpu, steps) -> None:
@@ -230,7 +230,8 @@ def main() -> None:
         x = rng.standard_normal((T, K)).astype(np.float32)
         io = dict(x=g.upload("x", x), xq=g.buffer("xq", T * K), xm=g.buffer("xm", T * K // 32 * 8),
                   step=g.upload("step", np.array([T, 0, 0, 1], np.uint32), usage=UNIFORM),
-                  y=[g.buffer(f"y{i}", (T if i >= 2 else 1) * N * 4) for i in range(5)])
+                  y=[g.buffer(f"y{i}", (T if i >= 2 else 1) * N * 4) for i in range(5)],
+                  yq=g.buffer("yq", 16), ym=g.buffer("ym", 16))  # the int8 GEMM's int8 output rows: not written
         consts, grid = quantize_q8_plan(K, rows=T)
         pipe = g.pipeline("quantize_q8", consts)
         quantize = (pipe, g.bind(pipe, [io["x"], io["xq"], io["xm"], io["step"]], "probe-quantize"), grid)

@@ -12,7 +12,7 @@ arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
 | matvec_kq_q8 | the same for the other types, w as u32 | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8_vec4 | the same, w as vec4 (blocks of whole 16-byte units) | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matmul_kq | prefill GEMM, f32 X | x, w, wh, y, step | gemm_kq_plan |
-| matmul_kq_q8 | prefill GEMM, int8 X (quantize_q8 rows) | xq, w, wh, y, xm, step | gemm_kq_q8_plan |
+| matmul_kq_q8 | prefill GEMM, int8 X (quantize_q8 rows) | xq, w, wh, y, xm, step, yq, ym | gemm_kq_q8_plan |
 | embedding_kq | embedding rows as f32 | tokens, w, wh, x, step | embedding_kq_plan |
 
 `matvec_kq_q8_kernel` picks among the four int8 decode kernels.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from engine.formats.kquant import TYPES, ktype
 from engine.kernels import declare, fold_grid
+from engine.kernels.matmul import rows_q8_consts, rows_q8_stage_bytes
 
 # The host's expectations of each kernel, checked against its WGSL declarations (engine/kernels/__init__.py).
 MATVEC_KQ = declare("matvec_kq", writes=("y",))
@@ -30,7 +31,7 @@ MATVEC_KQ_Q8_CHUNKS = declare("matvec_kq_q8_chunks", writes=("y",))
 MATVEC_KQ_Q8 = declare("matvec_kq_q8", writes=("y",))
 MATVEC_KQ_Q8_VEC4 = declare("matvec_kq_q8_vec4", writes=("y",))
 MATMUL_KQ = declare("matmul_kq", writes=("y",))
-MATMUL_KQ_Q8 = declare("matmul_kq_q8", writes=("y",))
+MATMUL_KQ_Q8 = declare("matmul_kq_q8", writes=("y", "yq", "ym"))
 EMBEDDING_KQ = declare("embedding_kq", writes=("x",))
 
 MATVEC_WG = 64
@@ -53,7 +54,7 @@ BINDINGS = {
     "matvec_kq_q8": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_vec4": ("xq", "w", "wh", "y", "xm"),
     "matmul_kq": ("x", "w", "wh", "y", "step"),
-    "matmul_kq_q8": ("xq", "w", "wh", "y", "xm", "step"),
+    "matmul_kq_q8": ("xq", "w", "wh", "y", "xm", "step", "yq", "ym"),
     "embedding_kq": ("tokens", "w", "wh", "x", "step"),
 }
 
@@ -205,16 +206,20 @@ def gemm_kq_plan(tag: str, K: int, N: int, T: int, gate_up: bool = False, tm: in
     return consts, (x, max(-(-T // tm), 1), z)
 
 
-def gemm_kq_q8_workgroup_bytes(tm: int, wn: int, kc: int) -> int:
-    """Workgroup memory of matmul_kq_q8: int8 X and W halves (16 B each), W (a, b) per half, X scale and Σ per half."""
-    return kc * (2 * 16 * (tm + wn) + 2 * 2 * 4 * wn + 4 * tm + 2 * 4 * tm)
+def gemm_kq_q8_workgroup_bytes(tm: int, wn: int, kc: int, rows_q8: bool = False) -> int:
+    """Workgroup memory of matmul_kq_q8: int8 X and W halves (16 B each), W (a, b) per half, X scale and Σ per half;
+    with `rows_q8` the int8 epilogue's staging (engine/kernels/matmul.py rows_q8_stage_bytes)."""
+    return kc * (2 * 16 * (tm + wn) + 2 * 2 * 4 * wn + 4 * tm + 2 * 4 * tm) + rows_q8_stage_bytes(tm, rows_q8)
 
 
 def gemm_kq_q8_plan(tag: str, K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_KQ_Q8_TM,
-                    tn: int | None = None, kc: int | None = None, *, y_stride: int | None = None
-                    ) -> tuple[dict, tuple[int, int, int]]:
-    """Constants and grid for shaders/matmul_kq_q8.wgsl: Y[T, N] from X quantized by quantize_q8 (T rows)."""
+                    tn: int | None = None, kc: int | None = None, *, y_stride: int | None = None,
+                    rows_q8: bool = False, rows_f32: bool | None = None) -> tuple[dict, tuple[int, int, int]]:
+    """Constants and grid for shaders/matmul_kq_q8.wgsl: Y[T, N] from X quantized by quantize_q8 (T rows).
+    `rows_q8` (gate_up): Y's rows go out in int8 (yq, ym) for the down GEMM; `rows_f32` (default: not rows_q8):
+    as f32."""
     fmt = _check(tag, K, N)
+    out, tn = rows_q8_consts(N, gate_up, tn, rows_q8, rows_f32)
     tn = tn or (GEMM_KQ_Q8_TN // 2 if gate_up else GEMM_KQ_Q8_TN)
     wn = tn * (2 if gate_up else 1)
     chunks = K // 32
@@ -223,10 +228,12 @@ def gemm_kq_q8_plan(tag: str, K: int, N: int, T: int, gate_up: bool = False, tm:
         raise ValueError(f"TM={tm}, TN={tn}: need multiples of 4 and (TM/4)·(staged W rows/4) ≤ {MAX_WG} threads")
     if kc < 1 or chunks % kc:
         raise ValueError(f"KC={kc} must divide the {chunks} chunks of K={K}")
-    lds = gemm_kq_q8_workgroup_bytes(tm, wn, kc)
+    if rows_q8 and tm // 2 > tm * wn // 16:
+        raise ValueError(f"TM={tm}, staged W rows {wn}: fewer threads than the int8 epilogue's staged rows")
+    lds = gemm_kq_q8_workgroup_bytes(tm, wn, kc, rows_q8)
     if lds > WORKGROUP_BYTES:
         raise ValueError(f"TM={tm}, staged W rows {wn}, KC={kc}: {lds} bytes of workgroup memory > {WORKGROUP_BYTES}")
-    consts = dict(K=K, N=N, TM=tm, TN=tn, KC=kc, GATE_UP=gate_up, YS=_y_stride(N, y_stride), **fmt)
+    consts = dict(K=K, N=N, TM=tm, TN=tn, KC=kc, GATE_UP=gate_up, YS=_y_stride(N, y_stride), **fmt, **out)
     x, z = fold_grid(-(-N // tn))
     return consts, (x, max(-(-T // tm), 1), z)
 

@@ -27,6 +27,9 @@ class RuntimeOptions:
         False keeps f32 activations everywhere, prefill included: the exact-arithmetic setting.
     q8_prefill: the prefill GEMMs take int8 activations too (None: for models of dim ≥ Q8_PREFILL_MIN_DIM, where
         the GEMMs are large enough to gain; int8 rounding costs a small model real accuracy). Needs q8_decode.
+    q8_epilogues: with int8 prefill GEMMs, the kernels before one (the tiled attention before o, the gate_up GEMM
+        before down) write its int8 rows themselves, the same bytes a quantize_q8 dispatch would (False: those
+        dispatches, for A/B).
     split_keys: decode attention past single_pass_keys keys splits them into blocks of this size.
     single_pass_keys: decode attention over at most this many keys runs as one dispatch per layer (RoPE, KV append,
         attention, the gate and o's int8 input together), one workgroup per query head.
@@ -45,6 +48,7 @@ class RuntimeOptions:
     prefill_chunk: int = PREFILL_CHUNK
     q8_decode: bool = True
     q8_prefill: bool | None = None
+    q8_epilogues: bool = True
     split_keys: int = SPLIT_KEYS
     single_pass_keys: int = SINGLE_PASS_KEYS
     state_snapshots: tuple[int, int] = (2, 3)
@@ -69,7 +73,7 @@ class RuntimeOptions:
             positive("gpu_weights", self.gpu_weights)
         if self.expert_policy not in ("lru", "lfu"):
             raise ValueError(f"runtime option expert_policy must be 'lru' or 'lfu', got {self.expert_policy!r}")
-        for name in ("q8_decode", "gate_up_q8"):
+        for name in ("q8_decode", "gate_up_q8", "q8_epilogues"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"runtime option {name} must be true or false, got {getattr(self, name)!r}")
         if self.q8_prefill not in (None, True, False):

@@ -59,10 +59,11 @@ class RuntimePlan:
         self.max_context = min(self.options.max_context or s.context_length, s.context_length)
         self.chunk = C = self.options.prefill_chunk
         int8 = self.options.q8_decode and traits.subgroups
+        int8_prefill = self.options.int8_prefill(s.dim) and int8
         self.arithmetic = ar = Arithmetic(
-            int8=int8, int8_prefill=self.options.int8_prefill(s.dim) and int8,
-            norm_int8=int8 and norm_can_write_int8(s.dim), subgroup_rows=traits.subgroups,
-            subgroup_size=traits.subgroup_size, max_threads=traits.max_threads)
+            int8=int8, int8_prefill=int8_prefill, norm_int8=int8 and norm_can_write_int8(s.dim),
+            subgroup_rows=traits.subgroups, subgroup_size=traits.subgroup_size, max_threads=traits.max_threads,
+            int8_epilogues=int8_prefill and self.options.q8_epilogues)
         kinds = layer_blocks(s)
         layers_of = lambda kind, at: tuple(i for i, k in enumerate(kinds) if k[at] == kind)  # noqa: E731
         self.vocab = VocabEnds(s.dim, s.vocab, s.tied_embeddings, formats, ar, C, traits.max_binding)

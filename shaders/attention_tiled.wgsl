@@ -7,10 +7,16 @@
 // step ahead, as matmul_q8w). Everything is f32 arithmetic on the f16 cache, as attention.wgsl.
 // Query t sits at position pos0 + t and sees keys 0..pos0+t, all in the paged cache (the chunk's own keys
 // were appended before). Grid (H / HG, ceil(T / BT)); token blocks run last-first, so the longest start first.
-// Constants: H, KVH, HD (a multiple of 32), HG (a power of two dividing H / KVH, ≤ 32), PAGE, SCALE (1/√HD).
+// Epilogue: ROWS_F32 writes the output rows as f32; ROWS_Q8 writes them as int8 as quantize_q8 would (q8_pack.wgsl),
+// the o-projection's int8 GEMM input, without a quantize_q8 dispatch: a head's 32-element chunks lie inside the head,
+// so the workgroup owning a row's head packs them, each chunk staged through q_sh for its 32 rows.
+// Constants: H, KVH, HD (a multiple of 32), HG (a power of two dividing H / KVH, ≤ 32), PAGE, SCALE (1/√HD),
+//   ROWS_F32, ROWS_Q8 (bools).
 // Bindings: 0 q f32[T, H·HD] (read), 1 k_cache f16[n_pages, KVH, PAGE, HD] (read), 2 v_cache (same),
-//   3 page_table u32 (read), 4 out f32[T, H·HD] (write), 5 step uniform (n_tokens, pos0).
+//   3 page_table u32 (read), 4 out f32[T, H·HD] (write), 5 step uniform (n_tokens, pos0), 6 xq u32[T, H·HD/4]
+//   (write), 7 xm vec2<f32>[T, H·HD/32] (write); 6 and 7 are bound whether or not ROWS_Q8.
 #import step
+#import q8_pack
 
 @group(0) @binding(0) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(1) var<storage, read> k_cache: array<vec4<f16>>;
@@ -18,6 +24,8 @@
 @group(0) @binding(3) var<storage, read> page_table: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<uniform> step: Step;
+@group(0) @binding(6) var<storage, read_write> xq: array<u32>;
+@group(0) @binding(7) var<storage, read_write> xm: array<vec2<f32>>;
 
 const WG: u32 = 128u;
 const ROWS: u32 = 32u;          // query rows a workgroup
@@ -188,7 +196,23 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
     let base0 = (t0 * H + h0 + (2u * tr) % HG) * C + tk;
     let base1 = (t1 * H + h0 + (2u * tr + 1u) % HG) * C + tk;
     for (var d = 0u; d < NCH; d++) {
-        if (t0 < T) { out[base0 + 8u * d] = o[d] / total.x; }
-        if (t1 < T) { out[base1 + 8u * d] = o[NCH + d] / total.y; }
+        let y0 = o[d] / total.x;
+        let y1 = o[NCH + d] / total.y;
+        if (ROWS_F32) {
+            if (t0 < T) { out[base0 + 8u * d] = y0; }
+            if (t1 < T) { out[base1 + 8u * d] = y1; }
+        }
+        if (ROWS_Q8) {  // a constant: the barriers stay in uniform control flow
+            workgroupBarrier();  // the previous readers of q_sh are done
+            q_sh[(2u * tr) * PAD + tk] = y0;
+            q_sh[(2u * tr + 1u) * PAD + tk] = y1;
+            workgroupBarrier();
+            let t = tb + lid / HG;  // thread lid < 32 packs chunk d of row lid
+            if (lid < ROWS && t < T) {
+                var v: array<vec4<f32>, 8>;
+                for (var j = 0u; j < 8u; j++) { v[j] = q_sh[lid * PAD + j]; }
+                store_q8_chunk((t * H + h0 + lid % HG) * NCH + d, &v);
+            }
+        }
     }
 }

@@ -5,17 +5,20 @@
 // element order once, here, for every column of the tile) and of the tile's weight rows (codes straight from the
 // blocks, in element order), plus per half the weights' (a, b) and the rows' xs·Σ xq. Thread (tx, ty) owns rows
 // 4ty..4ty+3 and tile columns 4tx..4tx+3; with GATE_UP its columns are (gate j, gate j+1, up j, up j+1) and it writes
-// silu(gate)·up itself (gemm_tile.wgsl).
+// silu(gate)·up itself (gemm_tile.wgsl); or with ROWS_Q8 (GATE_UP, TN = 32) writes those rows as int8 into yq / ym
+// (gemm_rows_q8.wgsl), the down GEMM's input.
 // Constants: K (a multiple of QK and of 32·KC), N, TM, TN (multiples of 4), KC (chunks per step), GATE_UP, YS (floats
-//   per row of Y, ≥ N), KTYPE, QK, BW, BH, HALVES. Workgroup memory: KC·(32·(TM + WN) + 16·WN + 12·TM) bytes, WN =
-//   TN·MATS (engine/kquant_plan.py gemm_kq_q8_workgroup_bytes).
+//   per row of Y, ≥ N), KTYPE, QK, BW, BH, HALVES, ROWS_F32, ROWS_Q8. Workgroup memory: KC·(32·(TM + WN) + 16·WN +
+//   12·TM) bytes, WN = TN·MATS, and with ROWS_Q8 (TM/2)·132 more (engine/kquant_plan.py gemm_kq_q8_workgroup_bytes).
 // Bindings: 0 xq u32[rows, K/4] read as vec4, 1 w u32 q_blocks, 2 wh f16 (q_d, or q_blocks again), 3 y f32[T, YS]
-//   (write), 4 xm vec2<f32>[rows, K/32] (scale, Σ codes), 5 step uniform (n_tokens).
+//   (write), 4 xm vec2<f32>[rows, K/32] (scale, Σ codes), 5 step uniform (n_tokens), 6 yq u32[T, N/4] (write),
+//   7 ym vec2<f32>[T, N/32] (write); 6 and 7 are bound whether or not ROWS_Q8.
 // Grid: (x, ceil(T/TM), z) with (x, z) = fold_grid(ceil(N/TN)); rows t ≥ n_tokens and columns ≥ N are never written.
 #import step
 #import gemm_tile
 #import kq_decode
 #import q8_element_order
+#import gemm_rows_q8
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
@@ -23,6 +26,8 @@
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> xm: array<vec2<f32>>;
 @group(0) @binding(5) var<uniform> step: Step;
+@group(0) @binding(6) var<storage, read_write> yq: array<u32>;
+@group(0) @binding(7) var<storage, read_write> ym: array<vec2<f32>>;
 
 const CHUNKS: u32 = K / 32u;
 const STEPS: u32 = CHUNKS / KC;
@@ -31,6 +36,7 @@ const MATS: u32 = select(1u, 2u, GATE_UP);
 const WN: u32 = TN * MATS;                  // weight rows staged per tile
 const TX: u32 = WN / 4u;
 const TY: u32 = TM / 4u;
+const RPT: u32 = 4u;                        // token rows a thread owns
 const WG: u32 = TX * TY;
 const N_TILES: u32 = (N + TN - 1u) / TN;
 const ONES: u32 = 0x01010101u;
@@ -55,6 +61,8 @@ fn dot16(a: vec4<u32>, b: vec4<u32>) -> i32 {
 fn dots(a: vec4<u32>, b0: vec4<u32>, b1: vec4<u32>, b2: vec4<u32>, b3: vec4<u32>) -> vec4<i32> {
     return vec4<i32>(dot16(a, b0), dot16(a, b1), dot16(a, b2), dot16(a, b3));
 }
+
+fn q8_row(i: u32) -> u32 { return i; }  // gemm_rows_q8.wgsl: the tile's rows are Y's own
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
@@ -127,5 +135,13 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
     }
 
-    store_tile(array<vec4<f32>, 4>(acc0, acc1, acc2, acc3), t0, ty, j0, tx);
+    if (ROWS_F32) { store_tile(array<vec4<f32>, 4>(acc0, acc1, acc2, acc3), t0, ty, j0, tx); }
+    if (ROWS_Q8) {  // a constant: the barriers stay in uniform control flow
+        q8_stage_row(acc0, 0u, tx, ty);
+        q8_stage_row(acc1, 1u, tx, ty);
+        q8_store_staged(t0, min(step.n_tokens - t0, TM), j0, 0u, lid);
+        q8_stage_row(acc2, 0u, tx, ty);
+        q8_stage_row(acc3, 1u, tx, ty);
+        q8_store_staged(t0, min(step.n_tokens - t0, TM), j0, 1u, lid);
+    }
 }

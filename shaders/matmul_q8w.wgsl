@@ -13,17 +13,20 @@
 // columns 4tx..4tx+3 (gate_up: (gate j, gate j+1, up j, up j+1), j = j0 + 2tx; gemm_tile.wgsl's weight_row).
 // Each thread stages at most one item of each kind per step (the plan checks 2·TM ≤ WG, WN ≤ WG).
 // Constants: K (a multiple of GROUP), N, TM (multiple of 8), TN (multiple of 4), GATE_UP (W has 2N rows, gate then
-//   up; Y[t, j] = silu(gate)·up), YS (floats per row of Y, ≥ N), ZERO, AFFINE, GROUP (q4f16_1, q4_0, q4_1, mlx4).
-// Workgroup memory: 2·(TM + WN)·(36, or 40 with AFFINE) bytes.
+//   up; Y[t, j] = silu(gate)·up), YS (floats per row of Y, ≥ N), ZERO, AFFINE, GROUP (q4f16_1, q4_0, q4_1, mlx4),
+//   ROWS_F32 (Y's rows as f32 into y), ROWS_Q8 (GATE_UP, TN = 32: as int8 into yq / ym, gemm_rows_q8.wgsl).
+// Workgroup memory: 2·(TM + WN)·(36, or 40 with AFFINE) bytes, and with ROWS_Q8 (TM/2)·132 more.
 // Bindings: 0 xq u32[rows, K/4] read as vec4 (int8 codes, row t at t·K/4), 1 w u32[N or 2N, K/8] read as vec4 (one
 //   per 32-element chunk), 2 s f16[N or 2N, K/GROUP] (with AFFINE (scale, min) pairs f16[N or 2N, K/GROUP, 2]),
-//   3 y f32[T, YS] (write), 4 xm vec2<f32>[rows, K/32] (scale, Σ codes), 5 step uniform (n_tokens).
+//   3 y f32[T, YS] (write), 4 xm vec2<f32>[rows, K/32] (scale, Σ codes), 5 step uniform (n_tokens),
+//   6 yq u32[T, N/4] (write), 7 ym vec2<f32>[T, N/32] (write); 6 and 7 are bound whether or not ROWS_Q8.
 // Grid: (x, ceil(T/TM), z) with (x, z) = fold_grid(ceil(N/TN)); rows t ≥ n_tokens and columns ≥ N are never written.
 #import step
 #import gemm_tile
 #import group_scale
 #import int8_dot
 #import int8_codes
+#import gemm_rows_q8
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -31,12 +34,15 @@
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<storage, read> xm: array<vec2<f32>>;
 @group(0) @binding(5) var<uniform> step: Step;
+@group(0) @binding(6) var<storage, read_write> yq: array<u32>;
+@group(0) @binding(7) var<storage, read_write> ym: array<vec2<f32>>;
 
 const CHUNKS: u32 = K / 32u;
 const MATS: u32 = select(1u, 2u, GATE_UP);
 const WN: u32 = TN * MATS;
 const TX: u32 = WN / 4u;
 const TY: u32 = TM / 8u;
+const RPT: u32 = 8u;  // token rows a thread owns
 const WG: u32 = TX * TY;
 const N_TILES: u32 = (N + TN - 1u) / TN;
 
@@ -73,6 +79,8 @@ fn row(acc: vec4<f32>, base: u32, r: u32, ty: u32, xs: f32, xt: f32) -> vec4<f32
     if (AFFINE) { out = fma(vec4<f32>(xt), mn, out); }
     return out;
 }
+
+fn q8_row(i: u32) -> u32 { return i; }  // gemm_rows_q8.wgsl: the tile's rows are Y's own
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
@@ -178,13 +186,27 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         workgroupBarrier();
     }
 
-    let t = t0 + 8u * ty;
-    store_row(acc0, t, j0, tx);
-    store_row(acc1, t + 1u, j0, tx);
-    store_row(acc2, t + 2u, j0, tx);
-    store_row(acc3, t + 3u, j0, tx);
-    store_row(acc4, t + 4u, j0, tx);
-    store_row(acc5, t + 5u, j0, tx);
-    store_row(acc6, t + 6u, j0, tx);
-    store_row(acc7, t + 7u, j0, tx);
+    if (ROWS_F32) {
+        let t = t0 + 8u * ty;
+        store_row(acc0, t, j0, tx);
+        store_row(acc1, t + 1u, j0, tx);
+        store_row(acc2, t + 2u, j0, tx);
+        store_row(acc3, t + 3u, j0, tx);
+        store_row(acc4, t + 4u, j0, tx);
+        store_row(acc5, t + 5u, j0, tx);
+        store_row(acc6, t + 6u, j0, tx);
+        store_row(acc7, t + 7u, j0, tx);
+    }
+    if (ROWS_Q8) {  // a constant: the barriers stay in uniform control flow
+        q8_stage_row(acc0, 0u, tx, ty);
+        q8_stage_row(acc1, 1u, tx, ty);
+        q8_stage_row(acc2, 2u, tx, ty);
+        q8_stage_row(acc3, 3u, tx, ty);
+        q8_store_staged(t0, min(step.n_tokens - t0, TM), j0, 0u, lid);
+        q8_stage_row(acc4, 0u, tx, ty);
+        q8_stage_row(acc5, 1u, tx, ty);
+        q8_stage_row(acc6, 2u, tx, ty);
+        q8_stage_row(acc7, 3u, tx, ty);
+        q8_store_staged(t0, min(step.n_tokens - t0, TM), j0, 1u, lid);
+    }
 }

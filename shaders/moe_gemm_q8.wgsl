@@ -7,15 +7,18 @@
 // ids buffer; weights are addressed as expert e of the stacked bindings 3 and 4 and through nothing else.
 // Constants: K (a multiple of GROUP and of 32·KC), N (outputs per expert), EXPERTS, TM, TN (multiples of 4), KC,
 //   GATE_UP, SLOTS, X_SLOT, Y_STRIDE (floats per y row; y row = pair), BITS (4, or 3: rows of 3K/32 words, one
-//   LSB-first bitstream each), ZERO, AFFINE, GROUP. Workgroup memory: KC·(TM + WN)·48 bytes with AFFINE, ·40
-//   without, + 4·TM (WN = TN·MATS).
+//   LSB-first bitstream each), ZERO, AFFINE, GROUP, ROWS_F32 (y's rows as f32), ROWS_Q8 (GATE_UP, TN = 32: the
+//   pairs' rows as int8 into yq / ym, gemm_rows_q8.wgsl: the down pass's input). Workgroup memory: KC·(TM + WN)·48
+//   bytes with AFFINE, ·40 without, + 4·TM (WN = TN·MATS), and with ROWS_Q8 (TM/2)·132 more.
 // Bindings: 0 xq u32[rows, K/4] read as vec4 (row r at r·K/4), 1 order u32[pairs], 2 tiles vec4<u32>[1 + tiles],
 //   3 w u32[EXPERTS, MATS·N, K·BITS/32] as vec4, 4 s f16[EXPERTS,
-//   MATS·N, K/GROUP (, 2)], 5 y f32[pairs, Y_STRIDE] (write), 6 xm vec2<f32>[rows, K/32] (scale, Σ codes).
+//   MATS·N, K/GROUP (, 2)], 5 y f32[pairs, Y_STRIDE] (write), 6 xm vec2<f32>[rows, K/32] (scale, Σ codes),
+//   7 yq u32[pairs, N/4] (write), 8 ym vec2<f32>[pairs, N/32] (write); 7 and 8 are bound whether or not ROWS_Q8.
 // Grid: (x, max tiles, z) with (x, z) = fold_grid(ceil(N / TN)).
 #import gemm_columns
 #import int8_dot
 #import int8_codes
+#import gemm_rows_q8
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> order: array<u32>;
@@ -24,6 +27,8 @@
 @group(0) @binding(4) var<storage, read> s: array<f16>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 @group(0) @binding(6) var<storage, read> xm: array<vec2<f32>>;
+@group(0) @binding(7) var<storage, read_write> yq: array<u32>;
+@group(0) @binding(8) var<storage, read_write> ym: array<vec2<f32>>;
 
 const CHUNKS: u32 = K / 32u;
 const STEPS: u32 = CHUNKS / KC;
@@ -34,6 +39,7 @@ const MATS: u32 = select(1u, 2u, GATE_UP);
 const WN: u32 = TN * MATS;                  // weight rows staged per tile
 const TX: u32 = WN / 4u;
 const TY: u32 = TM / 4u;
+const RPT: u32 = 4u;                        // tile rows a thread owns
 const WG: u32 = TX * TY;
 const N_TILES: u32 = (N + TN - 1u) / TN;
 const THREE: bool = BITS == 3u;
@@ -88,6 +94,8 @@ fn chunk_bytes(v: vec4<u32>) -> array<vec4<u32>, 2> {
     return array<vec4<u32>, 2>(vec4<u32>(lo.x, hi.x, lo.y, hi.y), vec4<u32>(lo.z, hi.z, lo.w, hi.w));
 }
 
+
+fn q8_row(i: u32) -> u32 { return order[i]; }  // gemm_rows_q8.wgsl: tile row i is the pair order[] names
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,
@@ -215,6 +223,15 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: v
         }
     }
 
+    if (ROWS_Q8) {  // a constant: the barriers stay in uniform control flow
+        q8_stage_row(acc0, 0u, tx, ty);
+        q8_stage_row(acc1, 1u, tx, ty);
+        q8_store_staged(tile.y, rows, j0, 0u, lid);
+        q8_stage_row(acc2, 0u, tx, ty);
+        q8_stage_row(acc3, 1u, tx, ty);
+        q8_store_staged(tile.y, rows, j0, 1u, lid);
+    }
+    if (!ROWS_F32) { return; }
     let accs = array<vec4<f32>, 4>(acc0, acc1, acc2, acc3);
     for (var r = 0u; r < 4u; r++) {
         let m = 4u * ty + r;

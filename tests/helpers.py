@@ -450,9 +450,10 @@ def moe_canonical(weights: dict, layer: int = 0) -> tuple[dict, dict]:
     return tensors, formats
 
 
-def moe_block(gpu, layers: list[dict], top_k, norm=True, max_tokens=8, int8=False, int8_prefill=False):
+def moe_block(gpu, layers: list[dict], top_k, norm=True, max_tokens=8, int8=False, int8_prefill=False,
+              int8_epilogues=False):
     """The runtime's MoE block over len(layers) layers (MLX-keyed PackedWeights each) with its workspace, built:
-    (block, workspace)."""
+    (block, workspace). `int8_epilogues`: Arithmetic's (the prefill gate_ups write the downs' int8 rows)."""
     from engine.blocks.linear import Arithmetic
     from engine.blocks.moe import MoeFfn
     from engine.blocks.workspace import Workspace
@@ -465,7 +466,7 @@ def moe_block(gpu, layers: list[dict], top_k, norm=True, max_tokens=8, int8=Fals
         tensors |= t
         formats |= f
     ar = Arithmetic(int8=int8, int8_prefill=int8_prefill, norm_int8=False, subgroup_rows=gpu.use_subgroups,
-                    subgroup_size=gpu.subgroup_size)
+                    subgroup_size=gpu.subgroup_size, int8_epilogues=int8_epilogues)
     block = MoeFfn(D, E, top_k, F, Fs, tuple(range(len(layers))), formats, ar, max_tokens, norm)
     assert set(block.tensors()) == set(tensors)
     ws = Workspace(D, max_tokens, D, int8_prefill, {})

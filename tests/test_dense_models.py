@@ -63,16 +63,18 @@ def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
     # These tiny models are below Q8_PREFILL_MIN_DIM: int8 prefill is asked for explicitly.
     model = load_model(mlc, gpu=gpu, max_context=256, prefill_chunk=64, q8_decode=q8, q8_prefill=q8)
     assert uses_q8_prefill(model.runtime) == q8
-    # With int8 prefill the norms write hidden's rows in int8: the GEMMs reading hidden record no quantize_q8.
+    # With int8 prefill the norms write hidden's rows in int8: the GEMMs reading hidden record no quantize_q8; nor
+    # does down (gate_up writes its rows in int8) or o where the tiled attention writes its rows (head_dim 32 only).
     rt = model.runtime
     def steps(block, layer, m):
         return [what for _, _, what in block.lin[layer][m].prefill_steps]
 
     assert rt.ws.hidden_rows_q8 == q8
+    o_quantized = q8 and rt.spec.head_dim % 32 != 0
     for i in (0, 1):
         mixer, ffn = rt.plan.mixer_of[i], rt.plan.ffn_of[i]
-        assert steps(mixer, i, "qkv") == steps(ffn, i, "gate_up") == ["gemm"]
-        assert steps(mixer, i, "o") == (["quantize", "gemm"] if q8 else ["gemm"])  # o reads attention's output
+        assert steps(mixer, i, "qkv") == steps(ffn, i, "gate_up") == steps(ffn, i, "down") == ["gemm"]
+        assert steps(mixer, i, "o") == (["quantize", "gemm"] if o_quantized else ["gemm"])
     ref_model = reference_model(hf_dir, mlc)
     ids = np.random.default_rng(0).integers(0, model.runtime.spec.vocab, 150)
     ours = model.logits(ids)  # 150 tokens span ~10 KV pages and 3 prefill chunks
@@ -126,6 +128,21 @@ def test_int8_prefill_rounds_as_int8_decode(gpu, tiny, q8_prefill):
         assert 1e-3 < np.abs(full - ref).max() / scale < DECODE_TOL[True]
     else:  # the f32 prefill kernels (built with other options, so compiled apart): f32 rounding only
         assert np.abs(full - ref).max() / scale < DECODE_TOL[False]
+
+
+def test_int8_prefill_epilogues_keep_the_logits(gpu, tiny):
+    """With int8 prefill GEMMs the kernels before two of them write their int8 rows themselves (RuntimeOptions
+    q8_epilogues): the gate_up GEMM down's, and the tiled attention o's where head_dim is a multiple of 32 (phi3-gqa's
+    32, not the others' 16). They write the bytes quantize_q8 would (tests/test_kernels_rows_q8.py), so the prefill
+    logits are the same bit for bit, over chunks full and partial, with those quantize_q8 dispatches gone."""
+    _, mlc = tiny
+    opts = dict(gpu=gpu, max_context=320, prefill_chunk=64, q8_prefill=True)
+    on, off = load_model(mlc, **opts), load_model(mlc, q8_epilogues=False, **opts)
+    s = on.runtime.spec
+    quantizes = lambda m: m.runtime.dispatched_kernels(64).count("quantize_q8")  # noqa: E731
+    assert quantizes(off) - quantizes(on) == s.n_layers * (1 + (s.head_dim % 32 == 0))
+    ids = np.random.default_rng(2).integers(0, s.vocab, 150)  # chunks of 64, 64 and 22 rows
+    np.testing.assert_array_equal(on.logits(ids), off.logits(ids))
 
 
 def test_int8_decode_quantizes_only_the_rows_no_kernel_wrote(gpu, tiny):

@@ -234,6 +234,22 @@ def test_streamed_logits_equal_resident(pair):
     assert np.array_equal(streamed.runtime.logits(ids[:20], chunk=1), resident.runtime.logits(ids[:20], chunk=1))
 
 
+@pytest.mark.slow
+def test_int8_prefill_streamed_equals_resident(gpu):
+    """int8 prefill (the real Qwen3.6's default): the grouped passes of each batch of cached experts, the gate_ups
+    writing the downs' int8 rows (q8_epilogues), give the resident model's logits bit for bit."""
+    path = cached_mlx("q4")
+    resident = load_model(path, gpu=gpu, q8_prefill=True, **KW)
+    streamed = load_model(path, gpu=gpu, q8_prefill=True, gpu_weights=budgets(resident, 3), **KW)
+    moe = streamed.runtime.block("moe")
+    assert all(moe.grouped[i]["rows_q8"] for i in moe.layers)
+    assert "quantize_q8" not in [pipe.label for pipe, *_ in moe.passes[moe.layers[0]]["grouped_batch"]]
+    ids = np.random.default_rng(6).integers(0, resident.runtime.spec.vocab, 70)
+    before = streamed.runtime.plan.streaming.misses
+    assert np.array_equal(streamed.logits(ids), resident.logits(ids))
+    assert streamed.runtime.plan.streaming.misses - before > 8 * 4  # batches: evicted and refilled
+
+
 def greedy(model, prompt, n):
     rt = model.runtime
     rt.reset()

@@ -22,7 +22,9 @@ def test_tiled_attention(gpu, rng, H, KVH, HD, T, pos0):
     a = AttentionSetup(gpu, rng, H, KVH, HD, T, pos0)
     consts = attention_tiled_plan(H, KVH, HD, PAGE)
     out = poisoned(gpu, "out", (T + 1, H * HD))  # one row past T must stay untouched
-    run(gpu, "attention_tiled", consts, a.bufs + [out, step_uniform(gpu, T, pos0)], attention_tiled_grid(consts, T))
+    unused = [gpu.buffer("xq", 16), gpu.buffer("xm", 16)]  # the int8 rows (ROWS_Q8 is off)
+    run(gpu, "attention_tiled", consts, a.bufs + [out, step_uniform(gpu, T, pos0), *unused],
+        attention_tiled_grid(consts, T))
     got = read(gpu, out, (T + 1, H * HD))
     np.testing.assert_allclose(got[:T], attention_ref(a.q, a.k, a.v, pos0, a.scale), rtol=1e-4, atol=1e-5)
     assert np.isnan(got[T]).all()

@@ -68,8 +68,9 @@ def run_gemm_q8(gpu, x, w, s, N, gate_up, fmt, n_tokens=None, y_stride=None, **p
     consts, grid = gemm_q8w_plan(K, N, T, gate_up=gate_up, y_stride=y_stride, **plan, **fmt)
     ys = consts["YS"]
     y = poisoned(gpu, "y", (T, ys))
+    unused = [gpu.buffer("yq", 16), gpu.buffer("ym", 16)]  # the int8 output rows (not with these plans)
     run(gpu, "matmul_q8w", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
-                                    step_uniform(gpu, n_tokens)], grid)
+                                    step_uniform(gpu, n_tokens), *unused], grid)
     return read(gpu, y, (T, ys)), dequantized(xq, xm), grid
 
 

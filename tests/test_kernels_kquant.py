@@ -408,7 +408,8 @@ def run_gemm_q8(gpu, tag, raw, x, N, gate_up, n_tokens=None, **plan):
     ys = consts["YS"]
     y = poisoned(gpu, "y", (T, ys))
     w, wh = upload_weight(gpu, tag, raw, K)
-    run(gpu, "matmul_kq_q8", consts, [xq, w, wh, y, xm, step_uniform(gpu, n_tokens or T)], grid)
+    unused = [gpu.buffer("yq", 16), gpu.buffer("ym", 16)]  # the int8 output rows (not with these plans)
+    run(gpu, "matmul_kq_q8", consts, [xq, w, wh, y, xm, step_uniform(gpu, n_tokens or T), *unused], grid)
     return read(gpu, y, (T, ys)), x_hat, scale, grid
 
 

@@ -412,16 +412,28 @@ def test_expert_matvec_int8_3bit_stack_with_4bit_expert_after_it(gpu, rng):
 @pytest.mark.parametrize("routed_fmt,shared", [("mlx4", 64), ("mlx3", 64), ("mlx4", 128)])
 def test_moe_block_int8_prefill(gpu, rng, routed_fmt, shared):
     """Prefill rows through the int8 grouped GEMMs (moe_gemm_q8): x quantized once, every pair's activations once
-    (per down pass where their K differ), within the int8 rounding of the float64 reference."""
+    (per down pass where their K differ), within the int8 rounding of the float64 reference. With int8_epilogues the
+    gate_ups write the pairs' int8 rows themselves where every pass has one width (shared == F): no quantize of the
+    activations, and the same output bit for bit (the bytes quantize_q8 writes)."""
     E, top_k, D, F = DIMS.values()
     weights = random_moe(rng, E, D, F, shared, routed_fmt=routed_fmt)
     x = rng.standard_normal((5, D)).astype(np.float32)
-    block, ws = moe_block(gpu, [weights], top_k, max_tokens=8, int8=True, int8_prefill=True)
-    got, dispatches = record_moe_block(gpu, block, ws, x)
-    labels = [pipe.label for pipe, _, _, _ in block.passes[0]["grouped"]]
-    quantizes = 1 + (1 if shared == F else 2)  # x; the pairs' activations (twice when the shared width differs)
-    assert labels.count("quantize_q8") == quantizes and "moe_gemm" not in labels
-    assert labels.count("moe_gemm_q8") == (2 if block.stacked[0] else 4)
-    assert dispatches == 3 + len(labels)
-    ref = reference_moe(weights, x, top_k, True)
-    assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()
+    outs = []
+    for epilogues in (False, True):
+        block, ws = moe_block(gpu, [weights], top_k, max_tokens=8, int8=True, int8_prefill=True,
+                              int8_epilogues=epilogues)
+        got, dispatches = record_moe_block(gpu, block, ws, x)
+        labels = [pipe.label for pipe, _, _, _ in block.passes[0]["grouped"]]
+        fused = epilogues and shared == F
+        assert block.grouped[0]["rows_q8"] == fused
+        # x; the pairs' activations (twice when the shared width differs), unless the gate_ups wrote them
+        quantizes = 1 + (0 if fused else 1 if shared == F else 2)
+        assert labels.count("quantize_q8") == quantizes and "moe_gemm" not in labels
+        assert labels.count("moe_gemm_q8") == (2 if block.stacked[0] else 4)
+        assert dispatches == 3 + len(labels)
+        ref = reference_moe(weights, x, top_k, True)
+        assert np.abs(got - ref).max() <= 3e-2 * np.abs(ref).max()
+        outs.append(got)
+        block.release()
+        ws.release()
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -179,8 +179,9 @@ def test_grouped_gemm_int8_matches_float64(gpu, rng, fmt, gate_up):
     consts, grid = grouped_q8_plan(K, N, E, rows, slots, n_slots=n_slots, gate_up=gate_up, x_slot=not gate_up,
                                    y_stride=N + 4, tm=4, **format_knobs(fmt))
     y = poisoned(gpu, "y", (rows, slots, N + 4))
+    unused = [gpu.buffer("yq", 16), gpu.buffer("ym", 16)]  # the int8 output rows (ROWS_Q8 is off)
     run(gpu, "moe_gemm_q8", consts, [xq, order, tiles, gpu.upload("w", w["q_weight"].view(np.uint32)),
-                                     gpu.upload("s", w["q_scale"]), y, xm], grid)
+                                     gpu.upload("s", w["q_scale"]), y, xm, *unused], grid)
     out = read(gpu, y, (rows, slots, N + 4))
     full = np.einsum("tsk,tsnk->tsn", xs, dense[ids])
     ref = (silu(full[..., :N]) * full[..., N:] if gate_up else full)[:T, :n_slots]

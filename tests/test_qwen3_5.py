@@ -144,9 +144,10 @@ def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
     # 2 projections per GDN mixer, 3 per attention mixer (qkv, gate, o), 2 per MLP, the LM head
     gemms = sum(k in INT8_GEMMS for k in kernels)
     assert "matmul_int4" not in kernels and gemms == 4 * rt.spec.n_layers + attention_layers + 1
-    # The prefill's norms write hidden's rows in int8 (one quantize_q8 after the first norm does it), so only o / GDN
-    # out, MLP down and the LM head (after the final norm) quantize their rows; gate reuses qkv's.
-    assert kernels.count("quantize_q8") == 2 * rt.spec.n_layers + 2
+    # The prefill's norms write hidden's rows in int8 (one quantize_q8 after the first norm does it) and gate_up
+    # down's, so only o (after the gate) / GDN out and the LM head (after the final norm) quantize their rows; gate
+    # reuses qkv's.
+    assert kernels.count("quantize_q8") == rt.spec.n_layers + 2
     assert_int8_decode_steps_match_the_full_forward(model)
 
 

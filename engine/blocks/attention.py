@@ -5,7 +5,8 @@ append, then split-K attention in blocks of `split_keys` keys and a combine. The
 per-head output gate with q (checkpoint c_attn = per-head [Q | gate] ++ K ++ V, split at load into qkv and gate)
 and applies sigmoid(gate) before the output projection; its q/k norms may be zero-centred. The gate rows live in the
 qkv buffer behind the QKV rows (at an aligned offset), so the one-dispatch decode kernel reads both through one
-binding."""
+binding. A prefill chunk's tiled attention writes o's int8 GEMM input itself where o reads its output directly (not
+through the gate) and the arithmetic's int8_epilogues allow: no quantize_q8 before o."""
 
 from __future__ import annotations
 
@@ -65,6 +66,7 @@ class AttentionMixer(Block):
         # (not through the gate) and each head's 32-element chunks lie inside the head.
         self.combine_int8 = ar.int8 and not gated and s.head_dim % 32 == 0
         self.lin = {}
+        self.tiled_int8 = {}  # per layer: the tiled prefill attention writes o's int8 rows (o's GEMM takes them)
         for i in self.layers:
             tag, o_tag = self.formats[i], self.o_formats[i]
             if "," in tag and not gated:  # q, k, v stored in different formats (a GGUF Q4_K_M file's Q6_K v)
@@ -72,6 +74,8 @@ class AttentionMixer(Block):
             else:
                 qkv = Linear(s.dim, self.qkv_dim, tag, ar)
             self.lin[i] = {"qkv": qkv, "o": Linear(self.q_dim, s.dim, o_tag, ar)}
+            self.tiled_int8[i] = (ar.int8_epilogues and not gated and self.lin[i]["o"].int8_prefill
+                                  and attention_tiled_plan(s.n_heads, s.n_kv_heads, s.head_dim, PAGE) is not None)
             if gated:
                 self.lin[i]["gate"] = Linear(s.dim, self.q_dim, tag, ar)
         self.w: dict[str, object] = {}
@@ -182,7 +186,10 @@ class AttentionMixer(Block):
         self.p_split = gpu.pipeline(ATTENTION, dict(attn, SPLIT=True))
         # Prefill chunks: 32 query rows share each staged key block (None: head_dim not a multiple of 32).
         self.tiled = attention_tiled_plan(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
-        self.p_tiled = gpu.pipeline(ATTENTION_TILED, self.tiled) if self.tiled else None
+        # by whether it writes o's int8 rows (the workspace's, as a quantize_q8 before o would) instead of f32 ones
+        self.p_tiled = {q8: gpu.pipeline(ATTENTION_TILED, attention_tiled_plan(
+            s.n_heads, s.n_kv_heads, s.head_dim, PAGE, rows_q8=q8)) for q8 in set(self.tiled_int8.values())
+            } if self.tiled else {}
         self.p_combine = gpu.pipeline(COMBINE, combine_consts(s.n_heads, s.head_dim, self.combine_int8))
         self.p_rope = gpu.pipeline(ROPE_APPEND, rope_append_consts(
             s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
@@ -222,8 +229,9 @@ class AttentionMixer(Block):
                     qkv=self.qkv, **cache, inv_freq=self.decode_rope[i], out=o_in, step=ws.step, xq=ws.x_q8,
                     xm=ws.x_q8_meta), f"{c}.attn_decode")
             if self.tiled:
-                self.bg[i]["tiled"] = gpu.bind(self.p_tiled, dict(q=self.q, **cache, out=self.attn, step=ws.step),
-                                               f"{c}.attn_tiled")
+                rows = (ws.rows_q8, ws.rows_q8_meta) if self.tiled_int8[i] else (ws.x_q8, ws.x_q8_meta)  # else unused
+                self.bg[i]["tiled"] = gpu.bind(self.p_tiled[self.tiled_int8[i]], dict(
+                    q=self.q, **cache, out=self.attn, step=ws.step, xq=rows[0], xm=rows[1]), f"{c}.attn_tiled")
             fused = self.norms is not None
             lin["qkv"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.qkv", self.formats[i], dummy), self.qkv,
                             f"{c}.qkv", src_int8=self.ar.norm_int8,
@@ -233,7 +241,7 @@ class AttentionMixer(Block):
                                  f"{c}.gate", src_int8=self.ar.norm_int8, rows_ready=lin["qkv"].quantizes_rows,
                                  rms=self.norms.rms_input() if fused and i > 0 else None)
             lin["o"].bind(gpu, ws, o_in, self._matrix(f"{c}.o", self.o_formats[i], dummy), ws.delta, f"{c}.o",
-                          norm_out=self.norms.epilogue(i, "mixer") if fused else None)
+                          norm_out=self.norms.epilogue(i, "mixer") if fused else None, rows_ready=self.tiled_int8[i])
 
     def _matrix(self, name: str, tag: str, dummy) -> dict:
         return matrix_bindings({k.removeprefix(f"{name}."): v for k, v in self.w.items() if k.startswith(name + ".")},
@@ -254,7 +262,7 @@ class AttentionMixer(Block):
             rec.dispatch(self.p_split, bg["split"], s.n_heads, T, splits)
             rec.dispatch(self.p_combine, self.bg_combine, s.n_heads, T)
         elif T > 1 and self.tiled:
-            rec.dispatch(self.p_tiled, bg["tiled"], *attention_tiled_grid(self.tiled, T))
+            rec.dispatch(self.p_tiled[self.tiled_int8[layer]], bg["tiled"], *attention_tiled_grid(self.tiled, T))
         else:
             rec.dispatch(self.p_attn, bg["attn"], s.n_heads, T, 1)
         if self.gated:

@@ -1,8 +1,9 @@
 """One weight matrix's products inside a block: the decode matvec and the prefill GEMM, in the kernel variant the
 weight format and the arithmetic pick (engine/kernels/matmul.py; GGUF K-quant and Q5_0/Q5_1 blocks: the K-quant
 kernels of engine/kquant_plan.py), with the quantize_q8 dispatch an int8 product needs where its int8 input is not
-already written. SplitLinear runs a matrix whose row ranges differ in format (a GGUF qkv whose v is Q6_K and q, k
-Q4_K) as one product per range into the output's columns."""
+already written. A gate_up prefill GEMM may write its output rows in int8 itself (`rows_q8_out`: the down GEMM's
+input, shaders/gemm_rows_q8.wgsl). SplitLinear runs a matrix whose row ranges differ in format (a GGUF qkv whose v
+is Q6_K and q, k Q4_K) as one product per range into the output's columns."""
 
 from __future__ import annotations
 
@@ -60,6 +61,8 @@ class Arithmetic:
     subgroup_rows: bool  # f32-activation matvecs of many-row matrices use the subgroup-rows kernel
     subgroup_size: int
     max_threads: int = 256  # threads a workgroup may have (matvec_q8_norm takes up to 512)
+    # the prefill kernels before an int8 GEMM (tiled attention, gate_up) write its int8 rows: no quantize_q8 between
+    int8_epilogues: bool = False
 
     def is_int8(self, tag: str) -> bool:
         return self.int8 and _int8_format(tag)
@@ -74,14 +77,36 @@ def _int8_format(tag: str) -> bool:
     return is_kquant(tag) or FORMATS[tag]["bits"] == 4
 
 
-def gemm_kernel(k: int, n: int, gate_up: bool, tag: str, int8: bool, T: int = 1, y_stride: int | None = None):
-    """(Kernel, constants, grid) of the prefill GEMM over T rows; `int8`: the rows come quantized by quantize_q8."""
+def gemm_kernel(k: int, n: int, gate_up: bool, tag: str, int8: bool, T: int = 1, y_stride: int | None = None,
+                rows_q8: bool = False):
+    """(Kernel, constants, grid) of the prefill GEMM over T rows; `int8`: the rows come quantized by quantize_q8;
+    `rows_q8` (int8 gate_up only): it writes its output rows in int8 instead of f32."""
+    out = dict(rows_q8=True) if rows_q8 else {}
+    if rows_q8 and not int8:
+        raise ValueError("only the int8-activation GEMMs write int8 output rows")
     if is_kquant(tag):
         plan = gemm_kq_q8_plan if int8 else gemm_kq_plan
-        return ((MATMUL_KQ_Q8 if int8 else MATMUL_KQ), *plan(tag, k, n, T, gate_up=gate_up, y_stride=y_stride))
+        return ((MATMUL_KQ_Q8 if int8 else MATMUL_KQ), *plan(tag, k, n, T, gate_up=gate_up, y_stride=y_stride, **out))
     plan = gemm_q8w_plan if int8 else gemm_plan
     return ((MATMUL_Q8W if int8 else MATMUL_INT4),
-            *plan(k, n, T, gate_up=gate_up, y_stride=y_stride, **format_knobs(tag)))
+            *plan(k, n, T, gate_up=gate_up, y_stride=y_stride, **format_knobs(tag), **out))
+
+
+def gemm_can_write_rows_q8(k: int, n: int, tag: str) -> bool:
+    """Whether the int8 gate_up GEMM of this shape and format can write its output rows in int8 (the plan takes it:
+    n whole 32-element chunks, the staging within workgroup memory)."""
+    try:
+        gemm_kernel(k, n, True, tag, True, rows_q8=True)
+    except ValueError:
+        return False
+    return True
+
+
+def gemm_rows_out(ws, rows: tuple | None = None) -> dict:
+    """An int8-activation GEMM's yq / ym bindings: `rows` (codes, scales) where it writes int8 rows, else the
+    workspace's decode int8 row, bound but never written (no prefill GEMM reads it)."""
+    yq, ym = rows or (ws.x_q8, ws.x_q8_meta)
+    return dict(yq=yq, ym=ym)
 
 
 def decode_kernel(k: int, n: int, gate_up: bool, tag: str, ar: Arithmetic, last_row: bool = False):
@@ -127,22 +152,27 @@ def matrix_tensors(name: str, n: int, k: int, tag: str, lead: tuple = ()) -> dic
 class Linear:
     """y = W x (gate_up: silu(gate)·up) for one weight matrix: K inputs, N outputs (gate_up: N of each half)."""
 
-    def __init__(self, k: int, n: int, tag: str, ar: Arithmetic, gate_up: bool = False, y_stride: int | None = None):
-        """`y_stride`: the prefill output's row stride when it is wider than n (a SplitLinear's part)."""
-        self.k, self.n, self.tag, self.gate_up = k, n, tag, gate_up
+    def __init__(self, k: int, n: int, tag: str, ar: Arithmetic, gate_up: bool = False, y_stride: int | None = None,
+                 rows_q8_out: bool = False):
+        """`y_stride`: the prefill output's row stride when it is wider than n (a SplitLinear's part);
+        `rows_q8_out` (gate_up with int8 prefill): the prefill GEMM writes its rows in int8 (bind's `rows_out`)."""
+        self.k, self.n, self.tag, self.gate_up, self.rows_q8_out = k, n, tag, gate_up, rows_q8_out
         self.int8, self.int8_prefill = ar.is_int8(tag), ar.is_int8_prefill(tag)
         self.subgroup_size, self.max_threads = ar.subgroup_size, ar.max_threads
         self.mv = decode_kernel(k, n, gate_up, tag, ar)
         # matvec_q8_rms / matvec_q8_norm are matvec_q8 with a prologue / epilogue: only for its formats
         self.norm_variants = self.mv[0] is MATVEC_Q8
-        self.mm = gemm_kernel(k, n, gate_up, tag, self.int8_prefill, y_stride=y_stride)[:2]
+        self.mm = gemm_kernel(k, n, gate_up, tag, self.int8_prefill, y_stride=y_stride, rows_q8=rows_q8_out)[:2]
         self._grids: dict[int, tuple] = {}
 
     def bind(self, gpu, ws, src, matrix: dict, dst, label: str, src_int8: bool = False,
              rows_ready: bool = False, rms: dict | None = None, norm_out: dict | None = None,
-             int8_out: bool = False) -> None:
+             int8_out: bool = False, rows_in: tuple | None = None, rows_out: tuple | None = None) -> None:
         """Bind the products from `src` to `dst`. `src_int8`: the int8 copy of src's last row is in the workspace's
-        int8 row already (a norm wrote it); `rows_ready`: the GEMM recorded just before quantized the same rows.
+        int8 row already (a norm wrote it); `rows_ready`: src's rows are in the workspace's int8 rows already (the
+        GEMM recorded just before quantized them, or the kernel before wrote them); `rows_in` (codes, scales): the
+        prefill GEMM reads src's int8 rows from there (the kernel before wrote them); `rows_out` (codes, scales):
+        where a `rows_q8_out` GEMM writes its int8 rows.
         Decode-only variants of the int8 matvec (the prefill GEMM is unchanged):
         `rms` {xq, xm, ss: bindings, eps}: the input is matvec_q8_norm's int8 row without its 1/rms (matvec_q8_rms);
         with `int8_out` (and `rms`) the output row also goes to the workspace's int8 row as quantize_q8 writes it
@@ -189,14 +219,20 @@ class Linear:
         kernel, consts = self.mm
         pipe = gpu.pipeline(kernel, consts)
         self.prefill_steps = []  # (pipeline, bind group, "quantize" | "gemm")
+        if (rows_out is not None) != self.rows_q8_out:
+            raise ValueError(f"{label}: int8 output rows need rows_q8_out at construction and rows_out at bind")
         if self.int8_prefill:
             # The prefill's norms write `hidden`'s rows in int8 themselves (engine/blocks/residual.py).
-            if not rows_ready and not (src is ws.hidden and getattr(ws, "hidden_rows_q8", False)):
+            if not rows_ready and rows_in is None and not (src is ws.hidden and getattr(ws, "hidden_rows_q8", False)):
                 qpipe = gpu.pipeline(QUANTIZE_Q8, quantize_q8_plan(self.k)[0])
                 self.prefill_steps.append((qpipe, gpu.bind(qpipe, dict(x=src, xq=ws.rows_q8, xm=ws.rows_q8_meta,
                                                                        step=ws.step), f"{label}.rows-q8"), "quantize"))
-            bg = gpu.bind(pipe, dict(xq=ws.rows_q8, **matrix, y=dst, xm=ws.rows_q8_meta, step=ws.step), label)
+            xq, xm = rows_in or (ws.rows_q8, ws.rows_q8_meta)
+            bg = gpu.bind(pipe, dict(xq=xq, **matrix, y=dst, xm=xm, step=ws.step, **gemm_rows_out(ws, rows_out)),
+                          label)
         else:
+            if rows_in is not None:
+                raise ValueError(f"{label}: an f32-activation GEMM cannot read int8 rows")
             bg = gpu.bind(pipe, dict(x=src, **matrix, y=dst, step=ws.step), label)
         self.prefill_steps.append((pipe, bg, "gemm"))
 
@@ -240,7 +276,8 @@ class Linear:
 
     def _prefill_grids(self, T: int) -> tuple:
         if T not in self._grids:
-            gemm = gemm_kernel(self.k, self.n, self.gate_up, self.tag, self.int8_prefill, T)[2]
+            gemm = gemm_kernel(self.k, self.n, self.gate_up, self.tag, self.int8_prefill, T,
+                               rows_q8=self.rows_q8_out)[2]
             self._grids[T] = (gemm, quantize_q8_plan(self.k, rows=T)[1])
         return self._grids[T]
 

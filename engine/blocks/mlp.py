@@ -1,13 +1,15 @@
 """The dense feed-forward block: gate_up (gate rows then up rows, one matrix) with SiLU(gate)·up fused into its
 product, then down. Where the decode matvecs carry the norms (engine/blocks/residual.py), gate_up also writes its
-output row in int8 (matvec_q8_rms_q8), so down reads it with no quantize_q8 dispatch between them."""
+output row in int8 (matvec_q8_rms_q8), so down reads it with no quantize_q8 dispatch between them; with int8 prefill
+GEMMs on both (and the arithmetic's int8_epilogues) the gate_up GEMM writes SiLU(gate)·up's rows in int8 into buffers
+of their own, which down's GEMM reads."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from engine.blocks import Block, BufferNeed, array_bytes, upload_weight
-from engine.blocks.linear import Arithmetic, Linear, matrix_bindings, matrix_tensors
+from engine.blocks.linear import Arithmetic, Linear, gemm_can_write_rows_q8, matrix_bindings, matrix_tensors
 from engine.kernels.matmul import packed_shapes
 
 
@@ -23,7 +25,12 @@ class DenseMlp(Block):
         self.norms = None  # the residual block when down carries the add + norm after it and gate_up reads that row
         self.formats = {(i, m): formats.get(f"layers.{i}.{m}", "q4f16_1") for i in self.layers for m in ("gate_up",
                                                                                                            "down")}
-        self.lin = {i: {"gate_up": Linear(dim, ffn_dim, self.formats[i, "gate_up"], ar, gate_up=True),
+        # gate_up's own buffers for its int8 rows: the GEMM reads the workspace's rows (hidden's) as it writes these
+        self.rows_q8 = {i: ar.int8_epilogues and ar.is_int8_prefill(self.formats[i, "gate_up"])
+                        and ar.is_int8_prefill(self.formats[i, "down"])
+                        and gemm_can_write_rows_q8(dim, ffn_dim, self.formats[i, "gate_up"]) for i in self.layers}
+        self.lin = {i: {"gate_up": Linear(dim, ffn_dim, self.formats[i, "gate_up"], ar, gate_up=True,
+                                          rows_q8_out=self.rows_q8[i]),
                         "down": Linear(ffn_dim, dim, self.formats[i, "down"], ar)} for i in self.layers}
         self.w: dict[str, object] = {}
 
@@ -43,7 +50,10 @@ class DenseMlp(Block):
                 for key, (shape, dtype) in packed_shapes(self.formats[i, m], n, k).items()]
 
     def shared_needs(self) -> dict[str, int]:
-        return {"ffn-act": self.chunk * self.ffn_dim * 4}
+        out = {"ffn-act": self.chunk * self.ffn_dim * 4}
+        if any(self.rows_q8.values()):
+            out |= {"ffn-act-int8": self.chunk * self.ffn_dim, "ffn-act-int8-scales": self.chunk * self.ffn_dim // 4}
+        return out
 
     def can_carry_norms(self) -> bool:  # gate_up reads the normed row; down adds to the residual and writes it
         return all(lin.carries_norm(producer=m == "down") for i in self.layers for m, lin in self.lin[i].items())
@@ -64,10 +74,11 @@ class DenseMlp(Block):
             fused = self.norms is not None
             last = fused and i == self.norms.n_layers - 1  # the last add + norm (the final norm) stays a dispatch
             int8_out = fused and self.gate_up_int8 and lin["gate_up"].writes_int8()
+            rows = (ws.shared["ffn-act-int8"], ws.shared["ffn-act-int8-scales"]) if self.rows_q8[i] else None
             lin["gate_up"].bind(gpu, ws, ws.hidden, matrix["gate_up"], act, f"{c}.gate_up", src_int8=self.ar.norm_int8,
-                                rms=self.norms.rms_input() if fused else None, int8_out=int8_out)
+                                rms=self.norms.rms_input() if fused else None, int8_out=int8_out, rows_out=rows)
             lin["down"].bind(gpu, ws, act, matrix["down"], ws.delta, f"{c}.down", src_int8=int8_out,
-                             norm_out=self.norms.epilogue(i, "ffn") if fused and not last else None)
+                             norm_out=self.norms.epilogue(i, "ffn") if fused and not last else None, rows_in=rows)
 
     def record(self, rec, layer: int, T: int, splits: int = 1) -> None:
         self.lin[layer]["gate_up"].record(rec, T)

@@ -189,22 +189,42 @@ class MoeFfn(Block):
 
     def _grouped_plans(self, i: int) -> dict:
         """Prefill passes of layer i: {"sorts": [(key ("routed" or "shared"), sort_plan)], "passes": [(stack, key,
-        kernel, plan, input, output)] every gate_up before every down}. 4-bit and 3-bit stacks take int8 activations
-        (moe_gemm_q8) with int8 prefill, other stacks the f32 moe_gemm."""
+        kernel, plan, input, output)] every gate_up before every down, "rows_q8": the gate_ups write the pairs' int8
+        rows the downs read (no quantize_q8 between)}. 4-bit and 3-bit stacks take int8 activations (moe_gemm_q8)
+        with int8 prefill, other stacks the f32 moe_gemm. The gate_ups write int8 rows with the arithmetic's
+        int8_epilogues where every pass is int8 and all share one activation width (one row layout)."""
         T = self.max_tokens
-        sorts, gate_ups, downs = {}, [], []
+        sorts, passes = {}, []
         for stack, (c, grid), src, dst in self.plans[i]:
             key = "shared" if stack.startswith("shared_") else "routed"
             sorts.setdefault(key, sort_plan(c["EXPERTS"], self.slots, T, slot0=c["SLOT0"], n_slots=grid[2]))
-            fmt = dict(bits=c["BITS"], zero=c["ZERO"], affine=c["AFFINE"], group=c["GROUP"])
-            shape = dict(n_slots=grid[2], gate_up=c["GATE_UP"], x_slot=c["X_SLOT"], y_stride=c["Y_STRIDE"])
-            if self.ar.int8_prefill and c["BITS"] in (3, 4):
-                kernel, plan = MOE_GEMM_Q8, grouped_q8_plan(c["K"], c["N"], c["EXPERTS"], T, self.slots, **shape, **fmt)
-            else:
-                kernel, plan = MOE_GEMM, grouped_plan(c["K"], c["N"], c["EXPERTS"], T, self.slots, **shape,
-                                                      x_stride=c["X_STRIDE"], **fmt)
-            (gate_ups if src == "x" else downs).append((stack, key, kernel, plan, src, dst))
-        return {"sorts": list(sorts.items()), "passes": gate_ups + downs}
+            passes.append((stack, key, c, grid, src, dst, self.ar.int8_prefill and c["BITS"] in (3, 4)))
+        widths = {c["N"] if src == "x" else c["K"] for _, _, c, _, src, _, _ in passes}
+        rows_q8 = self.ar.int8_epilogues and len(widths) == 1 and all(p[-1] for p in passes)
+        out = None
+        if rows_q8:
+            try:
+                out = [self._grouped_pass(T, *p, rows_q8=True) for p in passes]
+            except ValueError:  # a width the int8 epilogue cannot take (not whole 32-element chunks)
+                rows_q8 = False
+        out = out or [self._grouped_pass(T, *p, rows_q8=False) for p in passes]
+        gate_ups = [p for p in out if p[4] == "x"]
+        downs = [p for p in out if p[4] != "x"]
+        return {"sorts": list(sorts.items()), "passes": gate_ups + downs, "rows_q8": rows_q8}
+
+    def _grouped_pass(self, T: int, stack: str, key: str, c: dict, grid: tuple, src: str, dst: str, int8: bool, *,
+                      rows_q8: bool) -> tuple:
+        """One prefill pass (stack, key, kernel, plan, input, output) from the decode pass's constants and grid."""
+        fmt = dict(bits=c["BITS"], zero=c["ZERO"], affine=c["AFFINE"], group=c["GROUP"])
+        shape = dict(n_slots=grid[2], gate_up=c["GATE_UP"], x_slot=c["X_SLOT"], y_stride=c["Y_STRIDE"])
+        if int8:
+            out = dict(rows_q8=True) if rows_q8 and src == "x" else {}
+            kernel, plan = MOE_GEMM_Q8, grouped_q8_plan(c["K"], c["N"], c["EXPERTS"], T, self.slots, **shape, **fmt,
+                                                        **out)
+        else:
+            kernel, plan = MOE_GEMM, grouped_plan(c["K"], c["N"], c["EXPERTS"], T, self.slots, **shape,
+                                                  x_stride=c["X_STRIDE"], **fmt)
+        return stack, key, kernel, plan, src, dst
 
     # ---- plan --------------------------------------------------------------------------------------------
     def stack_experts(self, i: int) -> int:
@@ -438,8 +458,9 @@ class MoeFfn(Block):
 
     def _grouped_passes(self, i: int, bound, ws, made: dict, y) -> list:
         """Layer i's prefill expert dispatches in order, (pipeline, bind group, plan, rows) each: the sorts, every
-        gate_up, every down; with int8 passes one quantize_q8 of the chunk's x rows before the gate_ups and one of
-        every pair's activations before the downs (one per down pass where their K differ). `rows`: None (the
+        gate_up, every down; with int8 passes one quantize_q8 of the chunk's x rows before the gate_ups (unless the
+        norm wrote them) and one of every pair's activations before the downs (one per down pass where their K differ;
+        none where the gate_ups write them, "rows_q8"). `rows`: None (the
         plan's grid) or what a quantize's grid rows are per token (1 for x, SLOTS for the pairs). The sorts read
         `expert_ids`; the down passes write `y`."""
         c, w, g = f"layers.{i}.moe", self.w[i], self.grouped[i]
@@ -449,8 +470,11 @@ class MoeFfn(Block):
                                                       tiles=made[f"moe.tiles-{key}"], step=ws.step),
                                f"{c}.sort-{key}"), None))
         buf = {"x": ws.hidden, "act": self.act, "y": y}
-        # K of the rows quantized last; the prefill's norm wrote x's rows in int8 (engine/blocks/residual.py)
-        quantized = {"x": self.D if getattr(ws, "hidden_rows_q8", False) else None, "act": None}
+        # K of the rows quantized last; the prefill's norm wrote x's rows in int8 (engine/blocks/residual.py), the
+        # gate_ups the pairs' rows with rows_q8 (one width: the downs' K)
+        quantized = {"x": self.D if getattr(ws, "hidden_rows_q8", False) else None,
+                     "act": g["passes"][-1][3][0]["K"] if g["rows_q8"] else None}
+        act_rows = (made["moe-act-rows-int8"], made["moe-act-rows-int8-scales"]) if g["rows_q8"] else None
         for stack, key, kernel, plan, src, dst in g["passes"]:
             order, tiles = made[f"moe.order-{key}"], made[f"moe.tiles-{key}"]
             if kernel is MOE_GEMM:
@@ -465,8 +489,10 @@ class MoeFfn(Block):
                 out.append((*bound(QUANTIZE_Q8, qplan, dict(x=buf[src], xq=xq, xm=xm, step=ws.step),
                                    f"{c}.{stack}-rows-q8"), 1 if src == "x" else self.slots))
                 quantized[src] = K
+            rows_out = act_rows if act_rows and src == "x" else (ws.x_q8, ws.x_q8_meta)  # else bound, unwritten
             out.append((*bound(kernel, plan, dict(xq=xq, order=order, tiles=tiles, w=w[stack][0], s=w[stack][1],
-                                                  y=buf[dst], xm=xm), f"{c}.{stack}-grouped"), None))
+                                                  y=buf[dst], xm=xm, yq=rows_out[0], ym=rows_out[1]),
+                               f"{c}.{stack}-grouped"), None))
         return out
 
     def _int8_passes(self, i: int, bound, ws, act_q8, act_q8_meta, f32_passes: list) -> list:

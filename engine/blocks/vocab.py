@@ -11,7 +11,14 @@ import math
 import numpy as np
 
 from engine.blocks import Block, BufferNeed, array_bytes, upload_weight
-from engine.blocks.linear import Arithmetic, decode_kernel, gemm_kernel, matrix_bindings, matrix_tensors
+from engine.blocks.linear import (
+    Arithmetic,
+    decode_kernel,
+    gemm_kernel,
+    gemm_rows_out,
+    matrix_bindings,
+    matrix_tensors,
+)
 from engine.errors import GpuError
 from engine.kernels.matmul import (
     EMBEDDING,
@@ -132,7 +139,7 @@ class VocabEnds(Block):
             kernel, consts, _ = gemm_kernel(self.dim, n, False, tag, int8_all, y_stride=self.vocab)
             pipe = gpu.pipeline(kernel, consts)
             if int8_all:
-                ins = dict(xq=ws.rows_q8, xm=ws.rows_q8_meta, step=st)
+                ins = dict(xq=ws.rows_q8, xm=ws.rows_q8_meta, step=st, **gemm_rows_out(ws))
             else:
                 ins = dict(x=ws.hidden, step=st)
             self.lm_prefill.append((pipe, gpu.bind(pipe, dict(**ins, **table, y=y), f"lm-head-all-{r0}"),

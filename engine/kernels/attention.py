@@ -9,7 +9,7 @@ from engine.kernels import declare
 
 ROPE_APPEND = declare("rope_append", writes=("q_out", "k_cache", "v_cache"))
 ATTENTION = declare("attention", writes=("out", "part_ml"))
-ATTENTION_TILED = declare("attention_tiled", writes=("out",))
+ATTENTION_TILED = declare("attention_tiled", writes=("out", "xq", "xm"))
 COMBINE = declare("attention_combine", writes=("out", "xq", "xm"))
 ATTN_GATE = declare("attn_gate", writes=("y",))
 ATTENTION_DECODE = declare("attention_decode", writes=("k_cache", "v_cache", "out", "xq", "xm"))
@@ -32,16 +32,22 @@ def attention_consts(n_heads: int, n_kv_heads: int, head_dim: int, page: int, sp
 TILED_ROWS = 32  # query rows a workgroup of attention_tiled.wgsl owns
 
 
-def attention_tiled_plan(n_heads: int, n_kv_heads: int, head_dim: int, page: int) -> dict | None:
+def attention_tiled_plan(n_heads: int, n_kv_heads: int, head_dim: int, page: int, rows_q8: bool = False,
+                         rows_f32: bool | None = None) -> dict | None:
     """Constants for attention_tiled.wgsl (prefill chunks), or None where it does not apply (head_dim not a multiple
-    of 32). HG query heads of one kv head share a workgroup: the largest power of two dividing the group, ≤ 32."""
+    of 32). HG query heads of one kv head share a workgroup: the largest power of two dividing the group, ≤ 32.
+    `rows_q8`: the output rows go to int8 (the o-projection's GEMM input); `rows_f32` (default: not rows_q8) as f32."""
     if head_dim % 32 or n_heads % n_kv_heads:
         return None
     group = n_heads // n_kv_heads
     hg = 1
     while group % (2 * hg) == 0 and 2 * hg <= TILED_ROWS:
         hg *= 2
-    return dict(H=n_heads, KVH=n_kv_heads, HD=head_dim, HG=hg, PAGE=page, SCALE=1.0 / math.sqrt(head_dim))
+    rows_f32 = not rows_q8 if rows_f32 is None else rows_f32
+    if not (rows_q8 or rows_f32):
+        raise ValueError("attention_tiled must write its rows as f32, int8 or both")
+    return dict(H=n_heads, KVH=n_kv_heads, HD=head_dim, HG=hg, PAGE=page, SCALE=1.0 / math.sqrt(head_dim),
+                ROWS_F32=bool(rows_f32), ROWS_Q8=bool(rows_q8))
 
 
 def attention_tiled_grid(consts: dict, T: int) -> tuple[int, int, int]:

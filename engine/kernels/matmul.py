@@ -32,7 +32,7 @@ MATVEC_Q8_RMS = declare("matvec_q8_rms", writes=("y",))
 MATVEC_Q8_NORM = declare("matvec_q8_norm", writes=("y", "nq"))
 MATVEC_Q8_RMS_Q8 = declare("matvec_q8_rms_q8", writes=("y", "yq", "ym"))
 MATMUL_INT4 = declare("matmul_int4", writes=("y",))
-MATMUL_Q8W = declare("matmul_q8w", writes=("y",))
+MATMUL_Q8W = declare("matmul_q8w", writes=("y", "yq", "ym"))
 QUANTIZE_Q8 = declare("quantize_q8", writes=("xq", "xm"))
 EMBEDDING = declare("embedding", writes=("x",))
 
@@ -264,16 +264,40 @@ def gemm_plan(
     return consts, (x, max(-(-T // tm), 1), z)
 
 
+def rows_q8_consts(N: int, gate_up: bool, tn: int | None, rows_q8: bool, rows_f32: bool | None) -> tuple[dict, int]:
+    """(ROWS_F32 / ROWS_Q8 constants, TN) of an int8-activation GEMM (shaders/gemm_rows_q8.wgsl): with `rows_q8` the
+    gate_up tile is one 32-element chunk of Y's row wide, so it can write that chunk in int8; `rows_f32` defaults to
+    not rows_q8. `tn` None: the kernel's default, filled in by the caller."""
+    rows_f32 = not rows_q8 if rows_f32 is None else rows_f32
+    if not (rows_q8 or rows_f32):
+        raise ValueError("a GEMM must write its rows as f32, int8 or both")
+    if rows_q8:
+        if not gate_up or N % CHUNK or tn not in (None, CHUNK):
+            raise ValueError(f"int8 output rows need gate_up, N a multiple of {CHUNK} and TN = {CHUNK} (one chunk a "
+                             f"tile); got gate_up={gate_up}, N={N}, TN={tn}")
+        tn = CHUNK
+    return dict(ROWS_F32=bool(rows_f32), ROWS_Q8=bool(rows_q8)), tn
+
+
+def rows_q8_stage_bytes(tm: int, rows_q8: bool) -> int:
+    """Workgroup memory gemm_rows_q8.wgsl stages through: half the tile's rows of 33 f32s."""
+    return tm // 2 * 33 * 4 if rows_q8 else 0
+
+
 def gemm_q8w_plan(
     K: int, N: int, T: int, gate_up: bool = False, tm: int = GEMM_Q8W_TM, tn: int | None = None, *,
     y_stride: int | None = None, bits: int = 4, zero: int = 7, affine: bool = False, group: int = 32,
+    rows_q8: bool = False, rows_f32: bool | None = None,
 ) -> tuple[dict, tuple[int, int, int]]:
     """Constants and grid for shaders/matmul_q8w.wgsl: Y[T, N] from X quantized by quantize_q8 (T rows), 8×4 outputs
-    per thread, one 32-element chunk of K per step in two alternating buffers. The constants do not depend on T."""
+    per thread, one 32-element chunk of K per step in two alternating buffers. The constants do not depend on T.
+    `rows_q8` (gate_up): Y's rows go out in int8 (yq, ym) for the down GEMM; `rows_f32` (default: not rows_q8):
+    as f32."""
     if bits != 4:
         raise ValueError(f"matmul_q8w reads 4-bit codes, got BITS={bits}")
     fmt = _format_consts(K, bits, zero, affine, group)
     _check_n(N)
+    out, tn = rows_q8_consts(N, gate_up, tn, rows_q8, rows_f32)
     tn = tn or (GEMM_Q8W_TN // 2 if gate_up else GEMM_Q8W_TN)
     wn = tn * (2 if gate_up else 1)
     if tm % GEMM_Q8W_ROWS or tn % 4 or tm < GEMM_Q8W_ROWS or tn < 4:
@@ -283,13 +307,14 @@ def gemm_q8w_plan(
     if threads > GEMM_Q8W_MAX_WG or 2 * tm > threads or wn > threads:
         raise ValueError(f"TM={tm}, staged W rows {wn}: {threads} threads; need ≤ {GEMM_Q8W_MAX_WG}, ≥ 2·TM and "
                          f"≥ the staged W rows")
-    lds = 2 * (tm + wn) * (40 if affine else 36)  # 32 code bytes and a scale (and a sum or min) per row
+    # 32 code bytes and a scale (and a sum or min) per row
+    lds = 2 * (tm + wn) * (40 if affine else 36) + rows_q8_stage_bytes(tm, rows_q8)
     if lds > WORKGROUP_BYTES:
         raise ValueError(f"TM={tm}, staged W rows {wn}: {lds} bytes of workgroup memory > {WORKGROUP_BYTES}")
     if y_stride is not None and y_stride < N:
         raise ValueError(f"YS={y_stride} is narrower than N={N}")
     consts = dict(K=K, N=N, TM=tm, TN=tn, GATE_UP=gate_up, YS=y_stride or N, ZERO=fmt["ZERO"],
-                  AFFINE=fmt["AFFINE"], GROUP=fmt["GROUP"])
+                  AFFINE=fmt["AFFINE"], GROUP=fmt["GROUP"], **out)
     x, z = fold_grid(-(-N // tn))
     return consts, (x, max(-(-T // tm), 1), z)
 

@@ -13,6 +13,8 @@ from engine.kernels.matmul import (
     _format_consts,
     matvec_plan,
     matvec_q8_plan,
+    rows_q8_consts,
+    rows_q8_stage_bytes,
 )
 
 MOE_ROUTER = declare("moe_router", writes=("ids", "weights"))
@@ -21,7 +23,7 @@ MOE_MATVEC_Q8 = declare("moe_matvec_q8", writes=("y",))
 MOE_COMBINE = declare("moe_combine", writes=("out",))
 MOE_SORT = declare("moe_sort", writes=("order", "tiles"))
 MOE_GEMM = declare("moe_gemm", writes=("y",))
-MOE_GEMM_Q8 = declare("moe_gemm_q8", writes=("y",))
+MOE_GEMM_Q8 = declare("moe_gemm_q8", writes=("y", "yq", "ym"))
 MOE_ROUTER_NORM = declare("moe_router_norm", writes=("y",))
 MOE_GATE_UP_Q8 = declare("moe_gate_up_q8", writes=("act",))
 MOE_DOWN_Q8 = declare("moe_down_q8", writes=("out", "nq"))
@@ -147,18 +149,20 @@ def grouped_plan(K: int, N: int, experts: int, T: int, slots: int, *, n_slots: i
 def grouped_q8_plan(K: int, N: int, experts: int, T: int, slots: int, *, n_slots: int | None = None,
                     gate_up: bool = False, x_slot: bool = False, y_stride: int | None = None, tm: int = GROUPED_TM,
                     tn: int | None = None, kc: int | None = None, bits: int = 4, zero: int = 0, affine: bool = True,
-                    group: int = 64):
+                    group: int = 64, rows_q8: bool = False, rows_f32: bool | None = None):
     """Constants and grid for shaders/moe_gemm_q8.wgsl (int8 activations, 4-bit or MLX 3-bit stacks): the pairs of
-    n_slots slots of up to T tokens, sorted by moe_sort with the same TM."""
+    n_slots slots of up to T tokens, sorted by moe_sort with the same TM. `rows_q8` (gate_up): the pairs' rows go out
+    in int8 (yq, ym; row = pair, N/32 chunks) for the down pass; `rows_f32` (default: not rows_q8) as f32 into y."""
     if bits not in (3, 4):
         raise ValueError(f"moe_gemm_q8 reads 4-bit codes or 3-bit rows, got BITS={bits}")
     fmt = _format_consts(K, bits, zero, affine, group, three_bit=True)
     n_slots = slots if n_slots is None else n_slots
+    out, tn = rows_q8_consts(N, gate_up, tn, rows_q8, rows_f32)
     tn = tn or (GROUPED_TN // 2 if gate_up else GROUPED_TN)
     wn = tn * (2 if gate_up else 1)
     chunks = K // 32
     kc = kc or next(c for c in (GROUPED_Q8_KC, 2, 1) if chunks % c == 0)
-    lds = kc * (tm + wn) * (48 if affine else 40) + 4 * tm
+    lds = kc * (tm + wn) * (48 if affine else 40) + 4 * tm + rows_q8_stage_bytes(tm, rows_q8)
     if tm % 4 or tn % 4 or tm < 4 or tn < 4 or (tm // 4) * (wn // 4) > 256 or lds > WORKGROUP_BYTES:
         raise ValueError(f"TM={tm}, TN={tn}, KC={kc}: need multiples of 4, ≤ 256 threads and ≤ {WORKGROUP_BYTES} "
                          f"bytes of workgroup memory (got {lds})")
@@ -171,7 +175,7 @@ def grouped_q8_plan(K: int, N: int, experts: int, T: int, slots: int, *, n_slots
     if tiles > MAX_GROUPS_PER_DIM:
         raise ValueError(f"{tiles} tiles exceed {MAX_GROUPS_PER_DIM} workgroups per dimension: use smaller chunks")
     consts = dict(K=K, N=N, EXPERTS=experts, TM=tm, TN=tn, KC=kc, GATE_UP=gate_up, SLOTS=slots, X_SLOT=x_slot,
-                  Y_STRIDE=y_stride, **fmt)
+                  Y_STRIDE=y_stride, **fmt, **out)
     x, z = fold_grid(-(-N // tn))
     return consts, (x, tiles, z)
 
