@@ -42,6 +42,9 @@ class RuntimeOptions:
         where the decode matvecs carry the norms); False: a quantize_q8 dispatch between them, the same bytes (A/B).
     expert_policy: the expert cache's eviction policy, "lfu" (with aging) or "lru" (engine/blocks/expert_cache.py;
         bench/expert_policy.py: equal under random routing, LFU ahead under skewed routing, 85% vs 78% hits at 8 GiB).
+    gdn_conv_runs: runs a prefill chunk's Gated DeltaNet conv splits each channel's tokens into, walked at once by
+        threads of one workgroup (None: engine/kernels/gdn.py's gdn_conv_runs for the chunk; 1: one thread per
+        channel walks the whole chunk as before, for A/B). At most 256; the same outputs bit for bit whatever it is.
     """
 
     max_context: int | None = None
@@ -56,6 +59,7 @@ class RuntimeOptions:
     gpu_weights: int | None = None
     expert_policy: str = "lfu"
     gate_up_q8: bool = True
+    gdn_conv_runs: int | None = None
 
     def __post_init__(self) -> None:
         def positive(name: str, value, hi: int | None = None) -> None:
@@ -71,6 +75,8 @@ class RuntimeOptions:
         positive("snapshot_every", self.snapshot_every)
         if self.gpu_weights is not None:
             positive("gpu_weights", self.gpu_weights)
+        if self.gdn_conv_runs is not None:
+            positive("gdn_conv_runs", self.gdn_conv_runs, 256)
         if self.expert_policy not in ("lru", "lfu"):
             raise ValueError(f"runtime option expert_policy must be 'lru' or 'lfu', got {self.expert_policy!r}")
         for name in ("q8_decode", "gate_up_q8", "q8_epilogues"):

@@ -76,7 +76,8 @@ class RuntimePlan:
                                              offset_alignment=traits.offset_alignment))
         if layers := layers_of("gated_deltanet", 0):
             mixers.append(GatedDeltaNetMixer(s, layers, formats, ar, C, traits.offset_alignment,
-                                             self.options.state_snapshots, self.options.snapshot_every))
+                                             self.options.state_snapshots, self.options.snapshot_every,
+                                             self.options.gdn_conv_runs))
         if layers := layers_of("mlp", 1):
             ffns.append(DenseMlp(s.dim, s.ffn_dim, layers, formats, ar, C, self.options.gate_up_q8))
         if layers := layers_of("moe", 1):

@@ -227,6 +227,22 @@ def quantized_rows(gpu, x_rows: np.ndarray, x_stride: int | None = None, row0: i
     return xq, xm, codes * np.repeat(scales.astype(np.float64), 32, axis=1)
 
 
+# ---- Gated DeltaNet's conv and gates (float64) --------------------------------------------------------------------
+
+def conv_ref(x, w, state, pos0):
+    """x [T, C] raw inputs, w [C, K], state [K-1, C] (inputs at pos0-K+1 .. pos0-1; zero before position 0)."""
+    hist = state.astype(np.float64).copy()
+    hist[: max(0, len(hist) - pos0)] = 0.0
+    full = np.concatenate([hist, x.astype(np.float64)])
+    K = w.shape[1]
+    acc = sum(w[:, j].astype(np.float64) * full[j:j + len(x)] for j in range(K))
+    return acc / (1 + np.exp(-acc)), full[-(K - 1):]
+
+
+def softplus(x):  # torch.nn.functional.softplus, threshold 20
+    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
+
+
 # ---- RoPE and the paged KV cache ----------------------------------------------------------------------------------
 
 PAGE = 16

@@ -16,23 +16,20 @@ from engine.kernels.gdn import (
     gdn_recur_plan,
     gdn_recur_sg_plan,
 )
-from tests.helpers import PAGE, assert_q8_row, inv_freq_for, poisoned, read, rope_ref, run, step_uniform
+from tests.helpers import (
+    PAGE,
+    assert_q8_row,
+    conv_ref,
+    inv_freq_for,
+    poisoned,
+    read,
+    rope_ref,
+    run,
+    softplus,
+    step_uniform,
+)
 
 # ---- float64 references -------------------------------------------------------------------------------
-
-
-def conv_ref(x, w, state, pos0):
-    """x [T, C] raw inputs, w [C, K], state [K-1, C] (inputs at pos0-K+1 .. pos0-1; zero before position 0)."""
-    hist = state.astype(np.float64).copy()
-    hist[: max(0, len(hist) - pos0)] = 0.0
-    full = np.concatenate([hist, x.astype(np.float64)])
-    K = w.shape[1]
-    acc = sum(w[:, j].astype(np.float64) * full[j:j + len(x)] for j in range(K))
-    return acc / (1 + np.exp(-acc)), full[-(K - 1):]
-
-
-def softplus(x):  # torch.nn.functional.softplus, threshold 20
-    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20))))
 
 
 def recur_ref(qkv, gates, state, KH, VH, DK, DV, fresh):

@@ -84,6 +84,19 @@ def test_logits_match_transformers_at_every_position(model, tiny):
     assert recur == {"gdn_recur_sg" if model.runtime.gpu.use_subgroups else "gdn_recur"}  # the kernel compared
 
 
+def test_conv_runs_leave_the_logits_bit_for_bit(gpu, tiny, model):
+    """A prefill chunk's conv split into runs (2 at chunk 32; 8) computes what one thread per channel does: the
+    same logits bit for bit over prefill chunks of 32 and 7 tokens, the state carried across them."""
+    ids = np.random.default_rng(3).integers(0, model.runtime.spec.vocab, 71)
+    gdn = [b for b in model.runtime.blocks if b.name == "gated_deltanet"]
+    assert [b.conv_runs for b in gdn] == [2] and gdn[0].p_conv_runs is not gdn[0].p_conv
+    ref = model.logits(ids)
+    for runs in (1, 8):
+        other = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, single_pass_keys=48,
+                           q8_decode=False, gdn_conv_runs=runs)
+        np.testing.assert_array_equal(other.logits(ids), ref)
+
+
 def test_untied_lm_head(gpu, tmp_path):
     hf = cached_tiny_hf("qwen3_5", seed=1, tie_word_embeddings=False)
     assert cli_main(["convert", str(hf), str(tmp_path / "mlc")]) == 0

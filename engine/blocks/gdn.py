@@ -23,6 +23,7 @@ from engine.kernels.gdn import (
     GDN_CONV,
     GDN_NORM_OUT,
     gdn_conv_plan,
+    gdn_conv_runs,
     gdn_dims,
     gdn_norm_plan,
     gdn_recur_kernel,
@@ -48,9 +49,11 @@ class GatedDeltaNetMixer(Block):
     recur_on_subgroups = True
 
     def __init__(self, spec, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic, chunk: int,
-                 offset_alignment: int, snapshots: tuple[int, int], snapshot_every: int):
+                 offset_alignment: int, snapshots: tuple[int, int], snapshot_every: int, conv_runs: int | None = None):
         s = self.spec = spec
         self.layers, self.ar, self.chunk = tuple(layers), ar, chunk
+        # A prefill chunk's conv walks each channel's tokens in this many runs at once (decode: one thread a channel).
+        self.conv_runs = conv_runs or gdn_conv_runs(chunk)
         self.d = gdn_dims(s.conv_dim, s.gdn_v_heads, s.gdn_v_dim)
         self.in_formats = {i: in_proj_format(formats, i) for i in self.layers}
         self.out_formats = {i: formats.get(f"layers.{i}.out", "q4f16_1") for i in self.layers}
@@ -141,12 +144,13 @@ class GatedDeltaNetMixer(Block):
         self.recur, self.state, self.mixer_out = made["gdn-recur-out"], made["gdn-state"], ws.shared["mixer-out"]
         self._free = [made[f"gdn-snapshot-{j}"] for j in range(sum(self._caps.values()))]
         self.gpu = gpu
-        conv_consts, self.conv_grid = gdn_conv_plan(d["CONV"], d["ROW"], s.conv_kernel, s.gdn_v_heads, d["A_OFF"],
-                                                    d["B_OFF"])
+        conv_dims = (d["CONV"], d["ROW"], s.conv_kernel, s.gdn_v_heads, d["A_OFF"], d["B_OFF"])
+        (decode_consts, self.conv_grid), (prefill_consts, self.conv_runs_grid) = (
+            gdn_conv_plan(*conv_dims), gdn_conv_plan(*conv_dims, runs=self.conv_runs))
         sg = gpu.subgroup_size if gpu.use_subgroups and self.recur_on_subgroups else 0
         recur, recur_consts, self.recur_grid = gdn_recur_kernel(s.gdn_k_heads, s.gdn_v_heads, s.gdn_k_dim,
                                                                 s.gdn_v_dim, d["CONV"], sg)
-        self.p_conv = gpu.pipeline(GDN_CONV, conv_consts)
+        self.p_conv, self.p_conv_runs = gpu.pipeline(GDN_CONV, decode_consts), gpu.pipeline(GDN_CONV, prefill_consts)
         self.p_recur = gpu.pipeline(recur, recur_consts)
         # The norm writes out's int8 input in decode when out takes int8 (no quantize_q8 before it).
         self.norm_int8 = s.gdn_v_dim % 32 == 0 and all(self.lin[i]["out"].int8 for i in self.layers)
@@ -156,10 +160,11 @@ class GatedDeltaNetMixer(Block):
         for i in self.layers:
             c, w, st = f"layers.{i}", self.w, ws.step
             (r_off, r_size), (c_off, c_size) = self.slices[i]
+            conv = dict(x=self.proj, w=w[f"{c}.conv1d"], state=(self.state, c_off, c_size), y=self.conv_out, step=st,
+                        a_log=w[f"{c}.A_log"], dt_bias=w[f"{c}.dt_bias"], gates=self.gates)
             self.bg[i] = {
-                "conv": gpu.bind(self.p_conv, dict(x=self.proj, w=w[f"{c}.conv1d"], state=(self.state, c_off, c_size),
-                                                   y=self.conv_out, step=st, a_log=w[f"{c}.A_log"],
-                                                   dt_bias=w[f"{c}.dt_bias"], gates=self.gates), f"{c}.gdn_conv"),
+                "conv": gpu.bind(self.p_conv, conv, f"{c}.gdn_conv"),
+                "conv_runs": gpu.bind(self.p_conv_runs, conv, f"{c}.gdn_conv_runs"),
                 "recur": gpu.bind(self.p_recur, dict(qkv=self.conv_out, gates=self.gates,
                                                      state=(self.state, r_off, r_size), out=self.recur, step=st),
                                   f"{c}.gdn_recur"),
@@ -180,7 +185,10 @@ class GatedDeltaNetMixer(Block):
     def record(self, rec, layer: int, T: int, splits: int = 1) -> None:
         lin, bg = self.lin[layer], self.bg[layer]
         lin["in_proj"].record(rec, T)
-        rec.dispatch(self.p_conv, bg["conv"], *self.conv_grid)
+        if T == 1:
+            rec.dispatch(self.p_conv, bg["conv"], *self.conv_grid)
+        else:
+            rec.dispatch(self.p_conv_runs, bg["conv_runs"], *self.conv_runs_grid)
         rec.dispatch(self.p_recur, bg["recur"], *self.recur_grid)
         rec.dispatch(self.p_norm, bg["norm"], self.spec.gdn_v_heads, T)
         lin["out"].record(rec, T, int8_ready=self.norm_int8)

@@ -3,12 +3,19 @@ decay/beta gates), the delta-rule recurrence and the gated output norm."""
 
 from __future__ import annotations
 
-from engine.kernels import declare
+from engine.kernels import declare, fold_grid
 
 GDN_CONV = declare("gdn_conv", writes=("state", "y", "gates"))
 GDN_RECUR = declare("gdn_recur", writes=("state", "out"))
 GDN_RECUR_SG = declare("gdn_recur_sg", writes=("state", "out"))
 GDN_NORM_OUT = declare("gdn_norm_out", writes=("y", "xq", "xm"))
+# gdn_conv: threads a workgroup with one run (decode: one thread per channel) and with several (a prefill chunk's
+# runs of one channel group in one workgroup); a full chunk gives each thread about CONV_RUN_TOKENS tokens to walk
+# in order (one thread walking 512 dependent steps left the chunk latency-bound), in at most CONV_MAX_RUNS runs.
+CONV_WG = 64
+CONV_RUNS_WG = 256
+CONV_RUN_TOKENS = 16
+CONV_MAX_RUNS = 32
 # Threads per state column in gdn_recur: one thread per whole column spilled its registers (BENCH.md, gdn_rsplit).
 RECUR_RSPLIT = 4
 # gdn_recur_sg: threads per column (its shuffles stay inside one subgroup, so at most the subgroup size), rows a thread
@@ -26,15 +33,28 @@ def gdn_dims(conv_dim: int, v_heads: int, v_dim: int) -> dict:
                 B_OFF=conv_dim + vd + v_heads)
 
 
-def gdn_conv_plan(conv: int, row: int, kc: int, vh: int, a_off: int, b_off: int,
-                  wg: int = 64) -> tuple[dict, tuple[int]]:
-    """Constants and grid of gdn_conv.wgsl: the conv over `conv` channels and the gates of `vh` value heads (a and b
-    at columns a_off + h, b_off + h of the rows)."""
+def gdn_conv_plan(conv: int, row: int, kc: int, vh: int, a_off: int, b_off: int, runs: int = 1,
+                  wg: int | None = None) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid of gdn_conv.wgsl: the conv over `conv` channels, each channel's tokens split into `runs`
+    runs walked by WG / runs threads of one workgroup (runs 1: one thread per channel walks them all; WG by default
+    the most threads up to CONV_RUNS_WG that `runs` divides), and the gates of `vh` value heads (a and b at columns
+    a_off + h, b_off + h of the rows), spread over the grid."""
+    wg = wg or (CONV_WG if runs == 1 else max(runs, CONV_RUNS_WG // max(runs, 1) * runs))
     if kc < 2:
         raise ValueError(f"conv kernel width must be at least 2, got {kc}")
-    if not 0 < vh <= conv:
-        raise ValueError(f"gdn_conv computes the gates of at most its {conv} channels' worth of heads, got VH={vh}")
-    return dict(WG=wg, CONV=conv, ROW=row, KC=kc, VH=vh, A_OFF=a_off, B_OFF=b_off), (-(-conv // wg),)
+    if vh < 1:
+        raise ValueError(f"gdn_conv computes the gates of at least one value head, got VH={vh}")
+    if not 1 <= runs <= wg <= 256 or wg % runs:
+        raise ValueError(f"gdn_conv needs 1 ≤ RUNS ≤ WG ≤ 256 threads and RUNS dividing WG; got RUNS={runs} WG={wg}")
+    return (dict(WG=wg, RUNS=runs, CONV=conv, ROW=row, KC=kc, VH=vh, A_OFF=a_off, B_OFF=b_off),
+            fold_grid(-(-conv // (wg // runs))))
+
+
+def gdn_conv_runs(chunk: int) -> int:
+    """Runs a prefill chunk's conv splits each channel's tokens into: about CONV_RUN_TOKENS tokens a thread at a
+    full chunk (a power of two, at most CONV_MAX_RUNS; 1 for one-token chunks)."""
+    want = -(-chunk // CONV_RUN_TOKENS)
+    return min(CONV_MAX_RUNS, 1 << (want - 1).bit_length())
 
 
 def gdn_recur_plan(kh: int, vh: int, dk: int, dv: int, conv: int, wg: int = 128,
