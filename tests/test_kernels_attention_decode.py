@@ -4,7 +4,7 @@ replaces (rope_append + attention (+ attn_gate)) on the same data."""
 import numpy as np
 import pytest
 
-from engine.kernels.attention import attention_decode_consts, rope_append_consts
+from engine.kernels.attention import attention_decode_consts, attn_gate_plan, rope_append_consts
 from tests.helpers import (
     PAGE,
     assert_q8_row,
@@ -137,11 +137,13 @@ def test_attention_decode_matches_the_three_kernels(gpu, rng, gate):
     out = poisoned(g, "out", (H * HD,))
     attn = dict(WG=64, H=H, KVH=KVH, HD=HD, PAGE=PAGE, SCALE=float(1 / np.sqrt(HD)), SPLIT=False)
     run(g, "attention", attn, [q, k_cache, v_cache, pt, out, g.buffer("part_ml-unused", 16), step], (H, 1, 1))
-    if gate:
+    if gate:  # the split-K decode's gate: the f32 row and o's int8 row
         gated = poisoned(g, "gated", (H * HD,))
-        run(g, "attn_gate", dict(WG=64, N=H * HD), [out, g.upload("gate", a.row[a.gate_off:]), gated, step],
-            (-(-H * HD // 64), 1))
+        xq, xm = poisoned(g, "xq", (H * HD // 4,), np.uint32), poisoned(g, "xm", (H * HD // 32, 2))
+        consts, groups = attn_gate_plan(H * HD, 64, rows_q8=True, rows_f32=True)
+        run(g, "attn_gate", consts, [out, g.upload("gate", a.row[a.gate_off:]), gated, step, xq, xm], (groups, 1))
         out = gated
+        assert_q8_row(g, xq, xm, read(g, out, (H * HD,)))
     np.testing.assert_allclose(fused, read(g, out, (H * HD,)), rtol=1e-5, atol=1e-6)
     for mine, theirs in ((k_fused, k_cache), (v_fused, v_cache)):
         mine, theirs = read(g, mine, a.shape, np.float16), read(g, theirs, a.shape, np.float16)

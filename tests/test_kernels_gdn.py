@@ -18,6 +18,7 @@ from engine.kernels.gdn import (
 )
 from tests.helpers import (
     PAGE,
+    assert_q8_matches,
     assert_q8_row,
     conv_ref,
     inv_freq_for,
@@ -262,20 +263,27 @@ def test_gdn_recur_wrong_gva_pairing_would_show(rng):
 @pytest.mark.parametrize("VH,DV,T,q8", [(4, 32, 3, True), (3, 128, 2, False), (2, 48, 1, False), (3, 128, 1, True),
                                         (5, 64, 1, False)])
 def test_gdn_norm_out(any_gpu, rng, VH, DV, T, q8):
-    """With Q8 a decode token (T = 1) also gets its int8 row, as quantize_q8 writes it; a prefill chunk does not."""
+    """With rows_q8 each token's row also goes to int8, as quantize_q8 defines it (a decode token's row, a prefill
+    chunk's rows); without, the int8 buffers stay untouched."""
     g, eps, Z_OFF, ROW = any_gpu, 1e-6, 20, 20 + VH * DV + 9
     x = rng.standard_normal((T, VH * DV)).astype(np.float32) * 3
     zsrc = rng.standard_normal((T, ROW)).astype(np.float32) * 2
     w = rng.uniform(0.5, 1.5, DV).astype(np.float16)
     y = poisoned(g, "y", (T, VH * DV))
-    xq, xm = poisoned(g, "xq", (VH * DV // 4,), np.uint32), poisoned(g, "xm", (max(VH * DV // 32, 1), 2))
+    chunks = max(VH * DV // 32, 1)
+    xq, xm = poisoned(g, "xq", (T, chunks * 8), np.uint32), poisoned(g, "xm", (T, chunks, 2))
     bufs = [g.upload("x", x), g.upload("z", zsrc), g.upload("w", w), y, step_uniform(g, T), xq, xm]
-    run(g, "gdn_norm_out", gdn_norm_plan(VH, DV, eps, ROW, Z_OFF, q8), bufs, (VH, T))
+    run(g, "gdn_norm_out", gdn_norm_plan(VH, DV, eps, ROW, Z_OFF, rows_q8=q8, rows_f32=True), bufs, (VH, T))
     z = zsrc[:, Z_OFF:Z_OFF + VH * DV].astype(np.float64).reshape(T, VH, DV)
     ref = w.astype(np.float64) * rms(x.astype(np.float64).reshape(T, VH, DV), eps) * z / (1 + np.exp(-z))
     got = read(g, y, (T, VH * DV))
     np.testing.assert_allclose(got, ref.reshape(T, -1), rtol=1e-5, atol=1e-6)
-    assert_q8_row(g, xq, xm, got[0] if q8 and T == 1 else None)
+    if not q8:
+        assert_q8_row(g, xq, xm, None)
+        return
+    codes, meta = read(g, xq, (T, chunks * 8), np.uint32), read(g, xm, (T, chunks, 2))
+    for t in range(T):
+        assert_q8_matches(codes[t], meta[t], got[t])
 
 
 @pytest.mark.parametrize("N,T", [(4096, 1), (300, 4)])
@@ -285,10 +293,12 @@ def test_attn_gate(gpu, rng, N, T):
     gate[0, :2] = [-200.0, 200.0]
     consts, groups = attn_gate_plan(N)
     y = poisoned(gpu, "y", (T, N))
-    run(gpu, "attn_gate", consts, [gpu.upload("x", x), gpu.upload("gate", gate), y, step_uniform(gpu, T)],
+    xq, xm = poisoned(gpu, "xq", (8,), np.uint32), poisoned(gpu, "xm", (1, 2))
+    run(gpu, "attn_gate", consts, [gpu.upload("x", x), gpu.upload("gate", gate), y, step_uniform(gpu, T), xq, xm],
         (groups, T))
     ref = x.astype(np.float64) / (1 + np.exp(-gate.astype(np.float64)))
     np.testing.assert_allclose(read(gpu, y, (T, N)), ref, rtol=1e-6, atol=1e-7)
+    assert_q8_row(gpu, xq, xm, None)  # f32 rows only (rows_q8: tests/test_kernels_rows_q8.py)
 
 
 # ---- NORM_OFFSET: zero-centred norms through the shared kernels --------------------------------------------

@@ -47,20 +47,20 @@ def test_a_uniform_field_the_struct_lacks_or_leaves_out_is_named():
 
 
 def test_binding_by_name_checks_names_count_and_usage(gpu):
-    pipe = gpu.pipeline("attn_gate", dict(WG=64, N=64))
-    x, gate, y = (gpu.buffer(n, 256) for n in ("x", "gate", "y"))
+    pipe = gpu.pipeline("attn_gate", dict(WG=64, N=64, ROWS_F32=True, ROWS_Q8=False))
+    x, gate, y, xq, xm = (gpu.buffer(n, 256) for n in ("x", "gate", "y", "xq", "xm"))
     step = gpu.buffer("step", 16, UNIFORM)
-    gpu.bind(pipe, dict(x=x, gate=gate, y=y, step=step), "ok")
-    with pytest.raises(KernelInterfaceError, match=r"bad: shaders/attn_gate.wgsl declares bindings x, gate, y, step; "
-                                                   r"the host binds unknown name\(s\) out; leaves out y"):
-        gpu.bind(pipe, dict(x=x, gate=gate, out=y, step=step), "bad")
-    with pytest.raises(KernelInterfaceError, match="declares 4 bindings .* the host gives 3"):
+    gpu.bind(pipe, dict(x=x, gate=gate, y=y, step=step, xq=xq, xm=xm), "ok")
+    with pytest.raises(KernelInterfaceError, match=r"bad: shaders/attn_gate.wgsl declares bindings x, gate, y, step, "
+                                                   r"xq, xm; the host binds unknown name\(s\) out; leaves out y"):
+        gpu.bind(pipe, dict(x=x, gate=gate, out=y, step=step, xq=xq, xm=xm), "bad")
+    with pytest.raises(KernelInterfaceError, match="declares 6 bindings .* the host gives 3"):
         gpu.bind(pipe, [x, gate, y], "short")
     with pytest.raises(KernelInterfaceError, match=r"binding 'step' is var<uniform>, but the host's buffer 'y' was "
                                                    "not created with UNIFORM usage"):
-        gpu.bind(pipe, dict(x=x, gate=gate, y=y, step=y), "usage")
+        gpu.bind(pipe, dict(x=x, gate=gate, y=y, step=y, xq=xq, xm=xm), "usage")
     with pytest.raises(KernelInterfaceError, match=r"binding 'x' is var<storage>, but the host's buffer 'step'"):
-        gpu.bind(pipe, dict(x=step, gate=gate, y=y, step=step), "usage")
+        gpu.bind(pipe, dict(x=step, gate=gate, y=y, step=step, xq=xq, xm=xm), "usage")
 
 
 def test_a_host_expecting_a_write_the_kernel_does_not_do_is_refused():
@@ -69,7 +69,7 @@ def test_a_host_expecting_a_write_the_kernel_does_not_do_is_refused():
                                                    r"declares as var<storage, read>"):
         assert wrong.bindings
     with pytest.raises(KernelInterfaceError, match=r"to write binding 'out', which it does not declare \(its bindings: "
-                                                   "x, gate, y, step\\)"):
+                                                   "x, gate, y, step, xq, xm\\)"):
         assert Kernel("attn_gate", writes=("out",)).bindings
 
 

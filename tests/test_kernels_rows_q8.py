@@ -1,5 +1,6 @@
-"""The int8 epilogues of the prefill kernels before an int8 GEMM (ROWS_Q8): attention_tiled writes o's input rows and
-the gate_up GEMMs (matmul_q8w, matmul_kq_q8, the grouped expert moe_gemm_q8) down's, as quantize_q8 would. Each kernel
+"""The int8 epilogues of the prefill kernels before an int8 GEMM (ROWS_Q8): attention_tiled and Qwen3.5's attention
+gate (attn_gate) write o's input rows, the Gated DeltaNet output norm (gdn_norm_out) out's, and the gate_up GEMMs
+(matmul_q8w, matmul_kq_q8, the grouped expert moe_gemm_q8) down's, as quantize_q8 would. Each kernel
 runs with ROWS_F32 and ROWS_Q8 on fresh random data into poisoned buffers, and its int8 bytes must equal, bit for bit,
 quantize_q8's over the f32 rows it wrote; the runtime's variant (int8 only) must write the same bytes and the f32-only
 variant the same f32 rows. Rows it does not own (past n_tokens, other slots' pairs) stay poisoned."""
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 from engine.formats import kquant
-from engine.kernels.attention import attention_tiled_grid, attention_tiled_plan
+from engine.kernels.attention import attention_tiled_grid, attention_tiled_plan, attn_gate_plan
+from engine.kernels.gdn import gdn_norm_plan
 from engine.kernels.matmul import FORMATS, format_knobs, gemm_q8w_plan, quantize_q8_plan
 from engine.kernels.moe import grouped_q8_plan, sort_plan
 from engine.kquant_plan import gemm_kq_q8_plan, weight_buffers
@@ -91,9 +93,54 @@ def test_tiled_attention_rows_q8(gpu, rng, H, KVH, HD, T, pos0):
     check_variants(gpu, variant, np.arange(rows) < T)
 
 
+def chunk_scaled(rng, shape) -> np.ndarray:
+    """Random f32 rows whose 32-element chunks differ in scale by up to 100× (each chunk's own int8 scale matters)."""
+    rows, n = shape
+    return (rng.standard_normal(shape) * rng.uniform(0.1, 10, (rows, n // 32)).repeat(32, axis=1)).astype(np.float32)
+
+
+@pytest.mark.parametrize(
+    "N,T,wg",
+    [
+        (4096, 5, 256),  # Qwen3.5-4B's 16 heads of 256
+        (320, 37, 256),  # the second workgroup of a row holds 2 of its 8 chunks
+        (8 * 96, 3, 64),  # the runtime's workgroup of 256 threads and a smaller one
+    ],
+)
+def test_attention_gate_rows_q8(gpu, rng, N, T, wg):
+    rows = T + 1
+    x, gate = chunk_scaled(rng, (rows, N)), (rng.standard_normal((rows, N)) * 4).astype(np.float32)
+    inputs = [gpu.upload("x", x), gpu.upload("gate", gate)]
+
+    def variant(rows_q8, rows_f32):
+        consts, groups = attn_gate_plan(N, wg, rows_q8=rows_q8, rows_f32=rows_f32)
+        y, q8 = poisoned(gpu, "y", (rows, N)), int8_buffers(gpu, rows, N)
+        run(gpu, "attn_gate", consts, [*inputs, y, step_uniform(gpu, T), *q8], (groups, T))
+        return read(gpu, y, (rows, N)), read_int8(gpu, q8, rows, N)
+
+    check_variants(gpu, variant, np.arange(rows) < T)
+
+
+# heads of 128 (Qwen3.5-4B's), of one chunk, and a decode token
+@pytest.mark.parametrize("VH,DV,T", [(4, 128, 7), (3, 32, 5), (8, 64, 1)])
+def test_gdn_norm_out_rows_q8(gpu, rng, VH, DV, T):
+    rows, n, Z_OFF = T + 1, VH * DV, 24
+    ROW = Z_OFF + n + 8
+    x, zsrc = chunk_scaled(rng, (rows, n)), (rng.standard_normal((rows, ROW)) * 2).astype(np.float32)
+    inputs = [gpu.upload("x", x), gpu.upload("z", zsrc), gpu.upload("w", rng.uniform(0.5, 1.5, DV).astype(np.float16))]
+
+    def variant(rows_q8, rows_f32):
+        y, q8 = poisoned(gpu, "y", (rows, n)), int8_buffers(gpu, rows, n)
+        run(gpu, "gdn_norm_out", gdn_norm_plan(VH, DV, 1e-6, ROW, Z_OFF, rows_q8=rows_q8, rows_f32=rows_f32),
+            [*inputs, y, step_uniform(gpu, T), *q8], (VH, T))
+        return read(gpu, y, (rows, n)), read_int8(gpu, q8, rows, n)
+
+    check_variants(gpu, variant, np.arange(rows) < T)
+
+
 def gate_up_input(gpu, rng, rows: int, K: int, n_tokens: int):
     """Random X rows through quantize_q8, as the GEMMs take them: (xq, xm) buffers."""
-    x = (rng.standard_normal((rows, K)) * rng.uniform(0.1, 10, (rows, K // 32)).repeat(32, axis=1)).astype(np.float32)
+    x = chunk_scaled(rng, (rows, K))
     xq, xm = poisoned(gpu, "xq", (rows, K // 4), np.uint32), poisoned(gpu, "xm", (rows, K // 32, 2))
     consts, grid = quantize_q8_plan(K, rows=n_tokens)
     run(gpu, "quantize_q8", consts, [gpu.upload("x", x), xq, xm, step_uniform(gpu, n_tokens)], grid)
@@ -183,6 +230,16 @@ def test_plans_refuse_int8_rows_they_cannot_write():
         gemm_q8w_plan(64, 64, 8, gate_up=True, rows_f32=False)
     with pytest.raises(ValueError, match="f32, int8 or both"):
         attention_tiled_plan(4, 4, 64, PAGE, rows_f32=False)
+    with pytest.raises(ValueError, match="whole 32-element chunks"):
+        attn_gate_plan(300, rows_q8=True)
+    with pytest.raises(ValueError, match="whole 32-element chunks"):
+        attn_gate_plan(320, 48, rows_q8=True)  # a workgroup would end inside a chunk
+    with pytest.raises(ValueError, match="f32, int8 or both"):
+        attn_gate_plan(320, rows_f32=False)
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gdn_norm_plan(2, 48, 1e-6, 200, 0, rows_q8=True)
+    with pytest.raises(ValueError, match="f32, int8 or both"):
+        gdn_norm_plan(2, 64, 1e-6, 200, 0, rows_f32=False)
     consts, _ = gemm_q8w_plan(3072, 8192, 512, gate_up=True, rows_q8=True)  # Phi-3's gate_up
     assert (consts["TN"], consts["ROWS_Q8"], consts["ROWS_F32"]) == (32, True, False)
     assert gemm_q8w_plan(3072, 8192, 512, gate_up=True, tm=128, tn=32)[0]["TM"] == 128  # fits without staging

@@ -142,6 +142,9 @@ def test_int8_decode(gpu, tiny):
     # in_proj, conv (+ gates), recurrence, norm, out; a gated attention mixer qkv, gate, attention_decode, o
     assert rt.dispatches_per_token == 5 + 7 * (rt.spec.n_layers - attn) + 6 * attn
     assert rt.dispatched_kernels().count("quantize_q8") == 0
+    # split-K decode (past 48 keys): the attention gate writes o's int8 row itself, as the fused kernel does
+    split = [item[0].label for item in rt.decode_plan(2).items]
+    assert split.count("attn_gate") == attn and "quantize_q8" not in split
     assert_recorded_count(rt)
 
 
@@ -157,11 +160,24 @@ def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
     # 2 projections per GDN mixer, 3 per attention mixer (qkv, gate, o), 2 per MLP, the LM head
     gemms = sum(k in INT8_GEMMS for k in kernels)
     assert "matmul_int4" not in kernels and gemms == 4 * rt.spec.n_layers + attention_layers + 1
-    # The prefill's norms write hidden's rows in int8 (one quantize_q8 after the first norm does it) and gate_up
-    # down's, so only o (after the gate) / GDN out and the LM head (after the final norm) quantize their rows; gate
-    # reuses qkv's.
-    assert kernels.count("quantize_q8") == rt.spec.n_layers + 2
+    # The prefill's norms write hidden's rows in int8 (one quantize_q8 after the first norm does it), gate_up down's,
+    # the attention gate o's and the GDN output norm out's, so only the LM head (after the final norm) quantizes its
+    # rows besides; gate reuses qkv's.
+    assert kernels.count("quantize_q8") == 2
     assert_int8_decode_steps_match_the_full_forward(model)
+
+
+def test_int8_prefill_epilogues_keep_the_logits(gpu, tiny):
+    """With int8 prefill GEMMs the attention gate writes o's int8 rows and the GDN output norm out's (RuntimeOptions
+    q8_epilogues, with the MLP's gate_up down's): the bytes quantize_q8 would write (tests/test_kernels_rows_q8.py),
+    so the prefill logits are the same bit for bit, over chunks full and partial, with a quantize_q8 fewer a mixer."""
+    opts = dict(gpu=gpu, max_context=320, prefill_chunk=32, q8_prefill=True)
+    on, off = load_model(tiny[1], **opts), load_model(tiny[1], q8_epilogues=False, **opts)
+    layers = on.runtime.spec.n_layers
+    quantizes = lambda m: m.runtime.dispatched_kernels(32).count("quantize_q8")  # noqa: E731
+    assert quantizes(on) == 2 and quantizes(off) == 2 + 2 * layers  # each mixer's and each MLP's
+    ids = np.random.default_rng(4).integers(0, on.runtime.spec.vocab, 75)  # chunks of 32, 32 and 11 rows
+    np.testing.assert_array_equal(on.logits(ids), off.logits(ids))
 
 
 def test_int8_decode_quantizes_no_row(gpu, tiny):

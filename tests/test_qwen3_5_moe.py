@@ -289,12 +289,14 @@ def test_int8_prefill_grouped_experts_match_int8_decode_steps(gpu, variant):
     kernels = model.runtime.dispatched_kernels(8)
     assert "moe_gemm_q8" in kernels and "moe_gemm" not in kernels and "moe_sort" in kernels
     assert_int8_decode_steps_match_the_full_forward(model, outliers=1)
-    # The gate_ups write the downs' int8 rows (q8_epilogues; shared and routed experts one width here): the bytes a
-    # quantize_q8 per layer would write, so the prefill logits are the same bit for bit.
+    # The gate_ups write the downs' int8 rows (q8_epilogues; shared and routed experts one width here), the attention
+    # gate o's and the GDN output norm out's: the bytes a quantize_q8 each would write (two a layer), so the prefill
+    # logits are the same bit for bit; only the first norm's rows and the LM head's are quantized.
     off = load_model(cached_mlx(variant), gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, q8_prefill=True,
                      q8_epilogues=False)
     layers = model.runtime.spec.n_layers
-    assert off.runtime.dispatched_kernels(8).count("quantize_q8") - kernels.count("quantize_q8") == layers
+    assert off.runtime.dispatched_kernels(8).count("quantize_q8") - kernels.count("quantize_q8") == 2 * layers
+    assert kernels.count("quantize_q8") == 2
     ids = np.random.default_rng(7).integers(0, model.runtime.spec.vocab, 70)
     model.runtime.reset()
     np.testing.assert_array_equal(model.logits(ids), off.logits(ids))

@@ -6,7 +6,8 @@ per-head output gate with q (checkpoint c_attn = per-head [Q | gate] ++ K ++ V, 
 and applies sigmoid(gate) before the output projection; its q/k norms may be zero-centred. The gate rows live in the
 qkv buffer behind the QKV rows (at an aligned offset), so the one-dispatch decode kernel reads both through one
 binding. A prefill chunk's tiled attention writes o's int8 GEMM input itself where o reads its output directly (not
-through the gate) and the arithmetic's int8_epilogues allow: no quantize_q8 before o."""
+through the gate) and the arithmetic's int8_epilogues allow: no quantize_q8 before o; in the gated variant the gate
+writes it (a prefill chunk's rows under the same switch, a decode token's row where o's matvec is int8)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ class AttentionMixer(Block):
         self.combine_int8 = ar.int8 and not gated and s.head_dim % 32 == 0
         self.lin = {}
         self.tiled_int8 = {}  # per layer: the tiled prefill attention writes o's int8 rows (o's GEMM takes them)
+        self.gate_int8 = {}  # per layer, gated: the gate writes o's int8 (prefill rows, decode row)
         for i in self.layers:
             tag, o_tag = self.formats[i], self.o_formats[i]
             if "," in tag and not gated:  # q, k, v stored in different formats (a GGUF Q4_K_M file's Q6_K v)
@@ -78,6 +80,8 @@ class AttentionMixer(Block):
                                   and attention_tiled_plan(s.n_heads, s.n_kv_heads, s.head_dim, PAGE) is not None)
             if gated:
                 self.lin[i]["gate"] = Linear(s.dim, self.q_dim, tag, ar)
+                o, whole = self.lin[i]["o"], self.q_dim % 32 == 0
+                self.gate_int8[i] = (ar.int8_epilogues and o.int8_prefill and whole, o.int8 and whole)
         self.w: dict[str, object] = {}
 
     # ---- plan --------------------------------------------------------------------------------------------
@@ -204,10 +208,16 @@ class AttentionMixer(Block):
         if self.gated:
             self.gate = (self.qkv, self.gate_offset, self.chunk * self.q_dim * 4)
             self.gated_out = ws.shared["mixer-out"]
-            gate_consts, self.gate_groups = attn_gate_plan(self.q_dim)
-            self.p_gate = gpu.pipeline(ATTN_GATE, gate_consts)
-            self.bg_gate = gpu.bind(self.p_gate, dict(x=self.attn, gate=self.gate, y=self.gated_out, step=ws.step),
-                                    "attn_gate")
+            self.gate_groups = attn_gate_plan(self.q_dim)[1]
+            # (pipeline, bind group) by (decode, int8): prefill rows go to the workspace's int8 rows (f32 rows when
+            # not), a decode row to its int8 row and f32 (as attention_decode writes them)
+            self.gate_steps = {}
+            for decode, q8 in {(d, q[d]) for q in self.gate_int8.values() for d in (False, True)}:
+                pipe = gpu.pipeline(ATTN_GATE, attn_gate_plan(self.q_dim, rows_q8=q8, rows_f32=decode or not q8)[0])
+                rows = (ws.rows_q8, ws.rows_q8_meta) if q8 and not decode else (ws.x_q8, ws.x_q8_meta)
+                self.gate_steps[decode, q8] = (pipe, gpu.bind(pipe, dict(
+                    x=self.attn, gate=self.gate, y=self.gated_out, step=ws.step, xq=rows[0], xm=rows[1]),
+                    f"attn_gate{'_decode' if decode else ''}{'_q8' if q8 else ''}"))
         o_in = self.gated_out if self.gated else self.attn
         self.bg = {}
         self.decode_rope = {i: gpu.upload(f"layers.{i}.decode-rope", self._decode_rope(i))
@@ -241,7 +251,8 @@ class AttentionMixer(Block):
                                  f"{c}.gate", src_int8=self.ar.norm_int8, rows_ready=lin["qkv"].quantizes_rows,
                                  rms=self.norms.rms_input() if fused and i > 0 else None)
             lin["o"].bind(gpu, ws, o_in, self._matrix(f"{c}.o", self.o_formats[i], dummy), ws.delta, f"{c}.o",
-                          norm_out=self.norms.epilogue(i, "mixer") if fused else None, rows_ready=self.tiled_int8[i])
+                          norm_out=self.norms.epilogue(i, "mixer") if fused else None,
+                          rows_ready=self.tiled_int8[i] or self.gated and self.gate_int8[i][0])
 
     def _matrix(self, name: str, tag: str, dummy) -> dict:
         return matrix_bindings({k.removeprefix(f"{name}."): v for k, v in self.w.items() if k.startswith(name + ".")},
@@ -265,6 +276,10 @@ class AttentionMixer(Block):
             rec.dispatch(self.p_tiled[self.tiled_int8[layer]], bg["tiled"], *attention_tiled_grid(self.tiled, T))
         else:
             rec.dispatch(self.p_attn, bg["attn"], s.n_heads, T, 1)
-        if self.gated:
-            rec.dispatch(self.p_gate, self.bg_gate, self.gate_groups, T)
+        if self.gated:  # T == 1 (split-K decode, or heads too wide for the fused kernel) takes o's decode matvec
+            decode = T == 1
+            q8 = self.gate_int8[layer][decode]
+            rec.dispatch(*self.gate_steps[decode, q8], self.gate_groups, T)
+            lin["o"].record(rec, T, int8_ready=decode and q8)
+            return
         lin["o"].record(rec, T, int8_ready=splits > 1 and self.combine_int8)

@@ -2,9 +2,10 @@
 
 Per layer: the four input projections fused into one matvec (in_proj_qkv ‖ z ‖ a ‖ b rows, joined at load), the
 causal conv (state: the last K−1 raw inputs) with the decay/beta gates in the same dispatch, the delta-rule
-recurrence on an f32 state [v_heads, d_k, d_v], the gated RMSNorm (in decode it also writes the output projection's
-int8 input) and the output projection. All layers' states live in one `state` buffer, so a checkpoint of the whole
-sequence state is one buffer copy.
+recurrence on an f32 state [v_heads, d_k, d_v], the gated RMSNorm (it also writes the output projection's int8
+input: a decode token's where out's matvec is int8, a prefill chunk's where out's GEMM is and the arithmetic's
+int8_epilogues allow: no quantize_q8 before out) and the output projection. All layers' states live in one `state`
+buffer, so a checkpoint of the whole sequence state is one buffer copy.
 
 Rollback contract: the recurrent state cannot be truncated like a KV cache, so it is snapshotted by position: one
 snapshot before the last token of each prompt (a regenerate resumes there exactly) and a rolling few every
@@ -59,6 +60,9 @@ class GatedDeltaNetMixer(Block):
         self.out_formats = {i: formats.get(f"layers.{i}.out", "q4f16_1") for i in self.layers}
         self.lin = {i: {"in_proj": Linear(s.dim, self.d["ROW"], self.in_formats[i], ar),
                         "out": Linear(self.d["VD"], s.dim, self.out_formats[i], ar)} for i in self.layers}
+        # per layer: the prefill norm writes out's int8 rows (the workspace's, as a quantize_q8 before out would)
+        self.rows_int8 = {i: ar.int8_epilogues and s.gdn_v_dim % 32 == 0 and self.lin[i]["out"].int8_prefill
+                          for i in self.layers}
         self.norms = None  # the residual block when out carries the add + norm after it and in_proj reads that row
         # Per layer: recurrent state then conv state, each at a bindable (aligned) offset.
         f32, align = 4, offset_alignment
@@ -154,28 +158,35 @@ class GatedDeltaNetMixer(Block):
         self.p_recur = gpu.pipeline(recur, recur_consts)
         # The norm writes out's int8 input in decode when out takes int8 (no quantize_q8 before it).
         self.norm_int8 = s.gdn_v_dim % 32 == 0 and all(self.lin[i]["out"].int8 for i in self.layers)
-        self.p_norm = gpu.pipeline(GDN_NORM_OUT, gdn_norm_plan(s.gdn_v_heads, s.gdn_v_dim, s.eps, d["ROW"],
-                                                               d["Z_OFF"], self.norm_int8))
+        norm_pipe = lambda **rows: gpu.pipeline(GDN_NORM_OUT, gdn_norm_plan(  # noqa: E731
+            s.gdn_v_heads, s.gdn_v_dim, s.eps, d["ROW"], d["Z_OFF"], **rows))
+        self.p_norm = norm_pipe(rows_q8=self.norm_int8, rows_f32=True)
+        # prefill chunks, by whether the norm writes out's int8 rows instead of f32 ones
+        self.p_norm_rows = {q8: norm_pipe(rows_q8=q8) for q8 in set(self.rows_int8.values())}
         self.bg = {}
         for i in self.layers:
             c, w, st = f"layers.{i}", self.w, ws.step
             (r_off, r_size), (c_off, c_size) = self.slices[i]
             conv = dict(x=self.proj, w=w[f"{c}.conv1d"], state=(self.state, c_off, c_size), y=self.conv_out, step=st,
                         a_log=w[f"{c}.A_log"], dt_bias=w[f"{c}.dt_bias"], gates=self.gates)
+            norm_in = dict(x=self.recur, zsrc=self.proj, w=w[f"{c}.gdn_norm"], y=self.mixer_out, step=st)
+            rows = (ws.rows_q8, ws.rows_q8_meta) if self.rows_int8[i] else (ws.x_q8, ws.x_q8_meta)  # else unused
             self.bg[i] = {
                 "conv": gpu.bind(self.p_conv, conv, f"{c}.gdn_conv"),
                 "conv_runs": gpu.bind(self.p_conv_runs, conv, f"{c}.gdn_conv_runs"),
                 "recur": gpu.bind(self.p_recur, dict(qkv=self.conv_out, gates=self.gates,
                                                      state=(self.state, r_off, r_size), out=self.recur, step=st),
                                   f"{c}.gdn_recur"),
-                "norm": gpu.bind(self.p_norm, dict(x=self.recur, zsrc=self.proj, w=w[f"{c}.gdn_norm"], y=self.mixer_out,
-                                                   step=st, xq=ws.x_q8, xm=ws.x_q8_meta), f"{c}.gdn_norm")}
+                "norm": gpu.bind(self.p_norm, dict(norm_in, xq=ws.x_q8, xm=ws.x_q8_meta), f"{c}.gdn_norm"),
+                "norm_rows": gpu.bind(self.p_norm_rows[self.rows_int8[i]], dict(norm_in, xq=rows[0], xm=rows[1]),
+                                      f"{c}.gdn_norm_rows")}
             lin, fused = self.lin[i], self.norms is not None
             lin["in_proj"].bind(gpu, ws, ws.hidden, self._matrix(f"{c}.in_proj", self.in_formats[i], ws.dummy_f16),
                                 self.proj, f"{c}.in_proj", src_int8=self.ar.norm_int8,
                                 rms=self.norms.rms_input() if fused and i > 0 else None)
             lin["out"].bind(gpu, ws, self.mixer_out, self._matrix(f"{c}.out", self.out_formats[i], ws.dummy_f16),
-                            ws.delta, f"{c}.out", norm_out=self.norms.epilogue(i, "mixer") if fused else None)
+                            ws.delta, f"{c}.out", norm_out=self.norms.epilogue(i, "mixer") if fused else None,
+                            rows_ready=self.rows_int8[i])
 
     def _matrix(self, name: str, tag: str, dummy) -> dict:
         return matrix_bindings({k.removeprefix(f"{name}."): v for k, v in self.w.items() if k.startswith(name + ".")},
@@ -190,7 +201,10 @@ class GatedDeltaNetMixer(Block):
         else:
             rec.dispatch(self.p_conv_runs, bg["conv_runs"], *self.conv_runs_grid)
         rec.dispatch(self.p_recur, bg["recur"], *self.recur_grid)
-        rec.dispatch(self.p_norm, bg["norm"], self.spec.gdn_v_heads, T)
+        if T == 1:  # as out's record: T == 1 takes the decode matvec, which reads the workspace's int8 row
+            rec.dispatch(self.p_norm, bg["norm"], self.spec.gdn_v_heads, 1)
+        else:
+            rec.dispatch(self.p_norm_rows[self.rows_int8[layer]], bg["norm_rows"], self.spec.gdn_v_heads, T)
         lin["out"].record(rec, T, int8_ready=self.norm_int8)
 
     # ---- state snapshots ---------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ ROPE_APPEND = declare("rope_append", writes=("q_out", "k_cache", "v_cache"))
 ATTENTION = declare("attention", writes=("out", "part_ml"))
 ATTENTION_TILED = declare("attention_tiled", writes=("out", "xq", "xm"))
 COMBINE = declare("attention_combine", writes=("out", "xq", "xm"))
-ATTN_GATE = declare("attn_gate", writes=("y",))
+ATTN_GATE = declare("attn_gate", writes=("y", "xq", "xm"))
 ATTENTION_DECODE = declare("attention_decode", writes=("k_cache", "v_cache", "out", "xq", "xm"))
 ROPE_WG = 64
 COMBINE_WG = 64
@@ -72,9 +72,15 @@ def rope_append_consts(n_heads: int, n_kv_heads: int, head_dim: int, rot_dim: in
                 EPS=float(eps), NORM_OFFSET=float(norm_offset), ROPE_SCALE=float(rope_scale))
 
 
-def attn_gate_plan(n: int, wg: int = 256) -> tuple[dict, int]:
-    """Constants and x-groups for attn_gate.wgsl (grid (groups, T))."""
-    return dict(WG=wg, N=n), -(-n // wg)
+def attn_gate_plan(n: int, wg: int = 256, rows_q8: bool = False, rows_f32: bool | None = None) -> tuple[dict, int]:
+    """Constants and x-groups for attn_gate.wgsl (grid (groups, T)). `rows_q8`: the gated rows also (or only) go
+    to int8, the o-projection's input (n and wg multiples of 32); `rows_f32` (default: not rows_q8) as f32."""
+    if rows_q8 and (n % 32 or wg % 32):
+        raise ValueError(f"attn_gate writes int8 rows only for whole 32-element chunks a workgroup, got N={n} WG={wg}")
+    rows_f32 = not rows_q8 if rows_f32 is None else rows_f32
+    if not (rows_q8 or rows_f32):
+        raise ValueError("attn_gate must write its rows as f32, int8 or both")
+    return dict(WG=wg, N=n, ROWS_F32=bool(rows_f32), ROWS_Q8=bool(rows_q8)), -(-n // wg)
 
 
 def attention_decode_fits(head_dim: int, wg: int = DECODE_WG) -> bool:

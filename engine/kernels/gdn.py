@@ -89,9 +89,14 @@ def gdn_recur_kernel(kh: int, vh: int, dk: int, dv: int, conv: int, subgroup_siz
     return (GDN_RECUR, *gdn_recur_plan(kh, vh, dk, dv, conv))
 
 
-def gdn_norm_plan(vh: int, dv: int, eps: float, row: int, z_off: int, q8: bool = False) -> dict:
-    """Constants for gdn_norm_out.wgsl (grid (VH, T)); with Q8 a decode token's output also goes to int8."""
-    if q8 and dv % 32:
+def gdn_norm_plan(vh: int, dv: int, eps: float, row: int, z_off: int, rows_q8: bool = False,
+                  rows_f32: bool | None = None) -> dict:
+    """Constants for gdn_norm_out.wgsl (grid (VH, T)). `rows_q8`: each token's output also (or only) goes to int8,
+    the out projection's input (DV a multiple of 32); `rows_f32` (default: not rows_q8) as f32."""
+    if rows_q8 and dv % 32:
         raise ValueError(f"gdn_norm_out writes int8 rows only for a value head dim a multiple of 32, got {dv}")
+    rows_f32 = not rows_q8 if rows_f32 is None else rows_f32
+    if not (rows_q8 or rows_f32):
+        raise ValueError("gdn_norm_out must write its rows as f32, int8 or both")
     return dict(WG=min(256, max(32, 1 << (dv - 1).bit_length())), VH=vh, DV=dv, EPS=float(eps), ROW=row, Z_OFF=z_off,
-                Q8=bool(q8))
+                ROWS_F32=bool(rows_f32), ROWS_Q8=bool(rows_q8))
