@@ -1,7 +1,7 @@
 """The delta-rule recurrence alone at a hybrid shape's GDN dims: gdn_recur (workgroup memory) against gdn_recur_sg
 (subgroup shuffles) over a few RSPLIT / WG choices, for decode (T = 1) and a prefill chunk, each dispatch timed
 back to back (engine/bench.py dispatch_seconds). Finds the kernel's best constants on a GPU without building a
-model; bench/profile_token.py (--gdn-workgroup for the old kernel) times it inside the model.
+model; bench/profile_token.py (--gdn-subgroups for this kernel) times it inside the model.
 
     python3 bench/gdn_recur_probe.py [qwen3.5-4b] [--tokens 1 512] [--rsplit 8 4 16] [--wg 64 128 32]
 """

@@ -10,8 +10,8 @@ With --prefill T: the dispatches of one T-token prefill chunk from an empty cach
 
     python3 bench/profile_token.py qwen3.6-35b-a3b-4bit [phi3-mini ...] [--prefill 512] [--options JSON] [--moe-unfused]
 
-`--moe-unfused`: the MoE decode before its fused passes (bench/moe_unfused.py), for an A/B. `--gdn-workgroup`: the
-delta-rule recurrence on its workgroup-memory kernel instead of the subgroup one (bench/gdn_workgroup.py).
+`--moe-unfused`: the MoE decode before its fused passes (bench/moe_unfused.py), for an A/B. `--gdn-subgroups`: the
+delta-rule recurrence on its subgroup-shuffle kernel instead of the workgroup-memory one (bench/gdn_subgroups.py).
 """
 
 import argparse
@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.gdn_workgroup import workgroup_recurrence  # noqa: E402
+from bench.gdn_subgroups import subgroup_recurrence  # noqa: E402
 from bench.moe_unfused import unfused_moe  # noqa: E402
 from engine import bench  # noqa: E402
 from engine.bench_hybrid import HYBRID_SHAPES, hybrid_spec  # noqa: E402
@@ -94,9 +94,9 @@ if __name__ == "__main__":
     ap.add_argument("--prefill", type=int, default=0, help="profile a prefill chunk of this many tokens")
     ap.add_argument("--options", default="{}", help="JSON runtime options, e.g. '{\"q8_prefill\": false}'")
     ap.add_argument("--moe-unfused", action="store_true", help="the MoE decode before its fused passes")
-    ap.add_argument("--gdn-workgroup", action="store_true", help="the recurrence's workgroup-memory kernel")
+    ap.add_argument("--gdn-subgroups", action="store_true", help="the recurrence's subgroup-shuffle kernel")
     args = ap.parse_args()
     g = Gpu()
     for s in args.shapes:
-        with unfused_moe(args.moe_unfused), workgroup_recurrence(args.gdn_workgroup):
+        with unfused_moe(args.moe_unfused), subgroup_recurrence(args.gdn_subgroups):
             main(s, g, args.prefill, json.loads(args.options))

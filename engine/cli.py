@@ -612,7 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--gpu-weights", metavar="SIZE", help="weights budget (a MoE shape over it streams its experts; "
                                                         "bench/expert_stream.py measures that in detail)")
     s.add_argument("--options", default="{}", metavar="JSON",
-                   help='runtime options (engine/runtime_options.py) as JSON, for an A/B: \'{"gate_up_q8": false}\'')
+                   help='runtime options (engine/runtime_options.py) as JSON, for an A/B: \'{"gate_up_q8": true}\'')
     s.add_argument("--json", action="store_true")
     s.set_defaults(func=cmd_bench)
     return p

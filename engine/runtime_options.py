@@ -39,7 +39,8 @@ class RuntimeOptions:
         less the model's other buffers and a margin where it is known, else no limit). A MoE model over it keeps
         its routed experts in host memory behind a GPU expert cache; a dense model over it is refused.
     gate_up_q8: a decode token's dense MLP gate_up writes down's int8 input itself (shaders/matvec_q8_rms_q8.wgsl,
-        where the decode matvecs carry the norms); False: a quantize_q8 dispatch between them, the same bytes (A/B).
+        where the decode matvecs carry the norms), the same bytes as the quantize_q8 dispatch otherwise between them.
+        Off by default: one dispatch fewer a layer, yet decode measured 7–12% slower on the H200 (BENCH.md).
     expert_policy: the expert cache's eviction policy, "lfu" (with aging) or "lru" (engine/blocks/expert_cache.py;
         bench/expert_policy.py: equal under random routing, LFU ahead under skewed routing, 85% vs 78% hits at 8 GiB).
     gdn_conv_runs: runs a prefill chunk's Gated DeltaNet conv splits each channel's tokens into, walked at once by
@@ -58,7 +59,7 @@ class RuntimeOptions:
     snapshot_every: int = 16
     gpu_weights: int | None = None
     expert_policy: str = "lfu"
-    gate_up_q8: bool = True
+    gate_up_q8: bool = False
     gdn_conv_runs: int | None = None
 
     def __post_init__(self) -> None:

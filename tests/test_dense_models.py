@@ -148,31 +148,34 @@ def test_int8_prefill_epilogues_keep_the_logits(gpu, tiny):
 def test_int8_decode_quantizes_only_the_rows_no_kernel_wrote(gpu, tiny):
     """The kernels before the int8 matvecs write their int8 rows: the first and final norms; o and down the next
     norm's row without 1/rms (matvec_q8_norm, which also adds the residual: no add + norm dispatch in between), read by
-    qkv (matvec_q8_rms) and gate_up, which writes down's row (matvec_q8_rms_q8); the one-dispatch decode attention
-    o's where head_dim is a multiple of 32 (these tiny models' 16 is not). So an int8 decode token adds a quantize_q8
-    only before such an o, and runs one add + norm (the final one) where the f32 token runs two a layer."""
+    qkv and gate_up (matvec_q8_rms); the one-dispatch decode attention o's where head_dim is a multiple of 32 (these
+    tiny models' 16 is not). So an int8 decode token adds a quantize_q8 before down (gate_up_q8, which folds it into
+    gate_up, is off by default: test below) and before such an o, and runs one add + norm (the final one) where the
+    f32 token runs two a layer."""
     _, mlc = tiny
     int8 = load_model(mlc, gpu=gpu, max_context=64).runtime
     f32 = load_model(mlc, gpu=gpu, max_context=64, q8_decode=False).runtime
     n_layers, s = int8.spec.n_layers, int8.spec
     o_quantized = n_layers * (s.head_dim % 32 != 0)
     kernels = int8.dispatched_kernels()
-    assert kernels.count("quantize_q8") == o_quantized and kernels.count("add_rms_norm") == 1
-    assert kernels.count("matvec_q8_norm") == 2 * n_layers - 1
-    assert kernels.count("matvec_q8_rms") == n_layers - 1 and kernels.count("matvec_q8_rms_q8") == n_layers
+    assert kernels.count("quantize_q8") == n_layers + o_quantized and kernels.count("add_rms_norm") == 1
+    assert kernels.count("matvec_q8_rms") == kernels.count("matvec_q8_norm") == 2 * n_layers - 1
+    assert "matvec_q8_rms_q8" not in kernels
     assert kernels.count("matvec_q8") == 3  # layer 0's qkv (after the first norm), the last down, the LM head
     assert kernels.count("attention_decode") == n_layers and "rope_append" not in kernels
-    assert int8.dispatches_per_token == f32.dispatches_per_token - (2 * n_layers - 1) + o_quantized == len(kernels)
+    assert int8.dispatches_per_token == f32.dispatches_per_token - (2 * n_layers - 1) + n_layers + o_quantized \
+        == len(kernels)
     assert "quantize_q8" not in f32.dispatched_kernels() and "matvec_q8" not in f32.dispatched_kernels()
 
 
 def test_gate_up_int8_row_leaves_the_decode_logits_bit_for_bit(gpu, tiny):
-    """gate_up writing down's int8 row itself (matvec_q8_rms_q8, the default) against the quantize_q8 dispatch it
-    replaces (gate_up_q8=False): one dispatch a layer fewer and the same decode logits to the bit (the same f32
-    sums, and the int8 row quantize_q8 would write; tests/test_kernels_q8_norm.py checks each kernel)."""
+    """gate_up writing down's int8 row itself (matvec_q8_rms_q8, gate_up_q8=True: an A/B, slower on the H200) against
+    the quantize_q8 dispatch it replaces (the default): one dispatch a layer fewer and the same decode logits to the
+    bit (the same f32 sums, and the int8 row quantize_q8 would write; tests/test_kernels_q8_norm.py checks each
+    kernel)."""
     _, mlc = tiny
-    fused = load_model(mlc, gpu=gpu, max_context=96).runtime
-    apart = load_model(mlc, gpu=gpu, max_context=96, gate_up_q8=False).runtime
+    fused = load_model(mlc, gpu=gpu, max_context=96, gate_up_q8=True).runtime
+    apart = load_model(mlc, gpu=gpu, max_context=96).runtime
     n_layers = fused.spec.n_layers
     assert apart.dispatched_kernels().count("matvec_q8_rms_q8") == 0
     assert apart.dispatches_per_token == fused.dispatches_per_token + n_layers

@@ -81,7 +81,7 @@ def test_logits_match_transformers_at_every_position(model, tiny):
         ref = reference_model(tiny[0])(torch.tensor(ids[None])).logits[0].numpy()
     compare(ours, ref)
     recur = {b.p_recur.label for b in model.runtime.blocks if b.name == "gated_deltanet"}
-    assert recur == {"gdn_recur_sg" if model.runtime.gpu.use_subgroups else "gdn_recur"}  # the kernel compared
+    assert recur == {"gdn_recur"}  # the kernel compared (the shuffle kernel is an A/B only: bench/gdn_subgroups.py)
 
 
 def test_conv_runs_leave_the_logits_bit_for_bit(gpu, tiny, model):
@@ -130,21 +130,22 @@ def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(model):
 
 
 def test_int8_decode(gpu, tiny):
-    """The default decode (int8 activations into the 4-bit matvecs): each step close to the full forward, and no
-    quantize_q8 (head and value dims are multiples of 32: the norms, the decode attention and the GDN output norm
-    write the int8 inputs, the MLP's gate_up down's); the mixers' and MLP's last matvecs carry the add + norm after
-    them (matvec_q8_norm), so only the final norm remains, as recorded."""
+    """The default decode (int8 activations into the 4-bit matvecs): each step close to the full forward, and one
+    quantize_q8 a layer, before down (head and value dims are multiples of 32: the norms, the decode attention and the
+    GDN output norm write the other int8 inputs; gate_up_q8, which folds down's into gate_up, is off by default); the
+    mixers' and MLP's last matvecs carry the add + norm after them (matvec_q8_norm), so only the final norm remains,
+    as recorded."""
     model = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, single_pass_keys=48)
     assert_int8_decode_steps_match_the_full_forward(model)
     rt = model.runtime
     attn = len(rt.spec.attn_layers)
-    # embedding, first and final norm, LM head, argmax; per layer the MLP's gate_up, down; a GDN mixer
+    # embedding, first and final norm, LM head, argmax; per layer the MLP's gate_up, quantize_q8, down; a GDN mixer
     # in_proj, conv (+ gates), recurrence, norm, out; a gated attention mixer qkv, gate, attention_decode, o
-    assert rt.dispatches_per_token == 5 + 7 * (rt.spec.n_layers - attn) + 6 * attn
-    assert rt.dispatched_kernels().count("quantize_q8") == 0
+    assert rt.dispatches_per_token == 5 + 8 * (rt.spec.n_layers - attn) + 7 * attn
+    assert rt.dispatched_kernels().count("quantize_q8") == rt.spec.n_layers
     # split-K decode (past 48 keys): the attention gate writes o's int8 row itself, as the fused kernel does
     split = [item[0].label for item in rt.decode_plan(2).items]
-    assert split.count("attn_gate") == attn and "quantize_q8" not in split
+    assert split.count("attn_gate") == attn and split.count("quantize_q8") == rt.spec.n_layers  # before down only
     assert_recorded_count(rt)
 
 
@@ -180,16 +181,20 @@ def test_int8_prefill_epilogues_keep_the_logits(gpu, tiny):
     np.testing.assert_array_equal(on.logits(ids), off.logits(ids))
 
 
-def test_int8_decode_quantizes_no_row(gpu, tiny):
+def test_int8_decode_quantizes_only_before_down(gpu, tiny):
     """The first norm writes the int8 row layer 0's GDN in_proj or attention qkv and gate read, the final norm the LM
     head's, the matvecs ending each mixer and MLP (matvec_q8_norm) the next norm's row (without 1/rms) for the rest;
-    the decode attention o's, the GDN output norm out's and the MLP's gate_up (matvec_q8_rms_q8) down's: a decode
-    token runs no quantize_q8 and one add + norm."""
+    the decode attention o's and the GDN output norm out's: a decode token quantizes only before down and runs one
+    add + norm; with gate_up_q8 (an A/B) gate_up writes down's row too (matvec_q8_rms_q8) and no quantize_q8 runs."""
     rt = load_model(tiny[1], gpu=gpu, max_context=64).runtime
     kernels = rt.dispatched_kernels()
-    assert "quantize_q8" not in kernels and kernels.count("add_rms_norm") == 1
+    assert kernels.count("quantize_q8") == rt.spec.n_layers and kernels.count("add_rms_norm") == 1
     assert kernels.count("matvec_q8_norm") == 2 * rt.spec.n_layers - 1
-    assert kernels.count("matvec_q8_rms_q8") == rt.spec.n_layers
+    assert "matvec_q8_rms_q8" not in kernels
+    assert_recorded_count(rt)
+    rt = load_model(tiny[1], gpu=gpu, max_context=64, gate_up_q8=True).runtime
+    kernels = rt.dispatched_kernels()
+    assert "quantize_q8" not in kernels and kernels.count("matvec_q8_rms_q8") == rt.spec.n_layers
     assert_recorded_count(rt)
 
 

@@ -46,8 +46,9 @@ def in_proj_format(formats: dict[str, str], layer: int) -> str:
 class GatedDeltaNetMixer(Block):
     name = "gated_deltanet"
     keeps_state = True
-    # False: the recurrence's workgroup-memory kernel even where subgroups run (bench/gdn_workgroup.py's A/B).
-    recur_on_subgroups = True
+    # True: the recurrence's subgroup-shuffle kernel where it fits; it measured 2.8x slower than the workgroup-memory
+    # kernel on the H200 (BENCH.md), so only bench/gdn_subgroups.py's A/B turns it on.
+    recur_on_subgroups = False
 
     def __init__(self, spec, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic, chunk: int,
                  offset_alignment: int, snapshots: tuple[int, int], snapshot_every: int, conv_runs: int | None = None):

@@ -17,7 +17,7 @@ class DenseMlp(Block):
     name = "mlp"
 
     def __init__(self, dim: int, ffn_dim: int, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic,
-                 chunk: int, gate_up_int8: bool = True):
+                 chunk: int, gate_up_int8: bool = False):
         """`gate_up_int8`: gate_up writes down's int8 input where it can (RuntimeOptions.gate_up_q8; False: the
         quantize_q8 dispatch, for A/B)."""
         self.dim, self.ffn_dim, self.layers, self.ar, self.chunk = dim, ffn_dim, tuple(layers), ar, chunk
