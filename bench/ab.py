@@ -12,7 +12,7 @@ variables for its run only, "moe_fused": false runs the MoE decode unfused (benc
 Its "matmul_consts" object sets tuning constants of engine/kernels/matmul.py for its run only:
 
     python3 bench/ab.py phi3-mini --variants '{"gate_up_q8": true}' '{}' \
-        '{"matmul_consts": {"MATVEC_Q8_RMS_Q8_MAX_WG": 512}}'
+        '{"gate_up_q8": true, "matmul_consts": {"MATVEC_Q8_RMS_Q8_MAX_WG": 512}}'
 """
 
 import argparse
