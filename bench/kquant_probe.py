@@ -15,10 +15,10 @@ one row per type: GB/s and × Q4_0 per timed kind and matrix (markdown, as BENCH
 the GPU's L2 cache (50 MiB on the H100 / H200) the weights come from memory, as a model's do in decode; the default
 0 reads one copy over and over, which a matrix smaller than the L2 cache serves from there.
 `--kinds` times only some kernel kinds (all four are still checked). `--variants` also times other plan settings
-(ROWS, WG, tiles; the u32-load int8 kernel for the types that have a vec4 one; for Q2_K / Q3_K the older
-matvec_kq_q8_chunks and matvec_kq_q8_sub's SPLIT; STAGE), each checked against the default. Old against new in one
-run: `--types q2_k,q3_k,q4_k --kinds "matvec int8" --variants` (old: the `{'chunks': True}` lines of Q2_K / Q3_K,
-the `{'stage': False}` line of Q4_K).
+(ROWS, WG, tiles; the u32-load int8 kernel for the types that have a vec4 one; for Q2_K / Q3_K matvec_kq_q8_sub
+and its SPLIT instead of their default matvec_kq_q8_chunks; STAGE), each checked against the default. The session-5
+A/B: `--types q2_k,q3_k,q4_k --kinds "matvec int8" --variants` (the `{'chunks': False}` lines of Q2_K / Q3_K, the
+`{'stage': True}` line of Q4_K are the variants that measured slower).
 
     python3 bench/kquant_probe.py [--tokens 512] [--reps 50] [--types q4_k,q6_k] [--kinds "matvec int8"]
                                   [--weight-mib 256] [--variants] [--quick] [--json out.json]
@@ -65,16 +65,17 @@ F32_TOL, Q8_TOL = 1e-4, 5e-2  # relative to max|y|: f32 rounding; int8 rounding 
 KINDS = ("matvec f32", "matvec int8", "gemm f32", "gemm int8")
 # --variants: other plan settings of the K-quant kernels, each checked against the default one first (same x, so
 # only the summation order differs: 1e-5 of max|y|). vec4=False: matvec_kq_q8 (u32 loads) where the default is the
-# vec4 kernel. chunks=True: Q2_K / Q3_K on matvec_kq_q8_chunks, their kernel before matvec_kq_q8_sub. stage=False:
-# the activation row read per lane, not staged in workgroup memory (for Q4_K..Q5_1 their loop before staging).
+# vec4 kernel. chunks=False: Q2_K / Q3_K on matvec_kq_q8_sub instead of their default matvec_kq_q8_chunks.
+# stage=True: the activation row staged in workgroup memory, not read per lane (both measured slower on the H200).
 # split: matvec_kq_q8_sub's segments per subgroup.
 # A knob that does not apply to a type, or repeats its default, is not timed.
 VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec f32", dict(rows=4, wg=128)),
             ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=4)), ("matvec int8", dict(rows=2, wg=64)),
             ("matvec int8", dict(rows=2, wg=256)), ("matvec int8", dict(vec4=False)),
-            ("matvec int8", dict(chunks=True)), ("matvec int8", dict(chunks=True, rows=4)),
-            ("matvec int8", dict(stage=False)), ("matvec int8", dict(split=1)), ("matvec int8", dict(split=2)),
-            ("matvec int8", dict(split=4)), ("matvec int8", dict(rows=4, split=1)),
+            ("matvec int8", dict(chunks=False)), ("matvec int8", dict(chunks=True, rows=4)),
+            ("matvec int8", dict(stage=True)), ("matvec int8", dict(chunks=False, split=1)),
+            ("matvec int8", dict(chunks=False, split=2)), ("matvec int8", dict(chunks=False, split=4)),
+            ("matvec int8", dict(chunks=False, stage=True)),
             ("gemm int8", dict(kc=4, tm=32, tn=32)), ("gemm int8", dict(tm=32, tn=128))]
 
 
@@ -131,12 +132,15 @@ def variant_plan(g: Gpu, tag: str, K: int, N: int, T: int, kind: str, plan: dict
         if vec4 is not None and vec4 == has_vec4_blocks(tag):
             return None
         sub = tag in SUB_BLOCK_TYPES
-        if (plan.get("chunks") or "split" in plan) and not sub:
+        if ("chunks" in plan or "split" in plan) and not sub:
             return None
+        if plan.get("stage") and sub and plan.get("chunks", True):
+            return None  # matvec_kq_q8_chunks (the Q2_K / Q3_K default) stages nothing
         consts, grid = matvec_kq_q8_plan(tag, K, N, g.subgroup_size, **plan)
-        if vec4 is None and not plan.get("chunks") and consts == matvec_kq_q8_plan(tag, K, N, g.subgroup_size)[0]:
+        chunks = plan.get("chunks", sub)
+        if vec4 is None and chunks == sub and consts == matvec_kq_q8_plan(tag, K, N, g.subgroup_size)[0]:
             return None  # the default's kernel and settings again
-        return (matvec_kq_q8_kernel(tag, vec4, plan.get("chunks", False)), consts, grid)
+        return (matvec_kq_q8_kernel(tag, vec4, chunks if sub else None), consts, grid)
     return ("matmul_kq_q8", *gemm_kq_q8_plan(tag, K, N, T, **plan))
 
 

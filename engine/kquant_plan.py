@@ -107,10 +107,10 @@ def has_vec4_blocks(tag: str) -> bool:
     return ktype(tag).words % 4 == 0
 
 
-def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool = False):
-    """The int8 decode kernel for `tag`: matvec_kq_q8_sub for Q2_K and Q3_K (`chunks`: their older
-    matvec_kq_q8_chunks); for the others matvec_kq_q8_vec4 where the blocks allow (or `vec4` asks), else matvec_kq_q8
-    (u32 loads; vec4=False asks for it on any of them)."""
+def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool | None = None):
+    """The int8 decode kernel for `tag`: matvec_kq_q8_chunks for Q2_K and Q3_K (chunks=False: matvec_kq_q8_sub, an
+    A/B that measured no faster on the H200, BENCH.md); for the others matvec_kq_q8_vec4 where the blocks allow (or
+    `vec4` asks), else matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them)."""
     if vec4 and not has_vec4_blocks(tag):
         raise ValueError(f"{tag} blocks are {ktype(tag).words * 4} bytes in q_blocks, not whole 16-byte units: "
                          "matvec_kq_q8_vec4 cannot read them")
@@ -118,7 +118,7 @@ def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool = False
         if vec4 is not None:
             raise ValueError(f"{tag} runs matvec_kq_q8_sub or matvec_kq_q8_chunks only (shaders/kq_items.wgsl has no "
                              "items of its blocks)")
-        return MATVEC_KQ_Q8_CHUNKS if chunks else MATVEC_KQ_Q8_SUB
+        return MATVEC_KQ_Q8_SUB if chunks is False else MATVEC_KQ_Q8_CHUNKS
     if chunks:
         raise ValueError(f"matvec_kq_q8_chunks reads Q2_K and Q3_K only, not {tag}")
     vec4 = has_vec4_blocks(tag) if vec4 is None else vec4
@@ -150,7 +150,7 @@ def q8_stage_fits(K: int, wg: int) -> bool:
 
 
 def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None,
-                      wg: int = MATVEC_Q8_WG, *, chunks: bool = False, split: int | None = None,
+                      wg: int = MATVEC_Q8_WG, *, chunks: bool | None = None, split: int | None = None,
                       stage: bool | None = None) -> tuple[dict, tuple[int, int]]:
     """Constants and grid for the int8 decode kernel of `tag` (matvec_kq_q8_kernel's: shaders/matvec_kq_q8_sub,
     matvec_kq_q8_chunks, matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or a norm's Q8 output). BLOCKS row
@@ -162,6 +162,7 @@ def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: boo
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
     rows = rows or max(MATVEC_Q8_ROWS // (2 if gate_up else 1), 1)
     blocks = wg // subgroup_size
+    chunks = tag in SUB_BLOCK_TYPES if chunks is None else chunks  # Q2_K / Q3_K: matvec_kq_q8_chunks by default
     sub = tag in SUB_BLOCK_TYPES and not chunks
     if split is not None and not sub:
         raise ValueError("split is matvec_kq_q8_sub's (Q2_K, Q3_K) knob")
@@ -169,7 +170,7 @@ def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: boo
         raise ValueError("matvec_kq_q8_chunks reads the activation row as it is: no stage")
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
     if not chunks:
-        stage = q8_stage_fits(K, wg) if stage is None else stage
+        stage = False if stage is None else stage  # staging measured slower on the H200 for every type (BENCH.md)
         if stage and not q8_stage_fits(K, wg):
             raise ValueError(f"K={K}: the staged activation row ({K * 5 // 4} bytes) and WG={wg} do not fit "
                              f"{WORKGROUP_BYTES} bytes of workgroup memory")

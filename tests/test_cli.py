@@ -252,8 +252,8 @@ def test_bench_options_reach_the_runtime_options(monkeypatch, capsys):
         return {"table": "ok"}
 
     monkeypatch.setattr(engine.bench, "run_bench", fake_run_bench)
-    assert cli_main(["bench", "--shape", "qwen3-4b", "--options", '{"gate_up_q8": false}']) == 0
-    assert seen["shape"] == "qwen3-4b" and seen["options"].gate_up_q8 is False
+    assert cli_main(["bench", "--shape", "qwen3-4b", "--options", '{"gate_up_q8": true}']) == 0
+    assert seen["shape"] == "qwen3-4b" and seen["options"].gate_up_q8 is True
     assert capsys.readouterr().out.strip() == "ok"
     for bad, said in (("[1]", "JSON object"), ('{"gate_up_q8": }', "Expecting value"), ('{"nope": 1}', "nope")):
         assert cli_main(["bench", "--options", bad]) == 2

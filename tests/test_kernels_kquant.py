@@ -229,7 +229,7 @@ def scaled_activations(rng, T, K):
     return x.astype(np.float32)
 
 
-def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, chunks=False, **plan):
+def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, chunks=None, **plan):
     K = x_row.shape[0]
     xq, xm, x_hat, scale = quantize_x(gpu, x_row[None])
     consts, grid = matvec_kq_q8_plan(tag, K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, chunks=chunks,
@@ -270,14 +270,15 @@ def test_matvec_kq_q8_rows_and_block_counts(gpu, rng, tag, blocks, N, rows, gate
 @pytest.mark.parametrize("tag,vec4", [("q4_k", True), ("q5_k", True), ("q6_k", True), ("q6_k", False),
                                       ("q5_0", False), ("q5_1", False)])
 @pytest.mark.parametrize("blocks,N,gate_up", [(3, 37, False), (2, 11, True)])
-def test_matvec_kq_q8_item_kernels_unstaged(gpu, rng, tag, vec4, blocks, N, gate_up):
-    # STAGE off: the item kernels' loop before the staged one (each lane orders its activations itself), which
-    # bench/kquant_probe.py --variants times against it.
+@pytest.mark.parametrize("stage", [False, True])
+def test_matvec_kq_q8_item_kernels_staged_or_not(gpu, rng, tag, vec4, blocks, N, gate_up, stage):
+    # STAGE off (the default: each lane orders its activations itself) and on (the row staged per workgroup, an A/B
+    # that measured slower on the H200), both timed by bench/kquant_probe.py --variants.
     K = blocks * kquant.TYPES[tag].elements
     raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
     W, M = reference(tag, raw)
     x = scaled_activations(rng, 1, K)[0]
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, vec4=vec4, stage=False)
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, vec4=vec4, stage=stage)
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
@@ -318,7 +319,8 @@ def test_matvec_kq_q8_folded_grid(gpu, rng):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tag,knobs", [("q6_k", {}), ("q2_k", {"chunks": True}), ("q3_k", {"split": 1})])
+@pytest.mark.parametrize("tag,knobs", [("q6_k", {}), ("q2_k", {"chunks": True}),
+                                       ("q3_k", {"chunks": False, "split": 1})])
 def test_matvec_kq_q8_folded_grid_one_row_a_workgroup(gpu, rng, tag, knobs):
     # One row a workgroup: more than 65,535 workgroups fold into (x, y); the vec4 kernel with Q6_K's split-off d,
     # matvec_kq_q8_chunks and matvec_kq_q8_sub.
@@ -346,7 +348,7 @@ def test_matvec_kq_q8_sub_knobs(gpu, rng, tag, blocks, N, rows, gate_up, knobs):
     raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
     W, M = reference(tag, raw)
     x = scaled_activations(rng, 1, K)[0]
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, rows=rows, **knobs)
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, rows=rows, **{"chunks": False, **knobs})
     # Integer sums are exact (|sc·Σ u·xq| < 2^17, |(s − 32)·Σ (u − 4)·xq| < 2^19); per 64-element item ≤ 4 chained
     # FMAs over its sub-blocks, xs·Σ xq, the d / dmin products and their difference, then the lane's item chain and
     # the subgroup sum: within the chunks kernel's 8 + K/32 + 64 roundings.
@@ -526,17 +528,20 @@ def test_plans_refuse_what_they_cannot_run():
     with pytest.raises(ValueError, match="no stage"):
         matvec_kq_q8_plan("q2_k", 256, 8, 32, chunks=True, stage=False)
     with pytest.raises(ValueError, match="SPLIT must be one of"):
-        matvec_kq_q8_plan("q2_k", 256, 8, 32, split=3)
+        matvec_kq_q8_plan("q2_k", 256, 8, 32, chunks=False, split=3)
     with pytest.raises(ValueError, match="workgroup memory"):
-        matvec_kq_q8_plan("q3_k", 12288, 8, 32, stage=True)
-    # The default stages only what fits 16 KiB beside the reduction's WG vec4s: K = 11264 at WG = 128.
-    assert [matvec_kq_q8_plan(t, K, 8, 32)[0]["STAGE"] for t in ("q3_k", "q4_k") for K in (11264, 11520)] == [
-        True, False, True, False]
+        matvec_kq_q8_plan("q3_k", 12288, 8, 32, chunks=False, stage=True)
+    with pytest.raises(ValueError, match="workgroup memory"):
+        matvec_kq_q8_plan("q4_k", 11520, 8, 32, stage=True)
+    # Staging fits 16 KiB beside the reduction's WG vec4s up to K = 11264 at WG = 128; the default stages nothing.
+    assert matvec_kq_q8_plan("q4_k", 11264, 8, 32, stage=True)[0]["STAGE"]
+    assert not any(matvec_kq_q8_plan(t, K, 8, 32)[0]["STAGE"] for t in ("q4_k", "q6_k", "q5_0") for K in (256, 11264))
+    assert "STAGE" not in matvec_kq_q8_plan("q3_k", 256, 8, 32)[0]  # matvec_kq_q8_chunks
     assert matvec_kq_q8_kernel("q2_k", chunks=True).name == "matvec_kq_q8_chunks"
-    # The faster kernel per type on the H200 (BENCH.md, K-quant bandwidth; Q2_K / Q3_K: the sub-block kernel that
-    # replaced matvec_kq_q8_chunks, to be timed against it there).
+    # The faster kernel per type on the H200 (BENCH.md, K-quant bandwidth; Q2_K / Q3_K: matvec_kq_q8_sub measured
+    # no faster than matvec_kq_q8_chunks there).
     assert {t: matvec_kq_q8_kernel(t).name for t in TAGS} == {
-        "q2_k": "matvec_kq_q8_sub", "q3_k": "matvec_kq_q8_sub", "q4_k": "matvec_kq_q8_vec4",
+        "q2_k": "matvec_kq_q8_chunks", "q3_k": "matvec_kq_q8_chunks", "q4_k": "matvec_kq_q8_vec4",
         "q5_k": "matvec_kq_q8_vec4", "q6_k": "matvec_kq_q8_vec4", "q5_0": "matvec_kq_q8", "q5_1": "matvec_kq_q8"}
     # The vec4 kernel reads a block's words 16 bytes at a time from a 16-byte boundary: whole 16-byte blocks only.
     assert [t for t in TAGS if has_vec4_blocks(t)] == ["q4_k", "q5_k", "q6_k"]

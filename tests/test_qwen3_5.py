@@ -459,8 +459,8 @@ def test_real_qwen3_5_4b_layer_shapes_run(gpu):
                 yield name, rng.normal(1.0 if "norm" in name else 0.0, 0.3, shape).astype(np.float16)
 
     rt = Transformer(gpu, spec, weights(), options=RuntimeOptions(max_context=64, prefill_chunk=16))
-    # one add + norm, no quantize_q8: as test_int8_decode counts them
-    assert rt.dispatches_per_token == 5 + 7 + 6
+    # one add + norm and a quantize_q8 before each down: as test_int8_decode counts them
+    assert rt.dispatches_per_token == 5 + 8 + 7
     ids = rng.integers(0, 1024, 6)  # the GEMM path is slow on a software GPU: one 6-row chunk
     chunked = rt.logits(ids)
     rt.reset()
