@@ -227,13 +227,24 @@ class Gpu:
             data = np.zeros(4, np.uint8)
         if data.nbytes > self.limits["max-buffer-size"]:
             raise GpuError(f"tensor {label!r} is {data.nbytes} bytes; this GPU allows {self.limits['max-buffer-size']}")
-        if flushes_before(self._pending_upload, data.nbytes):
-            self.sync()
-        self._pending_upload += data.nbytes
+        self._stage(data.nbytes)
         if (reserved := self._take_reserved(label, data.nbytes, usage)) is not None:
             self.queue.write_buffer(reserved, 0, data)
             return reserved
         return self.device.create_buffer_with_data(label=label, data=data, usage=usage)
+
+    def upload_at(self, buf, array: np.ndarray, offset: int) -> None:
+        """`array` (whole words) written into `buf` at `offset`, staged as upload() stages its bytes (a buffer that
+        holds several tensors: engine/blocks/moe.py's paired expert stacks)."""
+        data = np.ascontiguousarray(array)
+        self._stage(data.nbytes)
+        self.queue.write_buffer(buf, offset, data)
+
+    def _stage(self, nbytes: int) -> None:
+        """Account for an upload's staging copy: past UPLOAD_WINDOW pending bytes, wait for the earlier ones first."""
+        if flushes_before(self._pending_upload, nbytes):
+            self.sync()
+        self._pending_upload += nbytes
 
     # ---- reservations --------------------------------------------------------------------
     def reserve(self, needs) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import replace
 
 import numpy as np
 import wgpu
@@ -82,7 +83,8 @@ class RuntimePlan:
             ffns.append(DenseMlp(s.dim, s.ffn_dim, layers, formats, ar, C, self.options.gate_up_q8))
         if layers := layers_of("moe", 1):
             ffns.append(MoeFfn(s.dim, s.n_experts, s.top_k, s.moe_ffn_dim, s.shared_ffn_dim, layers, formats, ar, C,
-                               s.norm_topk_prob))
+                               s.norm_topk_prob, offset_alignment=traits.offset_alignment,
+                               max_buffer=traits.max_buffer))
         self.sampler = Sampler(s.vocab)
         self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
         self.budget = None  # the weights budget in bytes once resolved (None: no limit)
@@ -101,7 +103,8 @@ class RuntimePlan:
             slots = None
         if slots is not None:
             ffns[-1] = MoeFfn(s.dim, s.n_experts, s.top_k, s.moe_ffn_dim, s.shared_ffn_dim, moe.layers, formats, ar,
-                              C, s.norm_topk_prob, cache_slots=slots, policy=self.options.expert_policy)
+                              C, s.norm_topk_prob, cache_slots=slots, policy=self.options.expert_policy,
+                              offset_alignment=traits.offset_alignment, max_buffer=traits.max_buffer)
             self.blocks = [self.vocab, self.residual, *mixers, *ffns, self.sampler]
         # A decode token's add + norm dispatches fold into the int8 matvecs around them where every mixer and
         # feed-forward block can carry them (engine/blocks/residual.py); decided once the MoE block is known to be
@@ -157,6 +160,7 @@ class RuntimePlan:
 
         needs = self.needs()
         uploads = sorted((n for n in needs if n.how == "upload"), key=lambda n: n.kind != "weights")
+        uploads = [replace(n, bytes=size) for n in uploads for size in n.writes or (n.bytes,)]  # staged write by write
         return load_footprint(self.reserved(), uploads, [n for n in needs if n.how == "staging"], memory_kind)
 
 

@@ -45,6 +45,9 @@ class BufferNeed:
     # "buffer" (Gpu.buffer), "uniform", "readback", "upload" (Gpu.upload of that many bytes), or "staging" (a
     # buffer the host writes, made by its block itself: the expert stream's)
     how: str = "buffer"
+    # an "upload" filled by several staged writes (two layers' expert stacks in one buffer: engine/blocks/moe.py), their
+    # bytes in order; empty: one upload of the whole buffer
+    writes: tuple[int, ...] = ()
 
     @classmethod
     def buffer(cls, label: str, size: int, kind: str = "scratch", usage: str = "buffer") -> BufferNeed:
@@ -70,6 +73,7 @@ class DeviceTraits:
     memory_bytes: int | None = None  # the adapter's memory where the system tells it (the weights budget's auto)
     max_threads: int = 256  # max-compute-invocations-per-workgroup (WebGPU's default where unknown)
     memory_kind: str = "discrete"  # how its allocator pools memory (engine/gpu_heap.py): discrete, integrated or cpu
+    max_buffer: int | None = None  # max-buffer-size; None: unknown (plans assume it holds any buffer they make)
 
     @classmethod
     def of(cls, gpu) -> DeviceTraits:
@@ -80,7 +84,7 @@ class DeviceTraits:
         limits = gpu.limits
         return cls(gpu.max_binding, limits.get("min-storage-buffer-offset-alignment", 256), gpu.use_subgroups,
                    gpu.subgroup_size, adapter_memory(info), limits.get("max-compute-invocations-per-workgroup", 256),
-                   kind)
+                   kind, limits.get("max-buffer-size"))
 
     @classmethod
     def typical(cls, max_binding: int | None = None) -> DeviceTraits:

@@ -45,10 +45,11 @@ import time
 
 import numpy as np
 
-from engine.blocks import Block, BufferNeed, array_bytes, destroy_buffers
+from engine.blocks import Block, BufferNeed, array_bytes, buffer_bytes, destroy_buffers
 from engine.blocks.expert_cache import ExpertStream
 from engine.blocks.linear import Arithmetic, matrix_tensors
 from engine.blocks.moe_fused import build_fused, can_fuse, fused_needs
+from engine.blocks.moe_pairs import pair_stacks, view
 from engine.errors import GpuError, UnsupportedModelError
 from engine.gpu import PlanRecorder
 from engine.kernels import MAX_GROUPS_PER_DIM, fold_grid
@@ -104,7 +105,8 @@ class MoeFfn(Block):
 
     def __init__(self, dim: int, experts: int, top_k: int, ffn: int, shared_ffn: int, layers: tuple[int, ...],
                  formats: dict[str, str], ar: Arithmetic, chunk: int, norm_topk_prob: bool = True,
-                 cache_slots: int | None = None, policy: str = "lfu"):
+                 cache_slots: int | None = None, policy: str = "lfu", offset_alignment: int = 256,
+                 max_buffer: int | None = None):
         self.D, self.E, self.F, self.Fs, self.top_k = dim, experts, ffn, shared_ffn, top_k
         self.layers, self.ar, self.max_tokens = tuple(layers), ar, max(chunk, 1)
         self.norm_topk = norm_topk_prob
@@ -132,6 +134,11 @@ class MoeFfn(Block):
                 raise ValueError(f"an expert cache needs {top_k}..{experts - 1} slots, got {cache_slots}")
             self.stream = ExpertStream(experts, cache_slots, top_k, self.slots, self.max_tokens, self.layers, policy,
                                        self.routed_part_bytes())
+        # resident stacks that would each keep an allocator block nearly to themselves share a buffer by twos
+        self.pairs = {} if self.stream else pair_stacks(
+            {(i, name, key): n for i in self.layers for name, key, n in self._weight_sizes(i)}, self.layers,
+            offset_alignment, max_buffer)
+        self._pair_bufs: dict[str, object] = {}  # a paired buffer, made when its first layer uploads
         T, n_logits = self.max_tokens, experts + self.shared
         if T * self.slots > MAX_GROUPS_PER_DIM:  # a prefill quantizes every (token, slot) row in one grid column
             raise UnsupportedModelError(f"prefill_chunk={T} with {self.slots} expert slots per token is more rows than "
@@ -270,24 +277,33 @@ class MoeFfn(Block):
                     "shared_down": (self.fmt[i, "shared_down"], 1, D, Fs)}
         return out
 
+    def _weight_sizes(self, i: int) -> list[tuple[str, str, int]]:
+        """Layer i's weight buffers as (stack, "w" | "s", bytes of the array it holds), each alone."""
+        out = []
+        for name, (tag, n_exp, n, k) in self._stacks(i).items():
+            if self.mixed[i] and name != "router":  # routed and shared rows in one buffer each (_mixed_layout)
+                if name in ("gate_up", "down"):
+                    wr, sr, wsh, ssh = self._mixed_layout(i, name)
+                    out += [(name, "w", 4 * (wr + wsh)), (name, "s", 2 * (sr + ssh))]
+                continue
+            shapes = packed_shapes(tag, n, k)
+            w_shape, w_dtype = shapes[_weight_key(tag)]
+            s_bytes = n_exp * array_bytes(*shapes["q_scale"]) if "q_scale" in shapes else 8  # f16: a dummy
+            out += [(name, "w", n_exp * array_bytes(w_shape, w_dtype)), (name, "s", s_bytes)]
+        return out
+
     def needs(self) -> list[BufferNeed]:
         out = []
         for i in self.layers:
-            for name, (tag, n_exp, n, k) in self._stacks(i).items():
-                if self.mixed[i] and name != "router":  # routed and shared rows in one buffer each (_mixed_layout)
-                    if name in ("gate_up", "down"):
-                        wr, sr, wsh, ssh = self._mixed_layout(i, name)
-                        out += [BufferNeed.upload(f"layers.{i}.moe.{name}.w", 4 * (wr + wsh)),
-                                BufferNeed.upload(f"layers.{i}.moe.{name}.s", 2 * (sr + ssh))]
-                    continue
-                shapes = packed_shapes(tag, n, k)
-                w_shape, w_dtype = shapes[_weight_key(tag)]
-                s_bytes = n_exp * array_bytes(*shapes["q_scale"]) if "q_scale" in shapes else 8  # f16: a dummy
-                for key, nbytes in (("w", n_exp * array_bytes(w_shape, w_dtype)), ("s", s_bytes)):
-                    if self.stream and (name, key) in self.stream.part_bytes:  # cache slots, filled as experts route
-                        out.append(BufferNeed.buffer(f"layers.{i}.moe.{name}.{key}", nbytes, "weights"))
-                    else:
-                        out.append(BufferNeed.upload(f"layers.{i}.moe.{name}.{key}", nbytes))
+            for name, key, nbytes in self._weight_sizes(i):
+                label = f"layers.{i}.moe.{name}.{key}"
+                if (part := self.pairs.get((i, name, key))) is not None:  # the pair's buffer, at its first layer
+                    if part.offset == 0:
+                        out.append(BufferNeed(part.label, buffer_bytes(part.total), "weights", "upload", part.writes))
+                elif self.stream and (name, key) in self.stream.part_bytes:  # cache slots, filled as experts route
+                    out.append(BufferNeed.buffer(label, nbytes, "weights"))
+                else:
+                    out.append(BufferNeed.upload(label, nbytes))
         T = self.max_tokens
         sizes = dict(logits=T * (self.E + self.shared), ids=T * self.slots, weights=T * self.slots,
                      act=T * self.slots * self.act_stride, y=T * self.slots * self.D)
@@ -340,11 +356,11 @@ class MoeFfn(Block):
                   "gate_up": _join(parts["gate_up"], one("shared_gate_up") if self.stacked[i] else None, axis=0),
                   "down": _join(parts["down"], one("shared_down") if self.stacked[i] else None, axis=0)}
         if self.mixed[i]:
-            return {"router": self._upload(gpu, f"layers.{i}.moe.router", stacks["router"]),
+            return {"router": self._upload(gpu, i, "router", stacks["router"]),
                     **self._upload_mixed(gpu, i, parts, "gate_up"), **self._upload_mixed(gpu, i, parts, "down")}
         if self.shared and not self.stacked[i]:
             stacks |= {"shared_gate_up": one("shared_gate_up"), "shared_down": one("shared_down")}
-        return {name: self._upload(gpu, f"layers.{i}.moe.{name}", arrays) for name, arrays in stacks.items()}
+        return {name: self._upload(gpu, i, name, arrays) for name, arrays in stacks.items()}
 
     def _upload_mixed(self, gpu, i: int, parts: dict, stack: str) -> dict:
         """A 3-bit routed stack and the 4-bit shared expert after it (_mixed_layout): the stack's (w, s) buffers,
@@ -360,14 +376,13 @@ class MoeFfn(Block):
         for a in (w, s):
             if a.nbytes > gpu.max_binding:
                 raise GpuError(f"{label} needs a {a.nbytes}-byte binding; this GPU allows {gpu.max_binding}")
-        wb, sb = gpu.upload(f"{label}.w", w), gpu.upload(f"{label}.s", s)
-        return {stack: (wb, sb), shared: ((wb, 4 * wr, 4 * wsh), (sb, 2 * sr, 2 * ssh))}
+        wb, sb = self._put(gpu, i, stack, "w", w), self._put(gpu, i, stack, "s", s)
+        return {stack: (wb, sb), shared: (view(wb, 4 * wr, 4 * wsh), view(sb, 2 * sr, 2 * ssh))}
 
     def _cache_layer(self, gpu, i: int, parts: dict, one) -> dict:
         """Streaming: the routed stacks stay on the host; their GPU stacks are cache slots (+ the shared expert in
         the last slot, uploaded now); the router and a shared expert of its own are uploaded as usual."""
-        out = {"router": self._upload(gpu, f"layers.{i}.moe.router",
-                                      _join(parts["router"], parts.get("shared_gate"), axis=0))}
+        out = {"router": self._upload(gpu, i, "router", _join(parts["router"], parts.get("shared_gate"), axis=0))}
         n = self.stack_experts(i)
         for stack in ("gate_up", "down"):
             bufs = []
@@ -387,18 +402,35 @@ class MoeFfn(Block):
                 bufs.append(buf)
             out[stack] = tuple(bufs)
         if self.shared and not self.stacked[i]:
-            out |= {name: self._upload(gpu, f"layers.{i}.moe.{name}", one(name))
-                    for name in ("shared_gate_up", "shared_down")}
+            out |= {name: self._upload(gpu, i, name, one(name)) for name in ("shared_gate_up", "shared_down")}
         return out
 
-    def _upload(self, gpu, label: str, arrays: dict[str, np.ndarray]):
-        """(weight buffer, scale buffer) for a packed array set; f16 weights get a dummy scale buffer."""
+    def _upload(self, gpu, i: int, name: str, arrays: dict[str, np.ndarray]):
+        """(weight buffer, scale buffer) of layer i's stack `name` for a packed array set; f16 weights get a dummy
+        scale buffer."""
+        label = f"layers.{i}.moe.{name}"
         w = np.asarray(arrays.get("q_weight", arrays.get("weight")))  # a lazy join of mapped stacks: joined now
         for a in (w, arrays.get("q_scale")):
             if a is not None and a.nbytes > gpu.max_binding:
                 raise GpuError(f"{label} needs a {a.nbytes}-byte binding; this GPU allows {gpu.max_binding}")
         s = arrays["q_scale"] if "q_scale" in arrays else np.zeros(4, np.float16)
-        return gpu.upload(f"{label}.w", w.view(np.uint32)), gpu.upload(f"{label}.s", s)
+        return self._put(gpu, i, name, "w", w.view(np.uint32)), self._put(gpu, i, name, "s", s)
+
+    def _put(self, gpu, i: int, name: str, key: str, array: np.ndarray):
+        """Layer i's buffer `key` of stack `name` holding `array`: its own buffer, or where the stack is paired
+        (engine/blocks/moe_pairs.py) its part of the pair's buffer as a (buffer, offset, size) range."""
+        part = self.pairs.get((i, name, key))
+        if part is None:
+            return gpu.upload(f"layers.{i}.moe.{name}.{key}", array)
+        data = np.ascontiguousarray(array)
+        if data.nbytes != part.size:
+            raise GpuError(f"layers.{i}.moe.{name}.{key} is {data.nbytes} bytes; its part of {part.label} "
+                           f"{part.size}")
+        if part.label not in self._pair_bufs:
+            self._pair_bufs[part.label] = gpu.buffer(part.label, part.total)
+        buf = self._pair_bufs[part.label]
+        gpu.upload_at(buf, data, part.offset)
+        return buf, part.offset, part.size
 
     # ---- build -------------------------------------------------------------------------------------------
     def build(self, gpu, ws) -> None:
