@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as Q
 from wgpu.backends.wgpu_native import _api
 
 from engine import memfit
-from engine.blocks import DeviceTraits
+from engine.blocks import DeviceTraits, moe_pairs
 from engine.cli import main as cli_main
 from engine.model import load_model
 from tests.helpers import DIMS, cached_mlx, cached_tiny_hf, gguf_tensors, hf_weights, kquant_raw, write_gguf
@@ -43,6 +43,9 @@ CASES = {  # name: (checkpoint maker, load options)
     "moe-mlx-4bit": (lambda tmp: cached_mlx("q4"), {}),
     "moe-mlx-3bit": (lambda tmp: cached_mlx("q3exp"), {}),
     "moe-mlx-4bit-streamed": (lambda tmp: cached_mlx("q4"), {"streamed": 2}),  # 2 cache slots per layer
+    # every layer's expert stacks paired (engine/blocks/moe_pairs.py), as the real Qwen3.6's down / gate_up stacks
+    "moe-mlx-4bit-paired": (lambda tmp: cached_mlx("q4"), {"paired": True}),
+    "moe-mlx-3bit-paired": (lambda tmp: cached_mlx("q3exp"), {"paired": True}),
 }
 
 
@@ -62,6 +65,15 @@ def streaming_budget(path, gpu, slots: int, context: int) -> int:
 @pytest.mark.parametrize("context", [64, 200])
 def test_memfit_plans_every_buffer_the_runtime_creates(gpu, checkpoint, context, monkeypatch):
     path, options = checkpoint
+    if options.get("paired"):
+        with pytest.MonkeyPatch.context() as mp:  # for the load and the estimate (monkeypatch is undone between)
+            mp.setattr(moe_pairs, "PAIR_RANGE", (0, 2**40))
+            assert_memfit_plans_every_buffer(gpu, path, {}, context, monkeypatch, paired=True)
+    else:
+        assert_memfit_plans_every_buffer(gpu, path, options, context, monkeypatch)
+
+
+def assert_memfit_plans_every_buffer(gpu, path, options, context, monkeypatch, paired=False):
     kw = {"gpu_weights": streaming_budget(path, gpu, options["streamed"], context)} if options else {}
     gpu.sync()  # the device's own sync buffer exists before counting starts
     made = []
@@ -71,6 +83,7 @@ def test_memfit_plans_every_buffer_the_runtime_creates(gpu, checkpoint, context,
     rt = load_model(path, gpu=gpu, max_context=context, **kw).runtime
     monkeypatch.undo()
     assert (rt.plan.streaming is not None) == bool(options)
+    assert bool(getattr(rt.block("moe"), "pairs", None)) == paired  # tiny stacks pair only when told
     created = [(label, size) for label, size in made if label]  # wgpu-py's read_buffer makes unlabelled temporaries
     staging = [n for n in rt.plan.needs() if n.how == "staging"]  # the expert stream's, made by the stream itself
     assert created == [(n.label, n.bytes) for n in [*rt.plan.reserved(), *staging]] and not rt.unused_reservations
