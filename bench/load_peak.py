@@ -12,7 +12,9 @@ prediction (engine/memfit.py estimate with this GPU's traits: `gpu_bytes` steady
 `open_bytes`, the allocator block the opened device already holds), with the buffers and the allocator's overhead.
 `--window` sets the upload staging window in bytes (engine/gpu.py UPLOAD_WINDOW) for an A/B of the flushing;
 `--no-reserve` makes the buffers as the checkpoint streams in instead of largest first (Gpu.reserve off: the A/B of
-the reservation; memfit then does not model the order). NVIDIA GPUs only (the H200 the benchmarks run on).
+the reservation; memfit then does not model the order); `--no-pairs` keeps every MoE expert stack in its own buffer
+(engine/blocks/moe_pairs.py off: the A/B of the paired stacks; memfit plans the same).
+NVIDIA GPUs only (the H200 the benchmarks run on).
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ class Poller:
 
 
 def one(shape: str | None, checkpoint: str | None, context: int | None, window: float | None,
-        reserve: bool = True) -> dict:
+        reserve: bool = True, pairs: bool = True) -> dict:
     import numpy as np
 
     import engine.gpu
@@ -104,6 +106,10 @@ def one(shape: str | None, checkpoint: str | None, context: int | None, window: 
         engine.gpu.UPLOAD_WINDOW = int(window)
     if not reserve:
         Gpu.reserve = lambda self, needs: None
+    if not pairs:
+        from engine.blocks import moe_pairs
+
+        moe_pairs.PAIR_RANGE = (0, 0)
     used = UsedMemory()
     gpu = Gpu()
     gpu.sync()
@@ -139,7 +145,8 @@ def one(shape: str | None, checkpoint: str | None, context: int | None, window: 
     est = memfit.estimate(rt.spec, rt.max_context, formats=formats, options=rt.options, traits=DeviceTraits.of(gpu))
     steady_est, peak_est = est.gpu_bytes - est.open_bytes, est.load_gpu_bytes - est.open_bytes  # as measured here
     return {"shape": shape or checkpoint, "context": rt.max_context, "upload_window": engine.gpu.UPLOAD_WINDOW,
-            "reserved": reserve, "load_s": round(seconds, 1), "samples": poll.samples, "memory_source": used.source,
+            "reserved": reserve, "paired_stacks": pairs, "load_s": round(seconds, 1), "samples": poll.samples,
+            "memory_source": used.source,
             "predicted_steady_gb": round(steady_est / 1e9, 3), "measured_steady_gb": round(steady / 1e9, 3),
             "measured_after_prefill_gb": round(after_forward / 1e9, 3),
             "predicted_peak_gb": round(peak_est / 1e9, 3), "measured_peak_gb": round(peak / 1e9, 3),
@@ -160,11 +167,13 @@ if __name__ == "__main__":
     p.add_argument("--context", type=int, help="KV cache tokens (default: the catalog's default context)")
     p.add_argument("--window", type=float, help="upload staging window in bytes (engine/gpu.py UPLOAD_WINDOW)")
     p.add_argument("--no-reserve", action="store_true", help="make buffers in checkpoint order (Gpu.reserve off)")
+    p.add_argument("--no-pairs", action="store_true", help="every MoE expert stack in its own buffer")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child process: one load
     args = p.parse_args()
     if args.one or args.checkpoint:
         shape = None if args.checkpoint else args.shapes[0]
-        print(json.dumps(one(shape, args.checkpoint, args.context, args.window, not args.no_reserve)), flush=True)
+        print(json.dumps(one(shape, args.checkpoint, args.context, args.window, not args.no_reserve,
+                             not args.no_pairs)), flush=True)
         sys.exit(0)
     for shape in args.shapes or list(SHAPES):
         if shape not in SHAPES:
@@ -173,6 +182,7 @@ if __name__ == "__main__":
         cmd += ["--context", str(args.context)] if args.context else []
         cmd += ["--window", str(args.window)] if args.window is not None else []
         cmd += ["--no-reserve"] if args.no_reserve else []
+        cmd += ["--no-pairs"] if args.no_pairs else []
         done = subprocess.run(cmd, capture_output=True, text=True)
         line = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() else None
         print(line or json.dumps({"shape": shape, "error": (done.stderr or done.stdout).strip()[-2000:]}), flush=True)
