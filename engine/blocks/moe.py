@@ -37,6 +37,8 @@ stack of `stack_experts(i)` experts; a prefill chunk in batches runs the grouped
 into y_batch (`grouped_batch`), whose rows of the batch's experts the select copies into y. Each grouped output row is
 computed alone, so streamed and resident prefills give the same bits. Streaming never joins a 3-bit stack with a
 4-bit shared expert (its cache slots are whole routed experts).
+Resident stacks just over half an allocator block (Qwen3.6 4-bit down, 3-bit gate_up) are stored two layers to a
+buffer, each layer binding its part as a range (engine/blocks/moe_pairs.py): every pass reads `self.w` as it is.
 """
 
 from __future__ import annotations
