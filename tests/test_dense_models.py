@@ -168,6 +168,7 @@ def test_int8_decode_quantizes_only_the_rows_no_kernel_wrote(gpu, tiny):
     assert "quantize_q8" not in f32.dispatched_kernels() and "matvec_q8" not in f32.dispatched_kernels()
 
 
+@pytest.mark.slow  # an A/B variant, not the default path: the long pass runs it
 def test_gate_up_int8_row_leaves_the_decode_logits_bit_for_bit(gpu, tiny):
     """gate_up writing down's int8 row itself (matvec_q8_rms_q8, gate_up_q8=True: an A/B, slower on the H200) against
     the quantize_q8 dispatch it replaces (the default): one dispatch a layer fewer and the same decode logits to the

@@ -171,6 +171,7 @@ def test_gdn_recur(any_gpu, rng, KH, VH, DK, DV, T, pos0, WG, RSPLIT):
     check_recur(any_gpu, rng, "gdn_recur", consts, grid, T, pos0)
 
 
+@pytest.mark.slow  # an A/B variant, not the default path: the long pass runs it
 @pytest.mark.parametrize("KH,VH,DK,DV,T,pos0,WG,RSPLIT", [
     (2, 4, 32, 32, 6, 5, 64, 8), (1, 2, 48, 24, 3, 1, 8, 4), (2, 2, 16, 72, 1, 7, 32, 2), (2, 4, 32, 32, 4, 0, 64, 4),
     (16, 32, 128, 128, 2, 3, 64, 8), (16, 32, 128, 128, 1, 9, 64, 8), (2, 4, 40, 64, 9, 2, 128, 2),

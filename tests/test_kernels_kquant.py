@@ -270,7 +270,7 @@ def test_matvec_kq_q8_rows_and_block_counts(gpu, rng, tag, blocks, N, rows, gate
 @pytest.mark.parametrize("tag,vec4", [("q4_k", True), ("q5_k", True), ("q6_k", True), ("q6_k", False),
                                       ("q5_0", False), ("q5_1", False)])
 @pytest.mark.parametrize("blocks,N,gate_up", [(3, 37, False), (2, 11, True)])
-@pytest.mark.parametrize("stage", [False, True])
+@pytest.mark.parametrize("stage", [False, pytest.param(True, marks=pytest.mark.slow)])  # True: an A/B variant
 def test_matvec_kq_q8_item_kernels_staged_or_not(gpu, rng, tag, vec4, blocks, N, gate_up, stage):
     # STAGE off (the default: each lane orders its activations itself) and on (the row staged per workgroup, an A/B
     # that measured slower on the H200), both timed by bench/kquant_probe.py --variants.
@@ -333,6 +333,7 @@ def test_matvec_kq_q8_folded_grid_one_row_a_workgroup(gpu, rng, tag, knobs):
     check_int8_product(out, x, x_hat, scale, W, M, N, False, 8 + K // 32 + 64)
 
 
+@pytest.mark.slow  # an A/B variant, not the default path: the long pass runs it
 @pytest.mark.parametrize("tag", ["q2_k", "q3_k"])
 @pytest.mark.parametrize("blocks,N,rows,gate_up,knobs", [
     (1, 23, 1, False, {"split": 1, "stage": False}),  # 4 items a row: most lanes idle, rows past N

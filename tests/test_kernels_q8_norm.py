@@ -56,6 +56,7 @@ def test_matvec_q8_rms(gpu, rng, tag, K, N, gate_up, claimed):
     np.testing.assert_allclose(out, ref, rtol=0, atol=2e-5 * np.abs(ref).max())
 
 
+@pytest.mark.slow  # an A/B variant, not the default path: the long pass runs it
 @pytest.mark.parametrize("tag", list(Q4))
 @pytest.mark.parametrize("K,N,gate_up,claimed", [(128, 96, True, None), (256, 64, True, 4), (192, 32, True, 64),
                                                  (128, 64, True, 32), (128, 64, False, None)])
