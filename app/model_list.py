@@ -52,7 +52,7 @@ def model_rows(models: Path | None = None, context: int = 0, shared_memory: bool
     for e in catalog.all_models():
         installed, path = install_state(e, models)
         pending = (quick_only and e.runs and e.key not in _NO_ESTIMATE
-                   and not fit_is_quick(e, context or e.default_context))
+                   and not fit_is_quick(e, context or e.default_context, gpu_bytes))
         fit = None
         try:
             if not pending:
@@ -72,14 +72,14 @@ def model_rows(models: Path | None = None, context: int = 0, shared_memory: bool
     return rows
 
 
-def fill_fits(rows: list[ModelRow], context: int = 0) -> None:
-    """Work out the pending rows' estimates (slow: plans each model), so the next model_rows has them. Qt-free; the
-    window runs it on a background thread."""
+def fill_fits(rows: list[ModelRow], context: int = 0, gpu_bytes: int | None = None) -> None:
+    """Work out the pending rows' estimates (slow: plans each model; a MoE model's streaming plan too on a GPU of
+    `gpu_bytes`), so the next model_rows has them. Qt-free; the window runs it on a background thread."""
     from engine.memfit import check_fit
 
     for row in rows:
         if row.fit_pending:
             try:
-                check_fit(row.entry, context or row.entry.default_context)
+                check_fit(row.entry, context or row.entry.default_context, gpu_bytes_available=gpu_bytes)
             except Exception:  # shown as no fit, as model_rows does
                 _NO_ESTIMATE.add(row.entry.key)

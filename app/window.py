@@ -298,8 +298,10 @@ class MainWindow(QMainWindow):
 
         from app.model_list import fill_fits
 
-        def work(context=self.prefs.context) -> None:
-            fill_fits(pending, context)
+        context, gpu_bytes = self.prefs.context, self._fit_args()["gpu_bytes"]  # read here, on the GUI thread
+
+        def work() -> None:
+            fill_fits(pending, context, gpu_bytes)
             try:
                 self.fits_ready.emit()  # queued to the GUI thread
             except RuntimeError:  # the window is gone

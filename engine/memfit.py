@@ -200,10 +200,15 @@ def _entry_estimate(entry: CatalogEntry, context: int | None) -> MemoryEstimate:
     return _ESTIMATES[key]
 
 
-def fit_is_quick(entry: CatalogEntry, context: int | None = None) -> bool:
-    """True when check_fit(entry, context) will not plan the model again (its estimate is remembered): the GUI
-    asks this and leaves the others to a background thread."""
-    return _estimate_key(entry, context) in _ESTIMATES
+def fit_is_quick(entry: CatalogEntry, context: int | None = None, gpu_bytes: int | None = None) -> bool:
+    """True when check_fit(entry, context, gpu_bytes_available=gpu_bytes) will not plan the model again (its
+    estimate, and on a GPU of known size its streaming plan, are remembered): the GUI asks this and leaves the
+    others to a background thread."""
+    if _estimate_key(entry, context) not in _ESTIMATES:
+        return False
+    if gpu_bytes is None or not (entry.dims or {}).get("moe"):
+        return True
+    return _stream_key(entry, _ESTIMATES[_estimate_key(entry, context)].context, gpu_bytes) in _STREAM_FITS
 
 
 def gpu_memory(adapter=None) -> GpuMemory:
@@ -287,12 +292,16 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
 _STREAM_FITS: dict = {}
 
 
+def _stream_key(entry: CatalogEntry, context: int, gpu_available: int) -> tuple:
+    return entry.key, entry.dims_source, context, gpu_available
+
+
 def stream_fit_of(entry: CatalogEntry, context: int, gpu_available: int):
     """The streaming plan of a catalog MoE model on a GPU of `gpu_available` bytes, or None (remembered: the picker
     asks again on every refresh)."""
     from engine.memfit_stream import entry_formats, stream_fit
 
-    key = (entry.key, entry.dims_source, context, gpu_available)
+    key = _stream_key(entry, context, gpu_available)
     if key not in _STREAM_FITS:
         if not (entry.dims or {}).get("moe"):
             _STREAM_FITS[key] = None

@@ -304,3 +304,27 @@ def test_a_measured_rate_replaces_the_estimate(models, tmp_path):
     (tmp_path / "speeds.json").write_text("[" * 10_000)  # damaged: forgotten, and written afresh next time
     assert measured_rate("Vulkan|llvmpipe|Mesa", tmp_path) is None
     assert record_decode("Vulkan|llvmpipe|Mesa", bytes_, 40, 3.0, tmp_path) == bytes_ * 3.0
+
+
+def test_the_background_fill_leaves_the_picker_nothing_to_plan(models, monkeypatch):
+    """On a GPU of known size a MoE model's verdict also needs its streaming plan (auto_weights' search): fill_fits
+    (the picker's background thread) works it out with the same GPU size, so model_rows on the GUI thread plans
+    nothing; fit_is_quick is false until then."""
+    from app.model_list import fill_fits, model_rows
+    from engine import memfit_stream
+
+    monkeypatch.setattr(memfit, "_ESTIMATES", {})
+    monkeypatch.setattr(memfit, "_STREAM_FITS", {})
+    moe, gpu = models["qwen3.6-35b-a3b-mlx-4bit"], 8 * 2**30
+    memfit.check_fit(moe, moe.default_context)  # the estimate alone, as a fill without the GPU's size made it
+    assert memfit.fit_is_quick(moe, moe.default_context) and not memfit.fit_is_quick(moe, moe.default_context, gpu)
+    rows = model_rows(context=0, quick_only=True, gpu_bytes=gpu)
+    assert next(r for r in rows if r.entry.key == moe.key).fit_pending
+    fill_fits(rows, 0, gpu)
+    assert memfit.fit_is_quick(moe, moe.default_context, gpu)
+    planned = []
+    monkeypatch.setattr(memfit_stream, "stream_fit", lambda *a: planned.append(a))
+    monkeypatch.setattr(memfit, "estimate", lambda *a, **k: planned.append(a))
+    rows = model_rows(context=0, quick_only=True, gpu_bytes=gpu)
+    row = next(r for r in rows if r.entry.key == moe.key)
+    assert not row.fit_pending and "streamed from RAM" in row.fit.summary and planned == []
