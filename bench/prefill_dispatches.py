@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.decode_dispatches import build  # noqa: E402
+from bench.decode_dispatches import build, extrapolate  # noqa: E402
 from engine.gpu import Gpu  # noqa: E402
 from engine.runtime_options import RuntimeOptions  # noqa: E402
 
@@ -43,7 +43,7 @@ if __name__ == "__main__":
         ka, full = kernels(gpu, shape, a, options)
         kb, _ = kernels(gpu, shape, b, options)
         per_layer = {k: (kb[k] - ka[k]) / (b - a) for k in sorted(set(ka) | set(kb)) if kb[k] != ka[k]}
-        total = {k: ka[k] + (kb[k] - ka[k]) * (full - a) // (b - a) for k in sorted(set(ka) | set(kb))}
+        total = {k: extrapolate(ka[k], kb[k], a, b, full) for k in sorted(set(ka) | set(kb))}
         print(json.dumps({"shape": shape, "chunk": args.chunk, "options": json.loads(args.options),
                           "prefill_dispatches": sum(total.values()), "per_layer": per_layer, "kernels": total}),
               flush=True)

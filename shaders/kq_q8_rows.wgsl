@@ -17,21 +17,26 @@ fn kq_row_blocks(first: u32) -> array<u32, WROWS> {
     return blk0;
 }
 
+// Rows first .. first + ROWS below N from their sums (gate rows, then up rows with GATE_UP).
+fn write_kq_rows(first: u32, total: array<f32, WROWS>) {
+    for (var i = 0u; i < ROWS; i++) {
+        let r = first + i;
+        if (r < N) {
+            if (GATE_UP) {
+                y[r] = silu(total[i]) * total[ROWS + i];
+            } else {
+                y[r] = total[i];
+            }
+        }
+    }
+}
+
 // The subgroup's partial sums added across its lanes; lane 0 writes rows first .. first + ROWS below N.
 fn store_kq_rows(first: u32, acc: array<f32, WROWS>, lane: Lane) {
     var total: array<f32, WROWS>;
     for (var i = 0u; i < WROWS; i++) { total[i] = subgroupAdd(acc[i]); }
     if (lane.sg_lane == 0u) {
-        for (var i = 0u; i < ROWS; i++) {
-            let r = first + i;
-            if (r < N) {
-                if (GATE_UP) {
-                    y[r] = silu(total[i]) * total[ROWS + i];
-                } else {
-                    y[r] = total[i];
-                }
-            }
-        }
+        write_kq_rows(first, total);
     }
 }
 
@@ -46,15 +51,6 @@ fn store_kq_segments(first: u32, acc: array<f32, WROWS>, lane: Lane, seg: u32, s
         }
     }
     if (lane.sg_lane % seg_lanes == 0u) {
-        for (var i = 0u; i < ROWS; i++) {
-            let r = first + i;
-            if (r < N) {
-                if (GATE_UP) {
-                    y[r] = silu(total[i]) * total[ROWS + i];
-                } else {
-                    y[r] = total[i];
-                }
-            }
-        }
+        write_kq_rows(first, total);
     }
 }

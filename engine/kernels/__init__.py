@@ -43,6 +43,15 @@ def fold_grid(groups: int) -> tuple[int, int]:
     return x, y
 
 
+def row_outputs(kernel: str, rows_q8: bool, rows_f32: bool | None) -> dict:
+    """ROWS_F32 / ROWS_Q8 of a kernel that writes its output rows as f32, as int8 (the next int8 product's input, as
+    quantize_q8 writes it) or both; `rows_f32` None: f32 exactly when not int8."""
+    rows_f32 = not rows_q8 if rows_f32 is None else rows_f32
+    if not (rows_q8 or rows_f32):
+        raise ValueError(f"{kernel} must write its rows as f32, int8 or both")
+    return dict(ROWS_F32=bool(rows_f32), ROWS_Q8=bool(rows_q8))
+
+
 class KernelInterfaceError(ValueError):
     """A host/kernel mismatch: a binding or uniform field one side names and the other does not have."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from engine.kernels import declare
+from engine.kernels import declare, row_outputs
 
 ROPE_APPEND = declare("rope_append", writes=("q_out", "k_cache", "v_cache"))
 ATTENTION = declare("attention", writes=("out", "part_ml"))
@@ -43,11 +43,8 @@ def attention_tiled_plan(n_heads: int, n_kv_heads: int, head_dim: int, page: int
     hg = 1
     while group % (2 * hg) == 0 and 2 * hg <= TILED_ROWS:
         hg *= 2
-    rows_f32 = not rows_q8 if rows_f32 is None else rows_f32
-    if not (rows_q8 or rows_f32):
-        raise ValueError("attention_tiled must write its rows as f32, int8 or both")
     return dict(H=n_heads, KVH=n_kv_heads, HD=head_dim, HG=hg, PAGE=page, SCALE=1.0 / math.sqrt(head_dim),
-                ROWS_F32=bool(rows_f32), ROWS_Q8=bool(rows_q8))
+                **row_outputs("attention_tiled", rows_q8, rows_f32))
 
 
 def attention_tiled_grid(consts: dict, T: int) -> tuple[int, int, int]:
@@ -77,10 +74,7 @@ def attn_gate_plan(n: int, wg: int = 256, rows_q8: bool = False, rows_f32: bool 
     to int8, the o-projection's input (n and wg multiples of 32); `rows_f32` (default: not rows_q8) as f32."""
     if rows_q8 and (n % 32 or wg % 32):
         raise ValueError(f"attn_gate writes int8 rows only for whole 32-element chunks a workgroup, got N={n} WG={wg}")
-    rows_f32 = not rows_q8 if rows_f32 is None else rows_f32
-    if not (rows_q8 or rows_f32):
-        raise ValueError("attn_gate must write its rows as f32, int8 or both")
-    return dict(WG=wg, N=n, ROWS_F32=bool(rows_f32), ROWS_Q8=bool(rows_q8)), -(-n // wg)
+    return dict(WG=wg, N=n, **row_outputs("attn_gate", rows_q8, rows_f32)), -(-n // wg)
 
 
 def attention_decode_fits(head_dim: int, wg: int = DECODE_WG) -> bool:

@@ -3,7 +3,7 @@ decay/beta gates), the delta-rule recurrence and the gated output norm."""
 
 from __future__ import annotations
 
-from engine.kernels import declare, fold_grid
+from engine.kernels import declare, fold_grid, row_outputs
 
 GDN_CONV = declare("gdn_conv", writes=("state", "y", "gates"))
 GDN_RECUR = declare("gdn_recur", writes=("state", "out"))
@@ -95,8 +95,5 @@ def gdn_norm_plan(vh: int, dv: int, eps: float, row: int, z_off: int, rows_q8: b
     the out projection's input (DV a multiple of 32); `rows_f32` (default: not rows_q8) as f32."""
     if rows_q8 and dv % 32:
         raise ValueError(f"gdn_norm_out writes int8 rows only for a value head dim a multiple of 32, got {dv}")
-    rows_f32 = not rows_q8 if rows_f32 is None else rows_f32
-    if not (rows_q8 or rows_f32):
-        raise ValueError("gdn_norm_out must write its rows as f32, int8 or both")
     return dict(WG=min(256, max(32, 1 << (dv - 1).bit_length())), VH=vh, DV=dv, EPS=float(eps), ROW=row, Z_OFF=z_off,
-                ROWS_F32=bool(rows_f32), ROWS_Q8=bool(rows_q8))
+                **row_outputs("gdn_norm_out", rows_q8, rows_f32))

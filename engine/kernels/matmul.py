@@ -23,7 +23,7 @@ a sixth buffer. Two variables cannot share a binding index either (naga rejects 
 from __future__ import annotations
 
 from engine.formats import kquant
-from engine.kernels import declare, fold_grid
+from engine.kernels import declare, fold_grid, row_outputs
 
 MATVEC_INT4 = declare("matvec_int4", writes=("y",))
 MATVEC_SG = declare("matvec_sg", writes=("y",))
@@ -268,15 +268,13 @@ def rows_q8_consts(N: int, gate_up: bool, tn: int | None, rows_q8: bool, rows_f3
     """(ROWS_F32 / ROWS_Q8 constants, TN) of an int8-activation GEMM (shaders/gemm_rows_q8.wgsl): with `rows_q8` the
     gate_up tile is one 32-element chunk of Y's row wide, so it can write that chunk in int8; `rows_f32` defaults to
     not rows_q8. `tn` None: the kernel's default, filled in by the caller."""
-    rows_f32 = not rows_q8 if rows_f32 is None else rows_f32
-    if not (rows_q8 or rows_f32):
-        raise ValueError("a GEMM must write its rows as f32, int8 or both")
+    rows = row_outputs("a GEMM", rows_q8, rows_f32)
     if rows_q8:
         if not gate_up or N % CHUNK or tn not in (None, CHUNK):
             raise ValueError(f"int8 output rows need gate_up, N a multiple of {CHUNK} and TN = {CHUNK} (one chunk a "
                              f"tile); got gate_up={gate_up}, N={N}, TN={tn}")
         tn = CHUNK
-    return dict(ROWS_F32=bool(rows_f32), ROWS_Q8=bool(rows_q8)), tn
+    return rows, tn
 
 
 def rows_q8_stage_bytes(tm: int, rows_q8: bool) -> int:
