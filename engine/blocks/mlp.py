@@ -1,6 +1,6 @@
 """The dense feed-forward block: gate_up (gate rows then up rows, one matrix) with SiLU(gate)·up fused into its
-product, then down. Where the decode matvecs carry the norms (engine/blocks/residual.py), gate_up also writes its
-output row in int8 (matvec_q8_rms_q8), so down reads it with no quantize_q8 dispatch between them; with int8 prefill
+product, then down. In decode a quantize_q8 dispatch writes down's int8 input (with RuntimeOptions.gate_up_q8, an
+A/B measured slower, gate_up writes it itself where the matvecs carry the norms: matvec_q8_rms_q8); with int8 prefill
 GEMMs on both (and the arithmetic's int8_epilogues) the gate_up GEMM writes SiLU(gate)·up's rows in int8 into buffers
 of their own, which down's GEMM reads."""
 
