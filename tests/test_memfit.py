@@ -327,4 +327,5 @@ def test_the_background_fill_leaves_the_picker_nothing_to_plan(models, monkeypat
     monkeypatch.setattr(memfit, "estimate", lambda *a, **k: planned.append(a))
     rows = model_rows(context=0, quick_only=True, gpu_bytes=gpu)
     row = next(r for r in rows if r.entry.key == moe.key)
-    assert not row.fit_pending and "streamed from RAM" in row.fit.summary and planned == []
+    # the streaming plan is in the verdict (whether RAM then suffices depends on this machine), none planned here
+    assert not row.fit_pending and row.fit.stream is not None and row.fit.stream.slots > 0 and planned == []
