@@ -24,7 +24,8 @@ combine weights stay the router's, so the work per token is unchanged.
 the routing's readback and reading it, the benchmark's routing draws and their write to the GPU ("route", not part of
 the product's work), the policy, staging waits, gathers, recording the copies, slot writes; "other" is the rest of
 the token's wall time). --poll-here waits for the mappings by polling the device on the calling thread instead of
-through wgpu-py's poll thread (the A/B behind Gpu.wait_map). The small shapes run on a software GPU, where waits
+through wgpu-py's poll thread (the A/B behind Gpu.wait_map); --wait polled waits for them by non-blocking polls
+(engine/mapping.py PolledMap; the default is expert_cache.MAP_WAIT). The small shapes run on a software GPU, where waits
 hold the GPU's compute but host phases are host costs.
 A budget "slots:N" leaves N cache slots per layer.
 
@@ -214,6 +215,8 @@ def main(argv=None) -> int:
     p.add_argument("--breakdown", action="store_true", help="host ms per decode token by phase")
     p.add_argument("--poll-here", action="store_true", help="A/B: wait for mappings by polling the device on the "
                                                              "calling thread instead of through wgpu-py's poll thread")
+    p.add_argument("--wait", choices=["thread", "polled"], help="A/B: how the routing readbacks and staging "
+                   "buffers are waited for (default: engine/blocks/expert_cache.py's MAP_WAIT; engine/mapping.py)")
     p.add_argument("--gather-threads", type=int, help="A/B: threads that gather missed experts (default: "
                                                      "engine/blocks/expert_cache.py's GATHER_THREADS)")
     p.add_argument("--time-limit", type=float, default=390, help="seconds; configurations not started by then are "
@@ -221,9 +224,11 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     started = time.perf_counter()
     gpu = Gpu()
+    from engine.blocks import expert_cache
     if args.gather_threads:
-        from engine.blocks import expert_cache
         expert_cache.GATHER_THREADS = args.gather_threads
+    if args.wait:
+        expert_cache.MAP_WAIT = args.wait
     if args.poll_here:
         gpu.wait_map = lambda promise: poll_here(gpu, promise)
     results = []
@@ -238,7 +243,7 @@ def main(argv=None) -> int:
                 json.dump({"partial": True, "results": results}, f, indent=1)
     doc = {"date": datetime.date.today().isoformat(), "gpu": gpu.info.name, "backend": gpu.info.backend,
            "driver": gpu.info.driver, "commit": bench.git_commit(), "poll_here": args.poll_here,
-           "gather_threads": args.gather_threads, "results": results}
+           "gather_threads": args.gather_threads, "wait": expert_cache.MAP_WAIT, "results": results}
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
     print(f"{'shape':22s} {'budget':>7s} {'routing':8s} {'slots':>5s} {'tok/s':>7s} {'hits':>6s} {'MB/tok':>7s} "

@@ -24,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import wgpu
 
-    from engine.blocks.expert_cache import STAGING, _mapped_bytes
+    from engine.blocks.expert_cache import STAGING
+    from engine.mapping import ThreadMap
     from engine.gpu import Gpu
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -73,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
 
             def into_staging(th=th, pool=pool):
                 staging.map_sync(wgpu.MapMode.WRITE)
-                view = _mapped_bytes(staging, total)
+                view = ThreadMap(None, staging).view(0, (total + 3) // 4 * 4, True)
                 gather(view, th, pool)
                 del view
                 staging.unmap()

@@ -427,6 +427,42 @@ def test_a_token_stopped_half_way_leaves_the_cache_exact(pair, monkeypatch):
 
 
 @pytest.mark.slow
+def test_polled_mappings_give_the_resident_models_logits_and_tokens(gpu, monkeypatch):
+    """The routing readbacks and staging buffers waited for by polling on the calling thread (expert_cache.MAP_WAIT
+    "polled", engine/mapping.py): prefill in batches of cached experts, greedy decode in segments, and a token
+    stopped half-way give the resident model's logits and tokens, bit for bit."""
+    from engine.blocks import expert_cache
+    from engine.mapping import PolledMap
+
+    monkeypatch.setattr(expert_cache, "MAP_WAIT", "polled")
+    path = cached_mlx("q4")
+    resident = load_model(path, gpu=gpu, **KW)
+    streamed = load_model(path, gpu=gpu, gpu_weights=budgets(resident, 3), **KW)
+    moe, st = streamed.runtime.block("moe"), streamed.runtime.plan.streaming
+    assert all(isinstance(m, PolledMap) for m in [*st.readback_maps.values(), *st.staging_maps])
+    ids = np.random.default_rng(8).integers(0, resident.runtime.spec.vocab, 70)
+    before = st.misses
+    assert np.array_equal(streamed.logits(ids), resident.logits(ids))
+    assert st.misses - before > 8 * 4  # batches: evicted and refilled
+    prompt = [int(t) for t in np.random.default_rng(9).integers(0, 256, 30)]
+    want = greedy(resident, prompt, 24)
+    assert greedy(streamed, prompt, 24) == want
+    resolve, calls = moe.resolve, []
+
+    def failing(rec, layer):
+        resolve(rec, layer)
+        calls.append(layer)
+        if len(calls) == 7:
+            raise RuntimeError("stopped")
+
+    monkeypatch.setattr(moe, "resolve", failing)
+    with pytest.raises(RuntimeError, match="stopped"):
+        greedy(streamed, prompt, 24)
+    monkeypatch.setattr(moe, "resolve", resolve)
+    assert greedy(streamed, prompt, 24) == want
+
+
+@pytest.mark.slow
 def test_budget_below_the_minimum_names_it(gpu):
     path = cached_mlx("q4")
     resident = load_model(path, gpu=gpu, **KW)

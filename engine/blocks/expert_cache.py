@@ -17,8 +17,8 @@ A decode token keeps the host off the GPU's path where it can (engine/transforme
 a MoE layer's routing is recorded while the one before runs; the layer's slots come from a per-layer expert -> slot
 table on the GPU (shaders/expert_slots.wgsl) that every upload updates, so a layer whose experts are all cached
 needs no host write; the uploads go in the same submission as the segment after them; the routing's readback
-alternates between two buffers (waited for through wgpu-py's poll thread: Gpu.wait_map); staging buffers are
-mapped again while the GPU runs, so an upload finds one ready.
+alternates between two buffers (waited for as MAP_WAIT says: engine/mapping.py); staging buffers are mapped again
+while the GPU runs, so an upload finds one ready.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import wgpu
 
 from engine.blocks import BufferNeed, buffer_bytes
 from engine.gpu import copy_buffer
+from engine.mapping import buffer_map
 
 STAGING_EXPERTS = 32  # experts per upload round (the staging buffer holds this many, or the cache if smaller)
 STAGING = wgpu.BufferUsage.MAP_WRITE | wgpu.BufferUsage.COPY_SRC
@@ -218,12 +219,16 @@ class ExpertStream:
         size = buffer_bytes(self.staging_size())
         self.staging = [gpu.device.create_buffer(label=f"moe.expert_staging.{j}", size=size, usage=STAGING,
                                                  mapped_at_creation=True) for j in range(2)]
-        self._staged: list = ["mapped", "mapped"]  # per staging buffer: "mapped", a map promise, or "used"
+        self.staging_maps = [buffer_map(gpu, b, MAP_WAIT) for b in self.staging]
+        self.readback_maps = {id(b): buffer_map(gpu, b, MAP_WAIT) for b in self.readbacks}
+        for m in self.staging_maps:
+            m.mapped_now()
+        self._staged: list = ["mapped", "mapped"]  # per staging buffer: "mapped", "pending" (asked for) or "used"
         self._unsent: set[int] = set()  # staging buffers read by command buffers still in `pending`
         self.pending: list = []  # upload command buffers not yet handed to a recorder
         self._turn = 0
         self._requested: list = []  # readback buffers a recorded copy of the routing targets, oldest first
-        self._reading = None  # (readback buffer, its map promise, tokens) of the routing submitted last
+        self._reading = None  # (readback mapping, tokens) of the routing submitted last
         self._rb_turn = 0
         self._write_tables()
 
@@ -251,10 +256,10 @@ class ExpertStream:
         self._unsent.clear()
         self._requested.clear()
         if self._reading is not None:
-            buf, promise, _ = self._reading
+            m, _ = self._reading
             self._reading = None
-            self.gpu.wait_map(promise)
-            buf.unmap()
+            m.wait()
+            m.unmap()
         self._forget_slots()
         self._write_tables()
 
@@ -277,38 +282,40 @@ class ExpertStream:
         """Right after the submit holding the oldest requested copy: map its buffer, and the staging buffers whose
         copies went in that submit or before, all to land when the GPU gets there."""
         buf, T = self._requested.pop(0)
-        self._reading = (buf, buf.map_async("READ_NOSYNC", 0, 4 * T * self.n_slots), T)
+        m = self.readback_maps[id(buf)]
+        m.map("READ_NOSYNC", 0, 4 * T * self.n_slots)
+        self._reading = (m, T)
         for j, state in enumerate(self._staged):
             if state == "used" and j not in self._unsent:
-                self._staged[j] = self.staging[j].map_async(wgpu.MapMode.WRITE, 0, self.staging[j].size)
+                self.staging_maps[j].map(wgpu.MapMode.WRITE, 0, self.staging[j].size)
+                self._staged[j] = "pending"
 
     def wait_ids(self) -> np.ndarray:
         """The routing [T, n_slots] mapped last (map_ids), once the GPU has written it."""
-        buf, promise, T = self._reading
+        m, T = self._reading
         t0 = time.perf_counter()
-        self.gpu.wait_map(promise)
+        m.wait()
         t1 = time.perf_counter()
         self._reading = None  # mapped now (an interrupted wait leaves it for forget)
         try:
-            return np.frombuffer(buf.read_mapped(0, 4 * T * self.n_slots, copy=False), np.uint32).reshape(
-                T, self.n_slots).copy()
+            return m.view(0, 4 * T * self.n_slots, False).view(np.uint32).reshape(T, self.n_slots).copy()
         finally:
-            buf.unmap()
+            m.unmap()
             self.seconds["ids_wait"] += t1 - t0
             self.seconds["ids_read"] += time.perf_counter() - t1
 
     # ---- uploads -----------------------------------------------------------------------------------------------
     def _ready_staging(self, j: int):
         """Staging buffer j mapped for writing (its earlier copies done)."""
-        state = self._staged[j]
+        state, m = self._staged[j], self.staging_maps[j]
         if state == "used":
             if j in self._unsent:  # its copies are not submitted yet: they go now, ahead of anything else
                 self.gpu.queue.submit(self.take_pending())
-            state = self.staging[j].map_async(wgpu.MapMode.WRITE, 0, self.staging[j].size)
+            m.map(wgpu.MapMode.WRITE, 0, self.staging[j].size)
         if state != "mapped":
-            self.gpu.wait_map(state)
+            m.wait()
             self._staged[j] = "mapped"
-        return self.staging[j]
+        return m
 
     def upload(self, layer: int, cache: dict[tuple[str, str], object], loads: list[tuple[int, int]]) -> None:
         """Copy the experts `loads` ([(expert, slot)]) from the host stacks into their cache slots, and the layer's
@@ -328,14 +335,15 @@ class ExpertStream:
             j = self._turn
             self._turn ^= 1
             t0 = time.perf_counter()
-            staging = self._ready_staging(j)
+            staging_map = self._ready_staging(j)
+            staging = self.staging[j]
             t1 = time.perf_counter()
             sec["staging_wait"] += t1 - t0
             offsets, offset = {}, 0
             for part in parts:
                 offsets[part], offset = offset, offset + len(batch) * self.part_bytes[part]
             table_at, end = offset, offset + 4 * self.E * last
-            mapped = _mapped_bytes(staging, end)
+            mapped = staging_map.view(0, (end + 3) // 4 * 4, True)
             try:
                 if mapped is not None:  # straight into the mapped staging: one host copy, on several threads
                     _gather_all([(host[part], ids, mapped[offsets[part]:offsets[part] + len(batch) *
@@ -344,12 +352,12 @@ class ExpertStream:
                         mapped[table_at:end] = self.slot_of[layer].view(np.uint8)
                 else:
                     for part in parts:
-                        staging.write_mapped(_gather(host[part], ids), offsets[part])
+                        staging_map.write(_gather(host[part], ids), offsets[part])
                     if last:
-                        staging.write_mapped(self.slot_of[layer], table_at)
+                        staging_map.write(self.slot_of[layer], table_at)
             finally:
                 del mapped  # no view of the mapping may outlive it
-                staging.unmap()
+                staging_map.unmap()
             t2 = time.perf_counter()
             sec["gather"] += t2 - t1
             enc = self.gpu.device.create_command_encoder(label="expert-upload")
@@ -396,6 +404,9 @@ def _gather(arr, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 _POOL = None
 # numpy's copies release the GIL, but reading experts from DRAM saturates at a few threads (bench/host_copy_probe.py)
 GATHER_THREADS = min(4, os.cpu_count() or 1)
+# How the routing readbacks and staging buffers are waited for (engine/mapping.py): "thread" (wgpu-py's poll thread)
+# or "polled" (non-blocking device polls on the calling thread); bench/expert_stream.py --wait is the A/B.
+MAP_WAIT = "thread"
 MIN_THREAD_BYTES = 1 << 20  # below this a share runs on the caller's thread alone
 
 
@@ -443,18 +454,6 @@ def _gather_all(jobs: list[tuple]) -> None:
 def _copy_all(pairs: list[tuple[np.ndarray, np.ndarray]]) -> None:
     for src, dst in pairs:
         np.copyto(dst, src)
-
-
-def _mapped_bytes(buf, size: int) -> np.ndarray | None:
-    """A writable u8 view of a buffer mapped for writing (wgpu-py's experimental accessor), else None."""
-    get = getattr(buf, "_experimental_get_mapped_range", None)
-    if get is None:
-        return None
-    try:
-        view = np.frombuffer(get(0, (size + 3) // 4 * 4), np.uint8)
-    except (TypeError, ValueError, RuntimeError):
-        return None
-    return view if view.flags.writeable else None
 
 
 def _runs(slots: list[int]) -> list[tuple[int, int, int]]:
