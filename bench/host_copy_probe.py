@@ -25,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     import wgpu
 
     from engine.blocks.expert_cache import STAGING
-    from engine.mapping import ThreadMap
     from engine.gpu import Gpu
+    from engine.mapping import ThreadMap
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mib", type=float, default=8.0, help="bytes a round moves (a layer's misses)")
