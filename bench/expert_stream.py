@@ -23,10 +23,10 @@ combine weights stay the router's, so the work per token is unchanged.
 --breakdown adds the host seconds per decode token by phase (ExpertStream.seconds: recording, submits, waiting for
 the routing's readback and reading it, the benchmark's routing draws and their write to the GPU ("route", not part of
 the product's work), the policy, staging waits, gathers, recording the copies, slot writes; "other" is the rest of
-the token's wall time). --poll-here waits for the mappings by polling the device on the calling thread instead of
-through wgpu-py's poll thread (the A/B behind Gpu.wait_map); --wait polled waits for them by non-blocking polls
-(engine/mapping.py PolledMap; the default is expert_cache.MAP_WAIT). The small shapes run on a software GPU, where waits
-hold the GPU's compute but host phases are host costs.
+the token's wall time). The mappings are waited for by non-blocking device polls on the calling thread (engine/
+mapping.py PolledMap, expert_cache.MAP_WAIT's default); --wait thread waits through wgpu-py's poll thread instead,
+and --poll-here (implies --wait thread) by a blocking poll on the calling thread (the A/B behind Gpu.wait_map). The
+small shapes run on a software GPU, where waits hold the GPU's compute but host phases are host costs.
 A budget "slots:N" leaves N cache slots per layer.
 
 Fits in about 5 minutes on one H200 (two shapes × four budgets, 64 decode tokens per run after a 24-token warm-up,
@@ -227,8 +227,8 @@ def main(argv=None) -> int:
     from engine.blocks import expert_cache
     if args.gather_threads:
         expert_cache.GATHER_THREADS = args.gather_threads
-    if args.wait:
-        expert_cache.MAP_WAIT = args.wait
+    if args.wait or args.poll_here:
+        expert_cache.MAP_WAIT = "thread" if args.poll_here else args.wait
     if args.poll_here:
         gpu.wait_map = lambda promise: poll_here(gpu, promise)
     results = []

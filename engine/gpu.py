@@ -281,8 +281,9 @@ class Gpu:
         return np.frombuffer(raw, dtype=dtype).copy()
 
     def wait_map(self, promise) -> None:
-        """Block until a buffer mapping (map_async's promise) has landed, through wgpu-py's poll thread. Polling the
-        device on this thread instead (device._poll_wait) measured several times slower on the H200 (BENCH.md)."""
+        """Block until a buffer mapping (map_async's promise) has landed, through wgpu-py's poll thread. A blocking
+        poll on this thread instead (device._poll_wait) measured several times slower on the H200; the streamed
+        experts' many short waits poll without blocking (engine/mapping.py PolledMap; BENCH.md)."""
         promise.sync_wait()
 
     def sync(self) -> None:

@@ -404,9 +404,9 @@ def _gather(arr, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 _POOL = None
 # numpy's copies release the GIL, but reading experts from DRAM saturates at a few threads (bench/host_copy_probe.py)
 GATHER_THREADS = min(4, os.cpu_count() or 1)
-# How the routing readbacks and staging buffers are waited for (engine/mapping.py): "thread" (wgpu-py's poll thread)
-# or "polled" (non-blocking device polls on the calling thread); bench/expert_stream.py --wait is the A/B.
-MAP_WAIT = "thread"
+# How the routing readbacks and staging buffers are waited for (engine/mapping.py): "polled" (non-blocking device
+# polls on the calling thread) or "thread" (wgpu-py's poll thread: slower, BENCH.md); bench/expert_stream.py --wait.
+MAP_WAIT = "polled"
 MIN_THREAD_BYTES = 1 << 20  # below this a share runs on the caller's thread alone
 
 
