@@ -25,6 +25,9 @@ try:
 except (ImportError, AttributeError):  # another wgpu-py layout: only ThreadMap
     _ffi = _lib = None
 
+# A pending PolledMap stays referenced here until its callback runs: wgpu-native calls it at some later poll (with an
+# error status when the buffer was destroyed first), which must never find the callback freed.
+_PENDING: set = set()
 SPIN_SECONDS = 0.002  # then a blocking poll: a long wait (a big upload ahead of it) does not burn a core throughout
 WAITS = ("thread", "polled")
 
@@ -106,9 +109,11 @@ class PolledMap:
         if status != _lib.WGPUMapAsyncStatus_Success and message.data != _ffi.NULL:
             self.message = _ffi.string(message.data, message.length).decode("utf-8", "replace")
         self.status = int(status)
+        _PENDING.discard(self)
 
     def map(self, mode, offset: int, size: int) -> None:
         self.status, self.message, self._pending = None, "", True
+        _PENDING.add(self)
         _lib.wgpuBufferMapAsync(self.buf._internal, _mode(mode), offset, size, self._info[0])
 
     def mapped_now(self) -> None:

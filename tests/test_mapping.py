@@ -79,3 +79,23 @@ def test_a_failed_polled_mapping_names_the_buffer(gpu):
 def test_an_unknown_wait_is_refused(gpu):
     with pytest.raises(ValueError, match="thread, polled"):
         buffer_map(gpu, None, "spin")
+
+
+def test_a_buffer_destroyed_while_its_polled_mapping_is_pending_is_safe(gpu):
+    """The mapping's callback runs at a later poll, after its PolledMap was dropped: it must still be alive then."""
+    import gc
+
+    staging = gpu.device.create_buffer(label="map-staging", size=256, usage=WRITE)
+    busy = gpu.upload("map-busy", np.zeros(1 << 16, np.float32))
+    sink = gpu.buffer("map-sink", 1 << 18, STORAGE)
+    enc = gpu.device.create_command_encoder()
+    enc.copy_buffer_to_buffer(busy, 0, sink, 0, 1 << 18)
+    gpu.queue.submit([enc.finish()])
+    m = PolledMap(gpu, staging)
+    m.map(wgpu.MapMode.WRITE, 0, 256)
+    assert m in mapping._PENDING
+    staging.destroy()
+    del m
+    gc.collect()
+    gpu.sync()  # polls: the callback runs now, on the PolledMap kept pending
+    assert not [p for p in mapping._PENDING if p.buf is staging]
