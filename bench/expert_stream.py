@@ -219,6 +219,8 @@ def main(argv=None) -> int:
                    "buffers are waited for (default: engine/blocks/expert_cache.py's MAP_WAIT; engine/mapping.py)")
     p.add_argument("--gather-threads", type=int, help="A/B: threads that gather missed experts (default: "
                                                      "engine/blocks/expert_cache.py's GATHER_THREADS)")
+    p.add_argument("--min-thread-kib", type=int, help="A/B: the least bytes (KiB) a gather thread gets (default: "
+                   "engine/blocks/expert_cache.py's MIN_THREAD_BYTES)")
     p.add_argument("--time-limit", type=float, default=390, help="seconds; configurations not started by then are "
                                                                 "recorded as skipped (the run must fit 8 minutes)")
     args = p.parse_args(argv)
@@ -227,6 +229,8 @@ def main(argv=None) -> int:
     from engine.blocks import expert_cache
     if args.gather_threads:
         expert_cache.GATHER_THREADS = args.gather_threads
+    if args.min_thread_kib:
+        expert_cache.MIN_THREAD_BYTES = args.min_thread_kib * 1024
     if args.wait or args.poll_here:
         expert_cache.MAP_WAIT = "thread" if args.poll_here else args.wait
     if args.poll_here:
@@ -243,7 +247,8 @@ def main(argv=None) -> int:
                 json.dump({"partial": True, "results": results}, f, indent=1)
     doc = {"date": datetime.date.today().isoformat(), "gpu": gpu.info.name, "backend": gpu.info.backend,
            "driver": gpu.info.driver, "commit": bench.git_commit(), "poll_here": args.poll_here,
-           "gather_threads": args.gather_threads, "wait": expert_cache.MAP_WAIT, "results": results}
+           "gather_threads": args.gather_threads,
+           "min_thread_bytes": expert_cache.MIN_THREAD_BYTES, "wait": expert_cache.MAP_WAIT, "results": results}
     with open(args.json, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
     print(f"{'shape':22s} {'budget':>7s} {'routing':8s} {'slots':>5s} {'tok/s':>7s} {'hits':>6s} {'MB/tok':>7s} "
