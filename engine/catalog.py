@@ -65,6 +65,7 @@ class CatalogEntry:
     package: str | None = None
     sha256: str | None = None
     path: str | None = None  # local models only
+    file_type: str | None = None  # a GGUF build's general.file_type, as llama-quantize names it (Q4_K_M): memfit's mix
 
     @property
     def is_local(self) -> bool:
@@ -88,7 +89,7 @@ _TYPES = {
     "generation": (dict, True), "generation_source": (str, False), "runs": (bool, False), "runs_reason": (str, True),
     "weights_approximate": (bool, False), "ram_warning_bytes": (int, True), "ram_warning": (str, True),
     "dims_source": (str, False), "license_source": (str, False), "notes": (str, False), "package": (str, True),
-    "sha256": (str, True), "path": (str, True),
+    "sha256": (str, True), "path": (str, True), "file_type": (str, True),
 }
 _REQUIRED = [f.name for f in fields(CatalogEntry) if f.default is MISSING and f.default_factory is MISSING]
 
@@ -137,6 +138,13 @@ def entry_from_dict(raw, where: str) -> CatalogEntry:
     if raw["default_context"] > raw["max_context"]:
         raise bad("default_context", f"({raw['default_context']}) exceeds max_context ({raw['max_context']})")
     _check_dims(raw["dims"], bad)
+    if raw.get("file_type") is not None:
+        from engine.formats.gguf_mix import FILE_TYPES
+
+        if raw["format"] != "gguf":
+            raise bad("file_type", f"is for GGUF builds, not {raw['format']}")
+        if raw["file_type"] not in FILE_TYPES:
+            raise bad("file_type", f"must be one of {', '.join(FILE_TYPES)}, got {raw['file_type']!r}")
     if raw["kv_bytes_per_token"] != kv_bytes_per_token(raw["dims"]):
         raise bad("kv_bytes_per_token", f"is {raw['kv_bytes_per_token']} but the dims give "
                                         f"2·{raw['dims']['kv_layers']}·{raw['dims']['num_kv_heads']}·"

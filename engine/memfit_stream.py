@@ -48,9 +48,14 @@ def decode_rate(slots: int, experts: int, top_k: int, layers: int, expert_bytes:
 
 
 def entry_formats(entry, spec) -> dict[str, str] | None:
-    """Per-matrix formats of a catalog MLX MoE build, as mlx-lm quantizes it: the router and the shared-expert gate
-    8-bit, the routed experts at dims.moe.expert_bits (default 4), every other matrix 4-bit. None for other
-    formats (the plan's default, q4f16_1, is as large as 4-bit MLX)."""
+    """Per-matrix formats of a catalog build. An MLX MoE build as mlx-lm quantizes it: the router and the
+    shared-expert gate 8-bit, the routed experts at dims.moe.expert_bits (default 4), every other matrix 4-bit. A
+    GGUF build with a file_type: llama-quantize's mix (engine/formats/gguf_mix.py). None for the rest (the plan's
+    default, q4f16_1)."""
+    if entry.format == "gguf" and getattr(entry, "file_type", None):
+        from engine.formats.gguf_mix import file_type_formats
+
+        return file_type_formats(entry.file_type, entry.architecture, entry.dims)
     if entry.format != "mlx":
         return None
     from engine.models import model_module

@@ -13,6 +13,7 @@ from bench import gguf_standin as s
 from engine import memfit
 from engine.catalog import load_catalog
 from engine.formats.gguf import GgufCheckpoint
+from engine.memfit_stream import entry_formats
 from engine.model import load_model
 from engine.models import model_module
 from tests.helpers import demo_gguf
@@ -47,6 +48,8 @@ def test_the_demo_stand_in_is_the_real_files_layout(tmp_path):
     ours, real = GgufCheckpoint(path).config, GgufCheckpoint(demo_gguf()).config
     assert {k: v for k, v in real.items() if not k.endswith("_token_id")} == ours
     assert s.uploaded_bytes(e) == e.weights_bytes
+    formats, mix = GgufCheckpoint(demo_gguf()).runtime_formats(), entry_formats(e, None)  # memfit's from file_type
+    assert {n: formats[n] for n in mix} == mix and {formats[n] for n in set(formats) - set(mix)} == {"f16"}
 
 
 @pytest.mark.parametrize("key", Q4_K_M)
@@ -71,6 +74,8 @@ def test_q4_k_m_stand_ins_are_the_catalogs_builds(tmp_path, key):
     assert (cfg["rope_scaling"] or {}).get("rope_type") == ROPE[key]
     plan = memfit.estimate(file_spec(ckpt), e.default_context, formats=formats)
     assert s.uploaded_bytes(e) == e.weights_bytes == memfit.estimate(e).weights_bytes == plan.weights_bytes
+    catalog = memfit.estimate(e)  # planned from the catalog's file_type: the file's buffers, to the byte
+    assert (catalog.gpu_bytes, catalog.load_gpu_bytes) == (plan.gpu_bytes, plan.load_gpu_bytes)
     # the file is its header plus every tensor's bytes, each padded to the 32-byte alignment
     tensors = GGUFReader(path).tensors
     assert path.stat().st_size == int(tensors[-1].data_offset) + int(tensors[-1].n_bytes)

@@ -216,6 +216,8 @@ def write_catalog(tmp_path, edit) -> Path:
     (lambda m: m[0].update(key="Phi 3"), "key"),
     (lambda m: m[0].update(colour="blue"), "colour"),
     (lambda m: m[1].update(key=m[0]["key"]), "key"),
+    (lambda m: m[0].update(file_type="Q4_K_M"), "file_type"),  # an MLC build has none
+    (lambda m: next(e for e in m if e["format"] == "gguf").update(file_type="IQ2_XS"), "file_type"),
 ])
 def test_malformed_catalog_names_the_file_and_field(tmp_path, edit, field):
     path = write_catalog(tmp_path, edit)

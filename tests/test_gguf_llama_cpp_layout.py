@@ -17,6 +17,7 @@ from gguf.quants import quantize as gguf_quantize
 from engine.catalog import add_local
 from engine.errors import ModelFormatError
 from engine.formats.gguf import GgufCheckpoint
+from engine.formats.gguf_mix import file_type_formats
 from engine.model import load_model
 from engine.sampling import SamplingParams
 from engine.tokenizer_loader import load_tokenizer
@@ -149,6 +150,11 @@ def test_reader_formats_follow_the_mix(q4_k_m):
         assert formats[f"layers.{i}.down"] == ("q8_0" if more else "q5_0")  # 384-wide rows: the fallbacks
         assert formats[f"layers.{i}.gate_up"] == formats[f"layers.{i}.o"] == "q4_k"
         assert formats[f"layers.{i}.attn_norm"] == "f16"
+    # memfit plans a catalog Q4_K_M build from the file type alone: the same mix, fallbacks included
+    dims = dict(hidden_size=DIMS["dim"], num_layers=DIMS["layers"], num_heads=DIMS["heads"], head_dim=DIMS["head_dim"],
+                ffn_dim=DIMS["ffn"], tied_embeddings=True)
+    mix = file_type_formats("Q4_K_M", "qwen3", dims)
+    assert {n: formats[n] for n in mix} == mix and set(formats) - set(mix) == {n for n in formats if "norm" in n}
 
 
 def test_add_local_model_takes_it(q4_k_m, tmp_path):
