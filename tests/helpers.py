@@ -939,6 +939,21 @@ def use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+def q4_k_m_formats(e) -> dict[str, str]:
+    """The runtime formats of a Q4_K_M file of this architecture, by llama.cpp's llama_tensor_get_type (every matrix
+    here has rows of whole 256-blocks): Q4_K, Q6_K for the output (the tied embedding) and for attn_v / ffn_down of
+    the use_more_bits layers, Phi-3's fused attn_qkv Q5_K."""
+    d = e.dims
+    n = d["num_layers"]
+    out = {"embed": "q6_k" if d["tied_embeddings"] else "q4_k"} | ({} if d["tied_embeddings"] else {"lm_head": "q6_k"})
+    for i in range(n):
+        more = use_more_bits(i, n)
+        out[f"layers.{i}.qkv"] = "q5_k" if e.architecture == "phi3" else "q4_k,q4_k,q6_k" if more else "q4_k"
+        out[f"layers.{i}.o"] = out[f"layers.{i}.gate_up"] = "q4_k"
+        out[f"layers.{i}.down"] = "q6_k" if more else "q4_k"
+    return out
+
+
 def make_model(tmp_path, rng, arch, qtype=Q.Q4_0, **kw):
     w = hf_weights(rng, arch, **DIMS)
     path = tmp_path / f"{arch}.gguf"

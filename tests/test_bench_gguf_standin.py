@@ -16,8 +16,7 @@ from engine.formats.gguf import GgufCheckpoint
 from engine.memfit_stream import entry_formats
 from engine.model import load_model
 from engine.models import model_module
-from tests.helpers import demo_gguf
-from tests.test_catalog import q4_k_m_formats
+from tests.helpers import demo_gguf, q4_k_m_formats
 
 CATALOG = {e.key: e for e in load_catalog()}
 Q4_K_M = sorted(k for k in s.STANDINS if s.STANDINS[k]["mix"] == "q4_k_m")

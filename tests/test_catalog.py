@@ -27,7 +27,7 @@ from engine.catalog import (
 from engine.errors import ModelFormatError
 from engine.formats.mlc import MlcCheckpoint
 from engine.transformer import expected_tensors
-from tests.helpers import DIMS, cached_tiny_hf, demo_gguf, make_model, spec_from_dims, use_more_bits
+from tests.helpers import DIMS, cached_tiny_hf, demo_gguf, make_model, q4_k_m_formats, spec_from_dims
 
 NOT_FOUND = "not found offline; the first download pins the commit the hub resolves"
 
@@ -122,21 +122,6 @@ GGUF_BUILDS = {  # repo: (key, model_type, MLC sibling with the same architectur
     "bartowski/Phi-3.5-mini-instruct-GGUF": ("phi3.5-mini-q4_k_m-gguf", "phi3", "phi3-mini-4k-q4f16_1"),
     "bartowski/Llama-3.2-3B-Instruct-GGUF": ("llama3.2-3b-q4_k_m-gguf", "llama", None),
 }
-
-
-def q4_k_m_formats(e) -> dict[str, str]:
-    """The runtime formats of a Q4_K_M file of this architecture, by llama.cpp's llama_tensor_get_type (every matrix
-    here has rows of whole 256-blocks): Q4_K, Q6_K for the output (the tied embedding) and for attn_v / ffn_down of
-    the use_more_bits layers, Phi-3's fused attn_qkv Q5_K."""
-    d = e.dims
-    n = d["num_layers"]
-    out = {"embed": "q6_k" if d["tied_embeddings"] else "q4_k"} | ({} if d["tied_embeddings"] else {"lm_head": "q6_k"})
-    for i in range(n):
-        more = use_more_bits(i, n)
-        out[f"layers.{i}.qkv"] = "q5_k" if e.architecture == "phi3" else "q4_k,q4_k,q6_k" if more else "q4_k"
-        out[f"layers.{i}.o"] = out[f"layers.{i}.gate_up"] = "q4_k"
-        out[f"layers.{i}.down"] = "q6_k" if more else "q4_k"
-    return out
 
 
 def test_gguf_builds_are_pinned_single_files_of_the_q4_k_m_mix(catalog):
