@@ -17,7 +17,7 @@ from engine.gpu_budget import auto_weights
 
 UPLOAD_BPS = 6e9  # host -> GPU bytes a second through mapped staging (issue 20's H200 measurement, BENCH.md)
 RESIDENT_BPS = 300e9  # weight bytes a second a mid-range GPU's decode reads (resident part of a token)
-READBACK_S = 1e-4  # one routing readback (submit + map) per MoE layer and token
+READBACK_S = 2e-4  # one MoE layer's host round trip a token (readback, policy, submit; BENCH.md session 6)
 
 
 @dataclass(frozen=True)
