@@ -229,14 +229,14 @@ def scaled_activations(rng, T, K):
     return x.astype(np.float32)
 
 
-def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, chunks=None, **plan):
+def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, chunks=None, wide=None, **plan):
     K = x_row.shape[0]
     xq, xm, x_hat, scale = quantize_x(gpu, x_row[None])
     consts, grid = matvec_kq_q8_plan(tag, K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, chunks=chunks,
-                                     **plan)
+                                     wide=wide, **plan)
     y = poisoned(gpu, "y", (N,))
     w, wh = upload_weight(gpu, tag, raw, K)
-    run(gpu, matvec_kq_q8_kernel(tag, vec4, chunks), consts, [xq, w, wh, y, xm], grid)
+    run(gpu, matvec_kq_q8_kernel(tag, vec4, chunks, wide), consts, [xq, w, wh, y, xm], grid)
     return read(gpu, y, (N,)), x_hat[0], scale[0], grid
 
 
