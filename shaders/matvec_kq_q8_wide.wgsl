@@ -1,13 +1,16 @@
 // Decode matvec on Q2_K / Q3_K blocks with int8 activations (quantize_q8.wgsl's layout, or a norm's Q8 output),
 // built to spend few instructions per weight byte: a lane owns one 64-element item of a block (qs bytes 16t..16t + 15:
 // four 16-element sub-blocks k, each half t%2 of chunk 4·(t/2) + k; kq_sub_items.wgsl derives the layout) for WROWS
-// rows at once. Per item the lane puts the four activation halves in element order, with their chunk scales and
-// Σ xq, once, and reuses them for every row; it issues all WROWS rows' loads before any of their math. Per row and
-// sub-block the codes come out four to a word ((q >> 2k) & 3 per byte, Q3_K | hmask bit << 2), meet the activations
-// through dot4I8Packed, the integer sum is scaled by the sub-block's integer scale (decoded from whole words, once
-// per sub-block) and turned into f32 through int8_dot.wgsl's MAGIC bias (an IADD-fused FADD, no I2F in the loop):
+// rows at once, and issues all the rows' loads before any of their math. The activations stay in q8_pack's order (per
+// 8 elements a word of the evens, one of the odds): each row's code bytes are put in that order instead, once for
+// all four sub-blocks (they share byte positions), which costs fewer instructions than reordering the activations
+// per item. Per row and sub-block the codes come out four to a word ((q >> 2k) & 3 per byte, Q3_K | its hmask bit
+// << 2), meet the activations through dot4I8Packed, the integer sum is scaled by the sub-block's integer scale
+// (decoded from whole words, once per sub-block) and turned into f32 through int8_dot.wgsl's MAGIC bias (an
+// integer add and an FADD, no I2F in the loop):
 //   Q2_K  Σ w·x = d·Σ_k xs_k·f(sc_k·Σ u·xq) − dmin·Σ_k f(m_k)·(xs_k·Σ xq)     (f(m_k) from m_k's bits, no I2F)
 //   Q3_K  Σ w·x = d·Σ_k xs_k·f((s_k − 32)·(Σ u·xq − 4·Σ xq))                  (−4·Σ xq seeds the integer sum)
+// The lane's activation halves, their chunk scales and Σ xq are read once per item and shared by its rows.
 // Each subgroup owns SPLIT · ROWS outputs (row blocks sg_id, sg_id + n_sg, ... of the workgroup's BLOCKS), its lanes
 // cut into SPLIT segments of consecutive lanes, one per ROWS outputs (a subgroup smaller than SPLIT takes them in
 // turns), each segment's lanes on consecutive items of its rows; sums meet through subgroupAdd. Needs subgroup ops.
@@ -16,7 +19,6 @@
 // Bindings: 0 xq u32[K / 4] as vec4, 1 w u32 q_blocks, 2 wh f16 (q_d, or q_blocks again), 3 y f32[N] (write),
 //   4 xm vec2<f32>[K / 32] (scale, Σ codes). Grid: fold_grid(ceil(N / (SPLIT · ROWS · BLOCKS))).
 #import reduce
-#import q8_element_order
 #import kq_q8_rows
 
 @group(0) @binding(0) var<storage, read> xq: array<vec4<u32>>;
@@ -28,13 +30,13 @@
 const IPB: u32 = QK / 64u;    // items per block
 const ITEMS: u32 = NB * IPB;  // items per row
 const CODE2: vec4<u32> = vec4<u32>(0x03030303u);
-const HBIT: vec4<u32> = vec4<u32>(0x01010101u);
+const HBIT2: vec4<u32> = vec4<u32>(0x04040404u);
 // i32 sums biased by the bits of 1.5·2^23 read back as f32 minus 1.5·2^23 exactly (|sum| < 2^22: here < 2^20).
 const MAGIC: i32 = 0x4B400000;
 const MAGIC_F: f32 = 12582912.0;
 
-// An item's activations, shared by the lane's rows: sub-block k's 16 codes in element order, its chunk's scale xs,
-// xs·Σ xq (Q2_K's minimums multiply it) and −4·Σ xq (Q3_K's zero point).
+// An item's activations, shared by the lane's rows: sub-block k's 16 codes as stored (q8_pack's order), its chunk's
+// scale xs, xs·Σ xq (Q2_K's minimums multiply it) and −4·Σ xq (Q3_K's zero point).
 struct WideX {
     codes: array<vec4<u32>, 4>,
     xs: vec4<f32>,
@@ -50,12 +52,28 @@ fn wide_x(bo: u32, t: u32) -> WideX {
         let v = xq[h0 + 2u * k];
         let xs = xm[(h0 + 2u * k) / 2u].x;
         let s = dot4I8Packed(v.x, ONES) + dot4I8Packed(v.y, ONES) + dot4I8Packed(v.z, ONES) + dot4I8Packed(v.w, ONES);
-        x.codes[k] = vec4<u32>(in_order(v.x, v.y), in_order(v.z, v.w));
+        x.codes[k] = v;
         x.xs[k] = xs;
         x.xsum[k] = xs * f32(s);
         x.seed[k] = -4 * s;
     }
     return x;
+}
+
+// Bytes 1 and 2 of each component swapped.
+fn swap_mid(v: vec2<u32>) -> vec2<u32> {
+    let d = (v ^ (v >> vec2<u32>(8u))) & vec2<u32>(0x0000FF00u);
+    return v ^ d ^ (d << vec2<u32>(8u));
+}
+
+// 16 bytes of element-order positions (words: positions 0..3, 4..7, 8..11, 12..15) in q8_pack's order: per 8
+// positions a word of the evens, then one of the odds, so each word meets the activation word at its index.
+fn q8_order(q: vec4<u32>) -> vec4<u32> {
+    let a = q.xz;
+    let b = q.yw;
+    let ev = swap_mid((a & vec2<u32>(0x00FF00FFu)) | ((b << vec2<u32>(8u)) & vec2<u32>(0xFF00FF00u)));  // 0 4 2 6
+    let od = swap_mid(((a >> vec2<u32>(8u)) & vec2<u32>(0x00FF00FFu)) | (b & vec2<u32>(0xFF00FF00u)));  // 1 5 3 7
+    return vec4<u32>(ev.x, od.x, ev.y, od.y);
 }
 
 // One row's words of an item: code bytes, Q3_K's hmask words, scale words (Q2_K: its two, and (d, dmin) in .z;
@@ -97,10 +115,11 @@ fn wide_dot(o: WideW, t: u32, x: WideX) -> f32 {
         // Sub-block k's byte (scale | min << 4) is byte 8·(t/2) + t%2 + 2k of scales: bytes 0 and 2 of sc.x
         // (k = 0, 1), of sc.y (k = 2, 3).
         let sc = o.s.xy >> vec2<u32>(8u * (t % 2u));
+        let q = q8_order(o.q);
         var fd = 0.0;
         var fm = 0.0;
         for (var k = 0u; k < 4u; k++) {
-            let u = (o.q >> vec4<u32>(2u * k)) & CODE2;
+            let u = (q >> vec4<u32>(2u * k)) & CODE2;
             let b = select(sc.x, sc.y, k >= 2u) >> (16u * (k % 2u));
             fd += x.xs[k] * (bitcast<f32>(i32(b & 15u) * dot16(u, x.codes[k], 0) + MAGIC) - MAGIC_F);
             fm += (bitcast<f32>(((b >> 4u) & 15u) | 0x4B000000u) - 8388608.0) * x.xsum[k];  // f32(m_k), exactly
@@ -114,10 +133,11 @@ fn wide_dot(o: WideW, t: u32, x: WideX) -> f32 {
     let hi = o.s.z >> sh;
     let s01 = ((o.s.x >> sh) & 0x000F000Fu) | ((hi & 0x00030003u) << 4u);
     let s23 = ((o.s.y >> sh) & 0x000F000Fu) | (((hi >> 2u) & 0x00030003u) << 4u);
-    let hb = o.hm >> vec4<u32>(4u * (t / 2u));
+    let q = q8_order(o.q);
+    let hb = q8_order(o.hm) >> vec4<u32>(4u * (t / 2u)) << vec4<u32>(2u);  // bit k of a byte at bit 2 + k
     var f = 0.0;
     for (var k = 0u; k < 4u; k++) {
-        let u = ((o.q >> vec4<u32>(2u * k)) & CODE2) | (((hb >> vec4<u32>(k)) & HBIT) << vec4<u32>(2u));
+        let u = ((q >> vec4<u32>(2u * k)) & CODE2) | ((hb >> vec4<u32>(k)) & HBIT2);
         let s = i32((select(s01, s23, k >= 2u) >> (16u * (k % 2u))) & 0xFFu) - 32;
         f += x.xs[k] * (bitcast<f32>(s * dot16(u, x.codes[k], x.seed[k]) + MAGIC) - MAGIC_F);
     }
