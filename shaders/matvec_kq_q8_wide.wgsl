@@ -1,13 +1,13 @@
 // Decode matvec on Q2_K / Q3_K blocks with int8 activations (quantize_q8.wgsl's layout, or a norm's Q8 output),
 // built to spend few instructions per weight byte: a lane owns one 64-element item of a block (qs bytes 16t..16t + 15:
 // four 16-element sub-blocks k, each half t%2 of chunk 4·(t/2) + k; kq_sub_items.wgsl derives the layout) for WROWS
-// rows at once, and issues all the rows' loads before any of their math. The activations stay in q8_pack's order (per
-// 8 elements a word of the evens, one of the odds): each row's code bytes are put in that order instead, once for
-// all four sub-blocks (they share byte positions), which costs fewer instructions than reordering the activations
-// per item. Per row and sub-block the codes come out four to a word ((q >> 2k) & 3 per byte, Q3_K | its hmask bit
-// << 2), meet the activations through dot4I8Packed, the integer sum is scaled by the sub-block's integer scale
-// (decoded from whole words, once per sub-block) and turned into f32 through int8_dot.wgsl's MAGIC bias (an
-// integer add and an FADD, no I2F in the loop):
+// rows at once, its rows' loads and the activations' independent of one another (in flight together). The
+// activations stay in q8_pack's order (per 8 elements a word of the evens, one of the odds): each row's code bytes
+// are put in that order instead, once for all four sub-blocks (they share byte positions), fewer instructions than
+// reordering an item's activations. Per row and sub-block the codes come out four to a word ((q >> 2k) & 3 per byte,
+// Q3_K | its hmask bit << 2), meet the activations through dot4I8Packed, the integer sum is scaled by the
+// sub-block's integer scale (decoded from whole words, once per sub-block) and turned into f32 through
+// int8_dot.wgsl's MAGIC bias (an integer add and an FADD, no I2F in the loop):
 //   Q2_K  Σ w·x = d·Σ_k xs_k·f(sc_k·Σ u·xq) − dmin·Σ_k f(m_k)·(xs_k·Σ xq)     (f(m_k) from m_k's bits, no I2F)
 //   Q3_K  Σ w·x = d·Σ_k xs_k·f((s_k − 32)·(Σ u·xq − 4·Σ xq))                  (−4·Σ xq seeds the integer sum)
 // The lane's activation halves, their chunk scales and Σ xq are read once per item and shared by its rows.
@@ -159,11 +159,10 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
             for (var item = lane0; item < ITEMS; item += seg_lanes) {
                 let bo = item / IPB;
                 let t = item % IPB;
-                // Every row's loads first, so they are in flight together with the activations'.
-                var ws: array<WideW, WROWS>;
-                for (var i = 0u; i < WROWS; i++) { ws[i] = wide_w(blk0[i] + bo, t); }
+                // Straight-line once the constant row loop unrolls, so every row's loads issue with the
+                // activations' before any math; no array of loaded words that a loop left rolled would spill.
                 let x = wide_x(bo, t);
-                for (var i = 0u; i < WROWS; i++) { acc[i] += wide_dot(ws[i], t, x); }
+                for (var i = 0u; i < WROWS; i++) { acc[i] += wide_dot(wide_w(blk0[i] + bo, t), t, x); }
             }
             store_kq_segments(first, acc, lane, seg, segs, seg_lanes);
         }
