@@ -19,7 +19,8 @@ the GPU's L2 cache (50 MiB on the H100 / H200) the weights come from memory, as 
 and its SPLIT instead of their default matvec_kq_q8_chunks; STAGE), each checked against the default. The session-5
 A/B: `--types q2_k,q3_k,q4_k --kinds "matvec int8" --variants` (the `{'chunks': False}` lines of Q2_K / Q3_K, the
 `{'stage': True}` line of Q4_K are the variants that measured slower). Issue 19's Q2_K / Q3_K A/B: the same command,
-the `{'wide': True, ...}` lines (matvec_kq_q8_wide and its ROWS / SPLIT) against the default line above them.
+the `{'wide': True, ...}` lines (matvec_kq_q8_wide(_vec4) and its ROWS / SPLIT) against the default line above
+them.
 
     python3 bench/kquant_probe.py [--tokens 512] [--reps 50] [--types q4_k,q6_k] [--kinds "matvec int8"]
                                   [--weight-mib 256] [--variants] [--quick] [--json out.json]
@@ -51,13 +52,14 @@ from engine.kernels.matmul import (  # noqa: E402
 )
 from engine.kquant_plan import (  # noqa: E402
     SUB_BLOCK_TYPES,
+    WIDE_TYPES,
     gemm_kq_plan,
     gemm_kq_q8_plan,
     has_vec4_blocks,
     matvec_kq_plan,
     matvec_kq_q8_kernel,
     matvec_kq_q8_plan,
-    sub_block_kernel,
+    q8_kernel_kind,
     weight_buffers,
 )
 
@@ -70,7 +72,8 @@ KINDS = ("matvec f32", "matvec int8", "gemm f32", "gemm int8")
 # vec4 kernel. chunks=False: Q2_K / Q3_K on matvec_kq_q8_sub instead of their default matvec_kq_q8_chunks.
 # stage=True: the activation row staged in workgroup memory, not read per lane (both measured slower on the H200).
 # split: matvec_kq_q8_sub's (or with wide, matvec_kq_q8_wide's) segments per subgroup. wide=True: Q2_K / Q3_K on
-# matvec_kq_q8_wide (few instructions a weight byte; issue 19's A/B against matvec_kq_q8_chunks).
+# matvec_kq_q8_wide, Q4_K on matvec_kq_q8_wide_vec4 (few instructions a weight byte; issue 19's A/B against the
+# default); wide=False names the default kernel once wide is a type's default.
 # A knob that does not apply to a type, or repeats its default, is not timed.
 VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec f32", dict(rows=4, wg=128)),
             ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=4)), ("matvec int8", dict(rows=2, wg=64)),
@@ -138,12 +141,16 @@ def variant_plan(g: Gpu, tag: str, K: int, N: int, T: int, kind: str, plan: dict
         if vec4 is not None and vec4 == has_vec4_blocks(tag):
             return None
         sub = tag in SUB_BLOCK_TYPES
-        if ("chunks" in plan or "split" in plan or "wide" in plan) and not sub:
+        if (plan.get("wide") and tag not in WIDE_TYPES or "chunks" in plan and not sub
+                or "split" in plan and not (sub or plan.get("wide"))):
             return None
-        if sub and plan.get("wide") is False:  # the chunks kernel by name: a variant only where wide is the default
+        if plan.get("wide") is False:  # the type's non-wide default by name: a variant where wide is the default
             plan.pop("wide")
-            plan.setdefault("chunks", True)
-        if plan.get("stage") and sub and sub_block_kernel(tag, plan.get("chunks"), plan.get("wide")) != "sub":
+            if sub:
+                plan.setdefault("chunks", True)
+            else:
+                vec4 = has_vec4_blocks(tag)
+        if plan.get("stage") and q8_kernel_kind(tag, vec4, plan.get("chunks"), plan.get("wide")) in ("chunks", "wide"):
             return None  # matvec_kq_q8_chunks and matvec_kq_q8_wide stage nothing
         consts, grid = matvec_kq_q8_plan(tag, K, N, g.subgroup_size, **plan)
         kernel = matvec_kq_q8_kernel(tag, vec4, plan.get("chunks"), plan.get("wide"))

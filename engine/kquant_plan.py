@@ -8,6 +8,7 @@ arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
 |---|---|---|---|
 | matvec_kq | decode, f32 x | x, w, wh, y, step | matvec_kq_plan |
 | matvec_kq_q8_wide | decode, int8 x (quantize_q8's layout): Q2_K, Q3_K | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8_wide_vec4 | the same for Q4_K, w as vec4 | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8_sub | the same, an earlier kernel of 64-element items | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8_chunks | the same, older (a 32-element chunk a lane) | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8 | the same for the other types, w as u32 | xq, w, wh, y, xm | matvec_kq_q8_plan |
@@ -16,7 +17,7 @@ arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
 | matmul_kq_q8 | prefill GEMM, int8 X (quantize_q8 rows) | xq, w, wh, y, xm, step, yq, ym | gemm_kq_q8_plan |
 | embedding_kq | embedding rows as f32 | tokens, w, wh, x, step | embedding_kq_plan |
 
-`matvec_kq_q8_kernel` picks among the five int8 decode kernels.
+`matvec_kq_q8_kernel` picks among the six int8 decode kernels.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from engine.kernels.matmul import rows_q8_consts, rows_q8_stage_bytes
 # The host's expectations of each kernel, checked against its WGSL declarations (engine/kernels/__init__.py).
 MATVEC_KQ = declare("matvec_kq", writes=("y",))
 MATVEC_KQ_Q8_WIDE = declare("matvec_kq_q8_wide", writes=("y",))
+MATVEC_KQ_Q8_WIDE_VEC4 = declare("matvec_kq_q8_wide_vec4", writes=("y",))
 MATVEC_KQ_Q8_SUB = declare("matvec_kq_q8_sub", writes=("y",))
 MATVEC_KQ_Q8_CHUNKS = declare("matvec_kq_q8_chunks", writes=("y",))
 MATVEC_KQ_Q8 = declare("matvec_kq_q8", writes=("y",))
@@ -52,6 +54,7 @@ EMBED_WG = 64
 BINDINGS = {
     "matvec_kq": ("x", "w", "wh", "y", "step"),
     "matvec_kq_q8_wide": ("xq", "w", "wh", "y", "xm"),
+    "matvec_kq_q8_wide_vec4": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_sub": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_chunks": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8": ("xq", "w", "wh", "y", "xm"),
@@ -98,13 +101,14 @@ def matvec_kq_plan(tag: str, K: int, N: int, gate_up: bool = False, last_row: bo
 
 
 # The int8 decode kernel of each type: for Q2_K and Q3_K matvec_kq_q8_chunks (lanes of whole 32-element chunks);
-# matvec_kq_q8_wide (a lane per 64-element item of WROWS rows, integer scales, no I2F in the loop) and
-# matvec_kq_q8_sub (an earlier kernel of the same items) stay selectable for bench/kquant_probe.py --variants. For the
-# others lanes of consecutive 16-byte items (matvec_kq_q8, matvec_kq_q8_vec4), the faster on the H200 (BENCH.md,
-# K-quant bandwidth).
+# matvec_kq_q8_sub (a lane per 64-element item of four sub-blocks) stays selectable for bench/kquant_probe.py
+# --variants. For the others lanes of consecutive 16-byte items (matvec_kq_q8, matvec_kq_q8_vec4), the faster on the
+# H200 (BENCH.md, K-quant bandwidth). wide=True: matvec_kq_q8_wide (Q2_K, Q3_K) or matvec_kq_q8_wide_vec4 (Q4_K), a
+# lane per 64-element item of WROWS rows built for few instructions a weight byte, not yet timed on the H200.
 SUB_BLOCK_TYPES = ("q2_k", "q3_k")
+WIDE_TYPES = ("q2_k", "q3_k", "q4_k")
 SUB_SPLITS = (1, 2, 4, 8, 16)  # segments a subgroup of matvec_kq_q8_sub or matvec_kq_q8_wide may be cut into
-WIDE_DEFAULT = False  # whether Q2_K / Q3_K run matvec_kq_q8_wide when no knob asks otherwise
+WIDE_DEFAULT: tuple[str, ...] = ()  # the types that run matvec_kq_q8_wide(_vec4) when no knob asks otherwise
 
 
 def has_vec4_blocks(tag: str) -> bool:
@@ -112,36 +116,38 @@ def has_vec4_blocks(tag: str) -> bool:
     return ktype(tag).words % 4 == 0
 
 
-def sub_block_kernel(tag: str, chunks: bool | None = None, wide: bool | None = None) -> str:
-    """Which of the Q2_K / Q3_K int8 decode kernels the knobs ask for: "wide" (wide=True, or by default where
-    WIDE_DEFAULT), "chunks" (chunks=True, or by default) or "sub" (chunks=False)."""
-    if tag not in SUB_BLOCK_TYPES:
-        raise ValueError(f"matvec_kq_q8_wide, matvec_kq_q8_sub and matvec_kq_q8_chunks read Q2_K and Q3_K only, "
-                         f"not {tag}")
-    if wide and chunks is not None:
-        raise ValueError("wide=True and chunks name two different kernels")
-    if wide or (wide is None and chunks is None and WIDE_DEFAULT):
+def q8_kernel_kind(tag: str, vec4: bool | None = None, chunks: bool | None = None, wide: bool | None = None) -> str:
+    """Which int8 decode kernel the knobs ask for: "wide" (wide=True, or by default for WIDE_DEFAULT's types),
+    Q2_K / Q3_K's "chunks" (chunks=True, or by default) or "sub" (chunks=False), the others' "items"."""
+    if wide and tag not in WIDE_TYPES:
+        raise ValueError(f"matvec_kq_q8_wide reads {', '.join(t.upper() for t in WIDE_TYPES)} only, not {tag}")
+    if chunks is not None and tag not in SUB_BLOCK_TYPES:
+        raise ValueError(f"matvec_kq_q8_chunks and matvec_kq_q8_sub read Q2_K and Q3_K only, not {tag}")
+    if wide and (chunks is not None or vec4 is not None):
+        raise ValueError("wide=True and chunks / vec4 name different kernels")
+    if wide or (wide is None and chunks is None and vec4 is None and tag in WIDE_DEFAULT):
         return "wide"
-    return "sub" if chunks is False else "chunks"
+    if tag in SUB_BLOCK_TYPES:
+        return "sub" if chunks is False else "chunks"
+    return "items"
 
 
 def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool | None = None, wide: bool | None = None):
-    """The int8 decode kernel for `tag`. Q2_K and Q3_K: sub_block_kernel's (matvec_kq_q8_chunks by default;
-    chunks=False: matvec_kq_q8_sub, wide=True: matvec_kq_q8_wide). The others: matvec_kq_q8_vec4 where the blocks
-    allow (or `vec4` asks), else matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them)."""
+    """The int8 decode kernel for `tag` (q8_kernel_kind's). Q2_K and Q3_K: matvec_kq_q8_chunks by default,
+    chunks=False matvec_kq_q8_sub. The others: matvec_kq_q8_vec4 where the blocks allow (or `vec4` asks), else
+    matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them). wide=True: matvec_kq_q8_wide (Q2_K, Q3_K) or
+    matvec_kq_q8_wide_vec4 (Q4_K)."""
     if vec4 and not has_vec4_blocks(tag):
         raise ValueError(f"{tag} blocks are {ktype(tag).words * 4} bytes in q_blocks, not whole 16-byte units: "
                          "matvec_kq_q8_vec4 cannot read them")
-    if tag in SUB_BLOCK_TYPES:
-        if vec4 is not None:
-            raise ValueError(f"{tag} runs matvec_kq_q8_wide, matvec_kq_q8_sub or matvec_kq_q8_chunks only "
-                             "(shaders/kq_items.wgsl has no items of its blocks)")
-        return {"wide": MATVEC_KQ_Q8_WIDE, "sub": MATVEC_KQ_Q8_SUB,
-                "chunks": MATVEC_KQ_Q8_CHUNKS}[sub_block_kernel(tag, chunks, wide)]
-    if chunks:
-        raise ValueError(f"matvec_kq_q8_chunks reads Q2_K and Q3_K only, not {tag}")
-    if wide:
-        raise ValueError(f"matvec_kq_q8_wide reads Q2_K and Q3_K only, not {tag}")
+    if tag in SUB_BLOCK_TYPES and vec4 is not None:
+        raise ValueError(f"{tag} runs matvec_kq_q8_wide, matvec_kq_q8_sub or matvec_kq_q8_chunks only "
+                         "(shaders/kq_items.wgsl has no items of its blocks)")
+    kind = q8_kernel_kind(tag, vec4, chunks, wide)
+    if kind == "wide":
+        return MATVEC_KQ_Q8_WIDE_VEC4 if has_vec4_blocks(tag) else MATVEC_KQ_Q8_WIDE
+    if kind in ("sub", "chunks"):
+        return MATVEC_KQ_Q8_SUB if kind == "sub" else MATVEC_KQ_Q8_CHUNKS
     vec4 = has_vec4_blocks(tag) if vec4 is None else vec4
     return MATVEC_KQ_Q8_VEC4 if vec4 else MATVEC_KQ_Q8
 
@@ -164,9 +170,9 @@ def sub_split(items: int, subgroup_size: int) -> int:
 
 
 def wide_split(items: int, subgroup_size: int) -> int:
-    """matvec_kq_q8_wide's default SPLIT: whole subgroups on a row set (most subgroups, each lane at most a few items)
-    unless a row has at most half a subgroup's items; then segments of the fewest lanes that still take a row's
-    items in one pass (K = 1024: 16 items, segments of 16 lanes at 32)."""
+    """matvec_kq_q8_wide(_vec4)'s default SPLIT: whole subgroups on a row set (most subgroups, each lane at most a
+    few items) unless a row has at most half a subgroup's items; then segments of the fewest lanes that still take a
+    row's items in one pass (K = 1024: 16 items, segments of 16 lanes at 32)."""
     split = 1
     while 2 * split in SUB_SPLITS and 2 * split <= subgroup_size and items <= subgroup_size // (2 * split):
         split *= 2
@@ -194,14 +200,9 @@ def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: boo
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
     rows = rows or max(MATVEC_Q8_ROWS // (2 if gate_up else 1), 1)
     blocks = wg // subgroup_size
-    if tag in SUB_BLOCK_TYPES:
-        which = sub_block_kernel(tag, chunks, wide)
-    elif chunks or wide:
-        raise ValueError(f"chunks and wide name Q2_K / Q3_K kernels, not {tag}'s")
-    else:
-        which = "items"
+    which = q8_kernel_kind(tag, None, chunks, wide)
     if split is not None and which not in ("sub", "wide"):
-        raise ValueError("split is matvec_kq_q8_sub's and matvec_kq_q8_wide's (Q2_K, Q3_K) knob")
+        raise ValueError("split is matvec_kq_q8_sub's (Q2_K, Q3_K) and matvec_kq_q8_wide's (wide=True) knob")
     if stage is not None and which in ("chunks", "wide"):
         raise ValueError(f"matvec_kq_q8_{which} reads the activation row as it is: no stage")
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
