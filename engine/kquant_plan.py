@@ -121,9 +121,9 @@ def q8_kernel_kind(tag: str, vec4: bool | None = None, chunks: bool | None = Non
     Q2_K / Q3_K's "chunks" (chunks=True, or by default) or "sub" (chunks=False), the others' "items"."""
     if wide and tag not in WIDE_TYPES:
         raise ValueError(f"matvec_kq_q8_wide reads {', '.join(t.upper() for t in WIDE_TYPES)} only, not {tag}")
-    if chunks is not None and tag not in SUB_BLOCK_TYPES:
+    if chunks and tag not in SUB_BLOCK_TYPES:  # chunks=False on the others: not the chunks kernel, as ever
         raise ValueError(f"matvec_kq_q8_chunks and matvec_kq_q8_sub read Q2_K and Q3_K only, not {tag}")
-    if wide and (chunks is not None or vec4 is not None):
+    if wide and (chunks or (chunks is False and tag in SUB_BLOCK_TYPES) or vec4 is not None):
         raise ValueError("wide=True and chunks / vec4 name different kernels")
     if wide or (wide is None and chunks is None and vec4 is None and tag in WIDE_DEFAULT):
         return "wide"
