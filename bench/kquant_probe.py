@@ -18,7 +18,9 @@ the GPU's L2 cache (50 MiB on the H100 / H200) the weights come from memory, as 
 (ROWS, WG, tiles; the u32-load int8 kernel for the types that have a vec4 one; for Q2_K / Q3_K matvec_kq_q8_sub
 and its SPLIT instead of their default matvec_kq_q8_chunks; STAGE), each checked against the default. The session-5
 A/B: `--types q2_k,q3_k,q4_k --kinds "matvec int8" --variants` (the `{'chunks': False}` lines of Q2_K / Q3_K, the
-`{'stage': True}` line of Q4_K are the variants that measured slower).
+`{'stage': True}` line of Q4_K are the variants that measured slower). Issue 19's Q2_K / Q3_K A/B: the same command,
+the `{'wide': True, ...}` lines (matvec_kq_q8_wide(_vec4) and its ROWS / SPLIT) against the default line above
+them.
 
     python3 bench/kquant_probe.py [--tokens 512] [--reps 50] [--types q4_k,q6_k] [--kinds "matvec int8"]
                                   [--weight-mib 256] [--variants] [--quick] [--json out.json]
@@ -50,12 +52,14 @@ from engine.kernels.matmul import (  # noqa: E402
 )
 from engine.kquant_plan import (  # noqa: E402
     SUB_BLOCK_TYPES,
+    WIDE_TYPES,
     gemm_kq_plan,
     gemm_kq_q8_plan,
     has_vec4_blocks,
     matvec_kq_plan,
     matvec_kq_q8_kernel,
     matvec_kq_q8_plan,
+    q8_kernel_kind,
     weight_buffers,
 )
 
@@ -67,7 +71,9 @@ KINDS = ("matvec f32", "matvec int8", "gemm f32", "gemm int8")
 # only the summation order differs: 1e-5 of max|y|). vec4=False: matvec_kq_q8 (u32 loads) where the default is the
 # vec4 kernel. chunks=False: Q2_K / Q3_K on matvec_kq_q8_sub instead of their default matvec_kq_q8_chunks.
 # stage=True: the activation row staged in workgroup memory, not read per lane (both measured slower on the H200).
-# split: matvec_kq_q8_sub's segments per subgroup.
+# split: matvec_kq_q8_sub's (or with wide, matvec_kq_q8_wide's) segments per subgroup. wide=True: Q2_K / Q3_K on
+# matvec_kq_q8_wide, Q4_K on matvec_kq_q8_wide_vec4 (few instructions a weight byte; issue 19's A/B against the
+# default); wide=False names the default kernel once wide is a type's default.
 # A knob that does not apply to a type, or repeats its default, is not timed.
 VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec f32", dict(rows=4, wg=128)),
             ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=4)), ("matvec int8", dict(rows=2, wg=64)),
@@ -76,6 +82,9 @@ VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec
             ("matvec int8", dict(stage=True)), ("matvec int8", dict(chunks=False, split=1)),
             ("matvec int8", dict(chunks=False, split=2)), ("matvec int8", dict(chunks=False, split=4)),
             ("matvec int8", dict(chunks=False, stage=True)),
+            ("matvec int8", dict(wide=True)), ("matvec int8", dict(wide=True, rows=4)),
+            ("matvec int8", dict(wide=True, rows=1)), ("matvec int8", dict(wide=True, split=2)),
+            ("matvec int8", dict(wide=False)),
             ("gemm int8", dict(kc=4, tm=32, tn=32)), ("gemm int8", dict(tm=32, tn=128))]
 
 
@@ -132,15 +141,23 @@ def variant_plan(g: Gpu, tag: str, K: int, N: int, T: int, kind: str, plan: dict
         if vec4 is not None and vec4 == has_vec4_blocks(tag):
             return None
         sub = tag in SUB_BLOCK_TYPES
-        if ("chunks" in plan or "split" in plan) and not sub:
+        if (plan.get("wide") and tag not in WIDE_TYPES or "chunks" in plan and not sub
+                or "split" in plan and not (sub or plan.get("wide"))):
             return None
-        if plan.get("stage") and sub and plan.get("chunks", True):
-            return None  # matvec_kq_q8_chunks (the Q2_K / Q3_K default) stages nothing
+        if plan.get("wide") is False:  # the type's non-wide default by name: a variant where wide is the default
+            plan.pop("wide")
+            if sub:
+                plan.setdefault("chunks", True)
+            else:
+                vec4 = has_vec4_blocks(tag)
+        if plan.get("stage") and q8_kernel_kind(tag, vec4, plan.get("chunks"), plan.get("wide")) in ("chunks", "wide"):
+            return None  # matvec_kq_q8_chunks and matvec_kq_q8_wide stage nothing
         consts, grid = matvec_kq_q8_plan(tag, K, N, g.subgroup_size, **plan)
-        chunks = plan.get("chunks", sub)
-        if vec4 is None and chunks == sub and consts == matvec_kq_q8_plan(tag, K, N, g.subgroup_size)[0]:
+        kernel = matvec_kq_q8_kernel(tag, vec4, plan.get("chunks"), plan.get("wide"))
+        default = (matvec_kq_q8_kernel(tag).name, matvec_kq_q8_plan(tag, K, N, g.subgroup_size)[0])
+        if (kernel.name, consts) == default:
             return None  # the default's kernel and settings again
-        return (matvec_kq_q8_kernel(tag, vec4, chunks if sub else None), consts, grid)
+        return (kernel, consts, grid)
     return ("matmul_kq_q8", *gemm_kq_q8_plan(tag, K, N, T, **plan))
 
 

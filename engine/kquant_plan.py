@@ -7,7 +7,9 @@ arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
 | shader | role | bindings (in order) | grid |
 |---|---|---|---|
 | matvec_kq | decode, f32 x | x, w, wh, y, step | matvec_kq_plan |
-| matvec_kq_q8_sub | decode, int8 x (quantize_q8's layout): Q2_K, Q3_K | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8_wide | decode, int8 x (quantize_q8's layout): Q2_K, Q3_K | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8_wide_vec4 | the same for Q4_K, w as vec4 | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8_sub | the same, an earlier kernel of 64-element items | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8_chunks | the same, older (a 32-element chunk a lane) | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8 | the same for the other types, w as u32 | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8_vec4 | the same, w as vec4 (blocks of whole 16-byte units) | xq, w, wh, y, xm | matvec_kq_q8_plan |
@@ -15,7 +17,7 @@ arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
 | matmul_kq_q8 | prefill GEMM, int8 X (quantize_q8 rows) | xq, w, wh, y, xm, step, yq, ym | gemm_kq_q8_plan |
 | embedding_kq | embedding rows as f32 | tokens, w, wh, x, step | embedding_kq_plan |
 
-`matvec_kq_q8_kernel` picks among the four int8 decode kernels.
+`matvec_kq_q8_kernel` picks among the six int8 decode kernels.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from engine.kernels.matmul import rows_q8_consts, rows_q8_stage_bytes
 
 # The host's expectations of each kernel, checked against its WGSL declarations (engine/kernels/__init__.py).
 MATVEC_KQ = declare("matvec_kq", writes=("y",))
+MATVEC_KQ_Q8_WIDE = declare("matvec_kq_q8_wide", writes=("y",))
+MATVEC_KQ_Q8_WIDE_VEC4 = declare("matvec_kq_q8_wide_vec4", writes=("y",))
 MATVEC_KQ_Q8_SUB = declare("matvec_kq_q8_sub", writes=("y",))
 MATVEC_KQ_Q8_CHUNKS = declare("matvec_kq_q8_chunks", writes=("y",))
 MATVEC_KQ_Q8 = declare("matvec_kq_q8", writes=("y",))
@@ -49,6 +53,8 @@ EMBED_WG = 64
 
 BINDINGS = {
     "matvec_kq": ("x", "w", "wh", "y", "step"),
+    "matvec_kq_q8_wide": ("xq", "w", "wh", "y", "xm"),
+    "matvec_kq_q8_wide_vec4": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_sub": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_chunks": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8": ("xq", "w", "wh", "y", "xm"),
@@ -94,12 +100,15 @@ def matvec_kq_plan(tag: str, K: int, N: int, gate_up: bool = False, last_row: bo
     return consts, fold_grid(-(-N // rows))
 
 
-# The int8 decode kernel of each type: for Q2_K and Q3_K lanes of 64-element items of four sub-blocks
-# (matvec_kq_q8_sub); matvec_kq_q8_chunks (lanes of whole 32-element chunks) was theirs before and stays selectable
-# for bench/kquant_probe.py --variants. For the others lanes of consecutive 16-byte items (matvec_kq_q8,
-# matvec_kq_q8_vec4), the faster on the H200 (BENCH.md, K-quant bandwidth).
+# The int8 decode kernel of each type: for Q2_K and Q3_K matvec_kq_q8_chunks (lanes of whole 32-element chunks);
+# matvec_kq_q8_sub (a lane per 64-element item of four sub-blocks) stays selectable for bench/kquant_probe.py
+# --variants. For the others lanes of consecutive 16-byte items (matvec_kq_q8, matvec_kq_q8_vec4), the faster on the
+# H200 (BENCH.md, K-quant bandwidth). wide=True: matvec_kq_q8_wide (Q2_K, Q3_K) or matvec_kq_q8_wide_vec4 (Q4_K), a
+# lane per 64-element item of WROWS rows built for few instructions a weight byte, not yet timed on the H200.
 SUB_BLOCK_TYPES = ("q2_k", "q3_k")
-SUB_SPLITS = (1, 2, 4, 8, 16)  # segments a subgroup of matvec_kq_q8_sub may be cut into
+WIDE_TYPES = ("q2_k", "q3_k", "q4_k")
+SUB_SPLITS = (1, 2, 4, 8, 16)  # segments a subgroup of matvec_kq_q8_sub or matvec_kq_q8_wide may be cut into
+WIDE_DEFAULT: tuple[str, ...] = ()  # the types that run matvec_kq_q8_wide(_vec4) when no knob asks otherwise
 
 
 def has_vec4_blocks(tag: str) -> bool:
@@ -107,20 +116,38 @@ def has_vec4_blocks(tag: str) -> bool:
     return ktype(tag).words % 4 == 0
 
 
-def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool | None = None):
-    """The int8 decode kernel for `tag`: matvec_kq_q8_chunks for Q2_K and Q3_K (chunks=False: matvec_kq_q8_sub, an
-    A/B that measured no faster on the H200, BENCH.md); for the others matvec_kq_q8_vec4 where the blocks allow (or
-    `vec4` asks), else matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them)."""
+def q8_kernel_kind(tag: str, vec4: bool | None = None, chunks: bool | None = None, wide: bool | None = None) -> str:
+    """Which int8 decode kernel the knobs ask for: "wide" (wide=True, or by default for WIDE_DEFAULT's types),
+    Q2_K / Q3_K's "chunks" (chunks=True, or by default) or "sub" (chunks=False), the others' "items"."""
+    if wide and tag not in WIDE_TYPES:
+        raise ValueError(f"matvec_kq_q8_wide reads {', '.join(t.upper() for t in WIDE_TYPES)} only, not {tag}")
+    if chunks and tag not in SUB_BLOCK_TYPES:  # chunks=False on the others: not the chunks kernel, as ever
+        raise ValueError(f"matvec_kq_q8_chunks and matvec_kq_q8_sub read Q2_K and Q3_K only, not {tag}")
+    if wide and (chunks or (chunks is False and tag in SUB_BLOCK_TYPES) or vec4 is not None):
+        raise ValueError("wide=True and chunks / vec4 name different kernels")
+    if wide or (wide is None and chunks is None and vec4 is None and tag in WIDE_DEFAULT):
+        return "wide"
+    if tag in SUB_BLOCK_TYPES:
+        return "sub" if chunks is False else "chunks"
+    return "items"
+
+
+def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool | None = None, wide: bool | None = None):
+    """The int8 decode kernel for `tag` (q8_kernel_kind's). Q2_K and Q3_K: matvec_kq_q8_chunks by default,
+    chunks=False matvec_kq_q8_sub. The others: matvec_kq_q8_vec4 where the blocks allow (or `vec4` asks), else
+    matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them). wide=True: matvec_kq_q8_wide (Q2_K, Q3_K) or
+    matvec_kq_q8_wide_vec4 (Q4_K)."""
     if vec4 and not has_vec4_blocks(tag):
         raise ValueError(f"{tag} blocks are {ktype(tag).words * 4} bytes in q_blocks, not whole 16-byte units: "
                          "matvec_kq_q8_vec4 cannot read them")
-    if tag in SUB_BLOCK_TYPES:
-        if vec4 is not None:
-            raise ValueError(f"{tag} runs matvec_kq_q8_sub or matvec_kq_q8_chunks only (shaders/kq_items.wgsl has no "
-                             "items of its blocks)")
-        return MATVEC_KQ_Q8_SUB if chunks is False else MATVEC_KQ_Q8_CHUNKS
-    if chunks:
-        raise ValueError(f"matvec_kq_q8_chunks reads Q2_K and Q3_K only, not {tag}")
+    if tag in SUB_BLOCK_TYPES and vec4 is not None:
+        raise ValueError(f"{tag} runs matvec_kq_q8_wide, matvec_kq_q8_sub or matvec_kq_q8_chunks only "
+                         "(shaders/kq_items.wgsl has no items of its blocks)")
+    kind = q8_kernel_kind(tag, vec4, chunks, wide)
+    if kind == "wide":
+        return MATVEC_KQ_Q8_WIDE_VEC4 if has_vec4_blocks(tag) else MATVEC_KQ_Q8_WIDE
+    if kind in ("sub", "chunks"):
+        return MATVEC_KQ_Q8_SUB if kind == "sub" else MATVEC_KQ_Q8_CHUNKS
     vec4 = has_vec4_blocks(tag) if vec4 is None else vec4
     return MATVEC_KQ_Q8_VEC4 if vec4 else MATVEC_KQ_Q8
 
@@ -142,6 +169,16 @@ def sub_split(items: int, subgroup_size: int) -> int:
     return best
 
 
+def wide_split(items: int, subgroup_size: int) -> int:
+    """matvec_kq_q8_wide(_vec4)'s default SPLIT: whole subgroups on a row set (most subgroups, each lane at most a
+    few items) unless a row has at most half a subgroup's items; then segments of the fewest lanes that still take a
+    row's items in one pass (K = 1024: 16 items, segments of 16 lanes at 32)."""
+    split = 1
+    while 2 * split in SUB_SPLITS and 2 * split <= subgroup_size and items <= subgroup_size // (2 * split):
+        split *= 2
+    return split
+
+
 def q8_stage_fits(K: int, wg: int) -> bool:
     """Whether an int8 decode kernel can stage the activation row in workgroup memory (shaders/kq_q8_halves.wgsl):
     its element-order codes (K bytes, in whole 128-byte groups) and per-chunk scale and half sums (K / 4 bytes),
@@ -150,33 +187,33 @@ def q8_stage_fits(K: int, wg: int) -> bool:
 
 
 def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None,
-                      wg: int = MATVEC_Q8_WG, *, chunks: bool | None = None, split: int | None = None,
-                      stage: bool | None = None) -> tuple[dict, tuple[int, int]]:
-    """Constants and grid for the int8 decode kernel of `tag` (matvec_kq_q8_kernel's: shaders/matvec_kq_q8_sub,
-    matvec_kq_q8_chunks, matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or a norm's Q8 output). BLOCKS row
-    blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size still covers all).
-    `stage` (all but matvec_kq_q8_chunks; default: where q8_stage_fits): the activation row staged in workgroup
-    memory. `split` (matvec_kq_q8_sub; default sub_split): segments per subgroup, each taking ROWS outputs."""
+                      wg: int = MATVEC_Q8_WG, *, chunks: bool | None = None, wide: bool | None = None,
+                      split: int | None = None, stage: bool | None = None) -> tuple[dict, tuple[int, int]]:
+    """Constants and grid for the int8 decode kernel of `tag` (matvec_kq_q8_kernel's: shaders/matvec_kq_q8_wide,
+    matvec_kq_q8_sub, matvec_kq_q8_chunks, matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or a norm's Q8
+    output). BLOCKS row blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size
+    still covers all). `stage` (the item kernels and matvec_kq_q8_sub; default off): the activation row staged in
+    workgroup memory. `split` (matvec_kq_q8_sub, default sub_split; matvec_kq_q8_wide, default wide_split):
+    segments per subgroup, each taking ROWS outputs."""
     fmt = _check(tag, K, N)
     if subgroup_size < 1 or wg % subgroup_size:
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
     rows = rows or max(MATVEC_Q8_ROWS // (2 if gate_up else 1), 1)
     blocks = wg // subgroup_size
-    chunks = tag in SUB_BLOCK_TYPES if chunks is None else chunks  # Q2_K / Q3_K: matvec_kq_q8_chunks by default
-    sub = tag in SUB_BLOCK_TYPES and not chunks
-    if split is not None and not sub:
-        raise ValueError("split is matvec_kq_q8_sub's (Q2_K, Q3_K) knob")
-    if stage is not None and chunks:
-        raise ValueError("matvec_kq_q8_chunks reads the activation row as it is: no stage")
+    which = q8_kernel_kind(tag, None, chunks, wide)
+    if split is not None and which not in ("sub", "wide"):
+        raise ValueError("split is matvec_kq_q8_sub's (Q2_K, Q3_K) and matvec_kq_q8_wide's (wide=True) knob")
+    if stage is not None and which in ("chunks", "wide"):
+        raise ValueError(f"matvec_kq_q8_{which} reads the activation row as it is: no stage")
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
-    if not chunks:
+    if which in ("items", "sub"):
         stage = False if stage is None else stage  # staging measured slower on the H200 for every type (BENCH.md)
         if stage and not q8_stage_fits(K, wg):
             raise ValueError(f"K={K}: the staged activation row ({K * 5 // 4} bytes) and WG={wg} do not fit "
                              f"{WORKGROUP_BYTES} bytes of workgroup memory")
         consts["STAGE"] = stage
-    if sub:
-        split = split or sub_split(K // 64, subgroup_size)
+    if which in ("sub", "wide"):
+        split = split or (sub_split if which == "sub" else wide_split)(K // 64, subgroup_size)
         if split not in SUB_SPLITS:
             raise ValueError(f"SPLIT must be one of {SUB_SPLITS}, got {split}")
         del consts["HALVES"], consts["BH"]

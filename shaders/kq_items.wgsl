@@ -14,6 +14,8 @@
 // The including kernel declares wh: array<f16> (q_d, or q_blocks itself) and defines wv(word) -> vec4<u32> (words
 // word .. word + 3 of w) and ws(word) -> u32. Constants: KTYPE (ggml's type id), QK, BW (u32 words per block).
 
+#import kq_scale_min
+
 const CPB: u32 = QK / 32u;    // chunks per block
 const IPB: u32 = CPB;         // items per block: 16 code bytes hold a chunk's 32 elements in each of these types
 const PARTS: u32 = 2u;
@@ -36,18 +38,6 @@ fn kq_part(t: u32, p: u32) -> vec2<u32> {
 
 // Bits 0..3 of each component's t, one per byte (no carries: the products t·2^0, t·2^7, t·2^14, t·2^21 do not overlap).
 fn spread4v(t: vec4<u32>) -> vec4<u32> { return (t * 0x00204081u) & BIT4; }
-
-// Q4_K / Q5_K's 6-bit scales and minimums of sub-blocks 2g and 2g + 1 (ggml's get_scale_min_k4) from the 12 scale
-// bytes q: (scales, minimums), each pair in bytes 0 and 1. Both of get_scale_min_k4's cases are computed, no branch.
-fn scale_min_k4_pair(q: vec3<u32>, g: u32) -> vec2<u32> {
-    let sh = 16u * (g % 2u);
-    let s0 = q.x >> sh;
-    let s1 = q.y >> sh;
-    let s2 = q.z >> sh;
-    let low = vec2<u32>(s0 & 0x3F3Fu, s1 & 0x3F3Fu);  // g < 2: bytes j and j + 4, six bits each
-    let high = vec2<u32>((s2 & 0x0F0Fu) | ((s0 >> 2u) & 0x3030u), ((s2 >> 4u) & 0x0F0Fu) | ((s1 >> 2u) & 0x3030u));
-    return select(low, high, vec2<bool>(g >= 2u));
-}
 
 // What item t of block blk needs of the block, loaded apart from the decoding so a kernel can have the next item's
 // loads in flight while it computes this one (matvec_kq_q8_body's staged loop).

@@ -229,14 +229,14 @@ def scaled_activations(rng, T, K):
     return x.astype(np.float32)
 
 
-def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, chunks=None, **plan):
+def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, chunks=None, wide=None, **plan):
     K = x_row.shape[0]
     xq, xm, x_hat, scale = quantize_x(gpu, x_row[None])
     consts, grid = matvec_kq_q8_plan(tag, K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, chunks=chunks,
-                                     **plan)
+                                     wide=wide, **plan)
     y = poisoned(gpu, "y", (N,))
     w, wh = upload_weight(gpu, tag, raw, K)
-    run(gpu, matvec_kq_q8_kernel(tag, vec4, chunks), consts, [xq, w, wh, y, xm], grid)
+    run(gpu, matvec_kq_q8_kernel(tag, vec4, chunks, wide), consts, [xq, w, wh, y, xm], grid)
     return read(gpu, y, (N,)), x_hat[0], scale[0], grid
 
 
@@ -354,6 +354,89 @@ def test_matvec_kq_q8_sub_knobs(gpu, rng, tag, blocks, N, rows, gate_up, knobs):
     # FMAs over its sub-blocks, xs·Σ xq, the d / dmin products and their difference, then the lane's item chain and
     # the subgroup sum: within the chunks kernel's 8 + K/32 + 64 roundings.
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+
+
+# ---- matvec_kq_q8_wide (Q2_K, Q3_K) and matvec_kq_q8_wide_vec4 (Q4_K), variants beside the defaults --------------
+# Their integer sums are exact (|sc·Σ u·xq| ≤ 15·16·3·127 < 2^17, |(s − 32)·Σ (u − 4)·xq| ≤ 32·16·4·127 < 2^19,
+# Q4_K's per chunk ≤ 63·32·15·127 < 2^22, so the MAGIC bias turns them into f32 exactly); an element then passes ≤ 7
+# roundings in its item (≤ 4 chained FMAs over the sub-blocks, xs·Σ xq, the d / dmin products and their
+# difference), ≤ K/64 in the lane's item chain and ≤ 63 in subgroupAdd: within the 8 + K/32 + 64 roundings the
+# other int8 kernels are held to.
+WIDE_TERMS = {k: 8 + k // 32 + 64 for k in (256, 512, 768, 1280, 3072)}
+WIDE = ["q2_k", "q3_k", "q4_k"]
+
+
+@pytest.mark.parametrize("tag", WIDE)
+@pytest.mark.parametrize("blocks,N,rows,gate_up", [(1, 9, None, False), (3, 37, None, False), (5, 13, 3, False),
+                                                   (2, 21, None, True), (12, 11, 1, False), (3, 7, 4, True)])
+def test_matvec_kq_q8_wide(gpu, rng, tag, blocks, N, rows, gate_up):
+    # Fresh blocks, activations of chunk scales 300× apart with an all-zero chunk, K = 256·blocks (1 block: fewer items
+    # than lanes; 12: more than a subgroup's), N and ROWS leaving rows past N in the last subgroup; y starts as NaN.
+    K = blocks * 256
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, wide=True, rows=rows)
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, WIDE_TERMS[K])
+
+
+@pytest.mark.parametrize("tag", WIDE)
+@pytest.mark.parametrize("blocks,N,gate_up", [(2, 19, False), (3, 10, True)])
+def test_matvec_kq_q8_wide_equals_the_default_kernel(gpu, rng, tag, blocks, N, gate_up):
+    # The same int8 row and blocks through the wide kernel and the default it is timed against (matvec_kq_q8_chunks,
+    # Q4_K's matvec_kq_q8_vec4): the same exact integer sums, so they differ only by their f32 roundings, each within
+    # the bound above of the exact product on x̂ (hence within twice it of each other).
+    K = blocks * 256
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    wide, x_hat, _, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, wide=True)
+    knobs = {"vec4": True} if tag == "q4_k" else {"chunks": True}
+    default, x_hat2, _, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, **knobs)
+    assert (x_hat == x_hat2).all()
+    y_hat = x_hat @ W.T
+    e = WIDE_TERMS[K] * U * (np.abs(x_hat) @ M.T)
+    assert_within(wide, default, 2 * gate_bound(y_hat, e, N, gate_up), "wide vs default")
+
+
+@pytest.mark.parametrize("tag", WIDE)
+@pytest.mark.parametrize("claimed,split", [(1, None), (4, None), (64, None), (64, 16)])
+def test_matvec_kq_q8_wide_covers_every_row_whatever_the_subgroup_size(gpu, rng, tag, claimed, split):
+    # The plan takes BLOCKS and SPLIT from the claimed subgroup size; the GPU's real one must still cover every row
+    # (16 segments at 64: a smaller subgroup takes them in turns).
+    K, N = 512, 301
+    raw = random_raw(rng, tag, N, K)
+    W, M = reference(tag, raw)
+    x = rng.standard_normal(K).astype(np.float32)
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, False, claimed, wg=64, rows=3, wide=True, split=split)
+    check_int8_product(out, x, x_hat, scale, W, M, N, False, WIDE_TERMS[K])
+
+
+@pytest.mark.parametrize("tag", WIDE)
+@pytest.mark.parametrize("blocks,N,rows,gate_up,split", [(1, 23, 1, False, 1), (3, 37, 2, False, 2),
+                                                         (5, 11, 3, True, 4), (2, 9, 1, True, 8)])
+def test_matvec_kq_q8_wide_splits(gpu, rng, tag, blocks, N, rows, gate_up, split):
+    # SPLIT each way (1: most lanes of a 1-block row idle; 8: segments of fewer lanes than a row has items).
+    K = blocks * 256
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, rows=rows, wide=True, split=split)
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, WIDE_TERMS[K])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tag", WIDE)
+def test_matvec_kq_q8_wide_folded_grid(gpu, rng, tag):
+    # One row a workgroup (one subgroup, SPLIT 1, ROWS 1): more than 65,535 workgroups fold into (x, y).
+    K, N = 256, MAX_GROUPS_PER_DIM + 1000
+    raw = random_raw(rng, tag, N, K)
+    W, M = reference(tag, raw)
+    x = rng.standard_normal(K).astype(np.float32)
+    out, x_hat, scale, grid = run_matvec_q8(gpu, tag, raw, x, N, False, wg=gpu.subgroup_size, rows=1, wide=True,
+                                            split=1)
+    assert grid[1] > 1
+    check_int8_product(out, x, x_hat, scale, W, M, N, False, WIDE_TERMS[K])
 
 
 # ---- prefill GEMM, f32 activations -------------------------------------------------------------------------
@@ -520,9 +603,9 @@ def test_plans_refuse_what_they_cannot_run():
         matvec_kq_q8_plan("q6_k", 256, 8, 48)
     with pytest.raises(ValueError, match="not whole 16-byte units"):
         matvec_kq_q8_kernel("q2_k", vec4=True)
-    with pytest.raises(ValueError, match="q3_k runs matvec_kq_q8_sub or matvec_kq_q8_chunks only"):
+    with pytest.raises(ValueError, match="q3_k runs matvec_kq_q8_wide, matvec_kq_q8_sub or matvec_kq_q8_chunks only"):
         matvec_kq_q8_kernel("q3_k", vec4=False)
-    with pytest.raises(ValueError, match="reads Q2_K and Q3_K only"):
+    with pytest.raises(ValueError, match="read Q2_K and Q3_K only"):
         matvec_kq_q8_kernel("q4_k", chunks=True)
     with pytest.raises(ValueError, match="matvec_kq_q8_sub's"):
         matvec_kq_q8_plan("q4_k", 256, 8, 32, split=2)
@@ -556,5 +639,26 @@ def test_plans_refuse_what_they_cannot_run():
         gemm_kq_q8_plan("q4_k", 256, 8, 4, kc=3)
     with pytest.raises(ValueError, match="workgroup memory"):
         gemm_kq_q8_plan("q4_k", 1024, 8, 4, tm=128, tn=32, kc=4)
-    assert set(BINDINGS) == {"matvec_kq", "matvec_kq_q8_sub", "matvec_kq_q8_chunks", "matvec_kq_q8",
-                             "matvec_kq_q8_vec4", "matmul_kq", "matmul_kq_q8", "embedding_kq"}
+    assert set(BINDINGS) == {"matvec_kq", "matvec_kq_q8_wide", "matvec_kq_q8_wide_vec4", "matvec_kq_q8_sub",
+                             "matvec_kq_q8_chunks", "matvec_kq_q8", "matvec_kq_q8_vec4", "matmul_kq", "matmul_kq_q8",
+                             "embedding_kq"}
+    # matvec_kq_q8_wide(_vec4): Q2_K / Q3_K / Q4_K only, no staging, one knob for one kernel; SPLIT keeps whole
+    # subgroups on a row set unless a row has at most half a subgroup's 64-element items.
+    assert [matvec_kq_q8_kernel(t, wide=True).name for t in ("q2_k", "q3_k", "q4_k")] == [
+        "matvec_kq_q8_wide", "matvec_kq_q8_wide", "matvec_kq_q8_wide_vec4"]
+    with pytest.raises(ValueError, match="reads Q2_K, Q3_K, Q4_K only"):
+        matvec_kq_q8_kernel("q6_k", wide=True)
+    with pytest.raises(ValueError, match="name different kernels"):
+        matvec_kq_q8_plan("q3_k", 256, 8, 32, wide=True, chunks=False)
+    with pytest.raises(ValueError, match="name different kernels"):
+        matvec_kq_q8_kernel("q4_k", vec4=True, wide=True)
+    with pytest.raises(ValueError, match="no stage"):
+        matvec_kq_q8_plan("q3_k", 256, 8, 32, wide=True, stage=False)
+    with pytest.raises(ValueError, match="SPLIT must be one of"):
+        matvec_kq_q8_plan("q2_k", 256, 8, 32, wide=True, split=32)
+    assert {K: matvec_kq_q8_plan("q2_k", K, 8, 32, wide=True)[0]["SPLIT"] for K in (256, 1024, 3072, 8192)} == {
+        256: 8, 1024: 2, 3072: 1, 8192: 1}
+    consts, grid = matvec_kq_q8_plan("q3_k", 3072, 9216, 32, wide=True)
+    assert (consts["ROWS"], consts["BLOCKS"], consts["SPLIT"], grid) == (2, 4, 1, (1152, 1))
+    assert "STAGE" not in consts and "HALVES" not in consts
+    assert matvec_kq_q8_plan("q4_k", 3072, 8, 32, wide=True)[0]["BW"] == 36
