@@ -22,15 +22,22 @@ KW = dict(max_context=320, prefill_chunk=32, split_keys=48)
 
 @pytest.mark.parametrize("text, value", [("123", 123), ("1K", 1024), ("512M", 512 * 2**20), ("12G", 12 * 2**30),
                                          ("1.5G", 3 * 2**29), ("8GiB", 8 * 2**30), ("64 MB", 64 * 2**20),
-                                         ("auto", None), ("", None), (None, None), (4096, 4096)])
+                                         ("auto", None), ("", None), (None, None), (4096, 4096), ("12g", 12 * 2**30),
+                                         ("3.5k", 3584), ("0000012G", 12 * 2**30), ("1024T", 2**50)])
 def test_sizes_parse(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["12X", "-1G", "0", "G", "1e9", "twelve", "0.0001K", "2000T"])
+HOSTILE = ["9" * 400, "9" * 5000 + "K", "1" * 30 + "G", "-5G", "\u0661\u0662G", "nan", "inf", "12 X", "1.5.5G"]
+
+
+@pytest.mark.parametrize("text", ["12X", "-1G", "0", "G", "1e9", "twelve", "0.0001K", "2000T", -4, 10**30, *HOSTILE])
 def test_bad_sizes_are_named(text):
-    with pytest.raises(ValueError, match="--gpu-weights"):
+    """Huge digit strings (float() made them inf, then an OverflowError), non-ASCII digits and the rest: one
+    sentence naming the option."""
+    with pytest.raises(ValueError, match="--gpu-weights") as caught:
         parse_size(text)
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
 
 
 def test_environment_budget():
@@ -51,6 +58,53 @@ def test_cli_refuses_a_bad_budget(capsys):
     assert main(["logits", "nowhere", "--ids", "1", "--gpu-weights", "12X"]) == 2
     err = capsys.readouterr().err
     assert "--gpu-weights" in err and "12X" in err and "Traceback" not in err
+
+
+LOADING_COMMANDS = [["logits", "nowhere", "--ids", "1"], ["generate", "nowhere", "--prompt", "hi"], ["chat", "nowhere"],
+                    ["bench", "--shape", "tiny-hybrid-moe"]]
+
+
+@pytest.mark.parametrize("command", LOADING_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("text", ["9" * 400, "-5G", "lots", "2000T"])
+@pytest.mark.parametrize("where", ["--gpu-weights", "ZEROTVM_GPU_WEIGHTS"])
+def test_every_loading_command_refuses_a_hostile_budget_in_one_sentence(command, text, where, capsys, monkeypatch):
+    """The flag or the environment, before the model is even looked for: exit status 2 and one line naming where
+    the budget came from, never a traceback (or the missing model's error instead)."""
+    from engine.cli import main
+
+    monkeypatch.delenv("ZEROTVM_GPU_WEIGHTS", raising=False)
+    if where == "--gpu-weights":
+        command = [*command, f"--gpu-weights={text}"]  # "--gpu-weights -5G" is argparse's: -5G looks like a flag
+    else:
+        monkeypatch.setenv("ZEROTVM_GPU_WEIGHTS", text)
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {where}: ") and "Traceback" not in err[0]
+
+
+def test_budget_errors_get_their_own_dialog_not_the_gpu_drivers():
+    """The app's dialog for a budget below the minimum, a dense model over it, or a bad ZEROTVM_GPU_WEIGHTS: the
+    engine's sentence and where to change it, not "No compatible GPU ... update the graphics driver"."""
+    pytest.importorskip("PySide6")
+    from app.errors import describe_error
+    from engine.bench_hybrid import hybrid_spec
+    from engine.blocks import DeviceTraits
+    from engine.runtime_options import RuntimeOptions
+    from engine.transformer import RuntimePlan
+
+    errors = []
+    for shape in ("qwen3.6-35b-a3b-4bit", "qwen3.5-4b"):
+        spec, formats = hybrid_spec(shape)
+        with pytest.raises(GpuError) as caught:
+            RuntimePlan(spec, formats, RuntimeOptions(max_context=6144, gpu_weights=2**30), DeviceTraits.typical())
+        errors.append(caught.value)
+    with pytest.raises(ValueError) as caught:
+        from_env({"ZEROTVM_GPU_WEIGHTS": "9" * 400})
+    errors.append(caught.value)
+    for e, says in zip(errors, ("minimum of", "only mixture-of-experts", "ZEROTVM_GPU_WEIGHTS"), strict=True):
+        title, message = describe_error(e, what="load the model")
+        assert title == "GPU weights budget" and says in message and "Settings → GPU weights budget" in message
+        assert "graphics driver" not in message and "Unexpected" not in title
 
 
 # ---- the slot map ------------------------------------------------------------------------------------------------
