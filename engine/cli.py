@@ -98,12 +98,17 @@ def _budget(args) -> int | None:
 
 def _load(args, model: str, **options):
     """load_model with this command's --context and --gpu-weights (else ZEROTVM_GPU_WEIGHTS), on the CLI's
-    progress line; says on stderr when the routed experts stream from RAM."""
+    progress line; says on stderr when the routed experts stream from RAM. Ctrl-C stops the load (the half-built
+    runtime lets its buffers go) with one line."""
     from engine.gpu_budget import streaming_line
     from engine.model import load_model
 
     budget = _budget(args)
-    loaded = load_model(model, max_context=args.context, on_progress=_progress, gpu_weights=budget, **options)
+    try:
+        loaded = load_model(model, max_context=args.context, on_progress=_progress, gpu_weights=budget, **options)
+    except KeyboardInterrupt:
+        print("\n(loading stopped)", file=sys.stderr)  # ends the progress line too
+        raise
     line = streaming_line(loaded.runtime)
     if line:
         print(line, file=sys.stderr)
@@ -499,6 +504,9 @@ def cmd_bench(args) -> None:
     result = run_bench(args.shape, decode_tokens=args.decode_tokens, prompt_tokens=args.prompt_tokens,
                        runs=args.runs, long_prompt=args.long_prompt_tokens, timestamps=args.timestamps,
                        **({"gpu_weights": budget} if budget else {}), **options)
+    for line in (result.get("expert_stream"), result.get("expert_cache")):  # as generate, chat and logits say it
+        if line:
+            print(line, file=sys.stderr)
     print(json.dumps(result, indent=2) if args.json else result["table"])
 
 

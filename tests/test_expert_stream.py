@@ -588,6 +588,91 @@ def test_cli_says_when_experts_stream_and_the_hit_rate(gpu, capsys, monkeypatch)
     assert "below this model's minimum" in capsys.readouterr().err
 
 
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_generate_and_chat_say_when_experts_stream_and_the_hit_rate_at_the_end(gpu, capsys, monkeypatch, command):
+    """The same stderr lines as logits: the share resident after the load (before the reply), the hit rate at the
+    end (chat: when it is left)."""
+    import builtins
+
+    from engine.cli import main
+
+    path = cached_mlx("q4")
+    budget = budgets(load_model(path, gpu=gpu, **KW), 4)
+    typed = iter(["hi"])
+
+    def answer(prompt=""):
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr(builtins, "input", answer)
+    args = ["--prompt", "hi"] if command == "generate" else []
+    assert main([command, str(path), *args, "--max-tokens", "3", "--temperature", "0", "--context", "64",
+                 "--gpu-weights", str(budget)]) == 0
+    err = capsys.readouterr().err
+    share = err.index("experts streamed from RAM: 4 of 8 routed experts a layer on the GPU (50% resident)")
+    rate = err.index("expert cache hit rate")
+    assert share < err.index(" tokens, ") < rate  # the reply's stats line between them
+    assert err.count("expert cache hit rate") == 1 and err.rstrip().splitlines()[-1].startswith("expert cache hit")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["logits", "--ids", "1,2"], ["generate", "--prompt", "hi"]], ids=lambda c: c[0])
+def test_ctrl_c_during_the_load_stops_it_in_one_line(capsys, monkeypatch, command):
+    """Ctrl-C while a checkpoint is read: exit status 130, the progress line (naming the shard) ended by one line,
+    no traceback."""
+    from engine import cli
+
+    shown = []
+
+    def progress(part, parts, path, done, total):
+        shown.append(path)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_progress", progress)
+    path = cached_mlx("q4")
+    assert cli.main([command[0], str(path), *command[1:]]) == 130
+    err = capsys.readouterr().err
+    assert shown[0].endswith("model.safetensors") and err.endswith("\n(loading stopped)\n")
+    assert "Traceback" not in err
+
+
+def test_the_load_progress_line_names_the_shard_being_read(capsys):
+    from engine.cli import _progress
+
+    _progress(0, 2, "/m/model-00001-of-00002.safetensors", 3 * 2**20, 8 * 2**20)
+    _progress(1, 2, "/m/model-00002-of-00002.safetensors", 8 * 2**20, 8 * 2**20)
+    err = capsys.readouterr().err
+    assert "loading model-00001-of-00002.safetensors:     3.0/8.0 MiB ( 38%)" in err
+    assert "loading model-00002-of-00002.safetensors" in err and err.endswith("\n")
+
+
+@pytest.mark.slow
+def test_bench_under_a_budget_reports_the_stream(gpu, capsys, monkeypatch):
+    """`zerotvm bench --gpu-weights` on a MoE shape: the result carries the share resident and the hit rate, and
+    the command prints both on stderr as generate, chat and logits do."""
+    import engine.bench
+    from bench.expert_stream import budget_bytes
+    from engine.bench import run_bench
+    from engine.bench_hybrid import hybrid_spec
+    from engine.cli import main
+
+    budget = budget_bytes("slots:3", *hybrid_spec("tiny-hybrid-moe"))
+    r = run_bench("tiny-hybrid-moe", decode_tokens=4, prompt_tokens=24, runs=1, gpu=gpu, long_prompt=0,
+                  gpu_weights=budget)
+    assert r["expert_stream"] == "experts streamed from RAM: 3 of 8 routed experts a layer on the GPU (38% resident)"
+    assert r["expert_cache"].startswith("expert cache hit rate") and r["expert_cache"] in r["table"]
+    assert "expert_stream" not in run_bench("tiny-hybrid-moe", decode_tokens=4, prompt_tokens=24, runs=1, gpu=gpu,
+                                            long_prompt=0)
+    monkeypatch.setattr(engine.bench, "run_bench", lambda *a, **k: r)
+    assert main(["bench", "--shape", "tiny-hybrid-moe", "--gpu-weights", str(budget)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [r["expert_stream"], r["expert_cache"]]
+
+
 def test_auto_budget_streams_a_moe_model_and_never_refuses():
     from engine.bench_hybrid import hybrid_spec
     from engine.blocks import DeviceTraits
