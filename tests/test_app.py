@@ -631,4 +631,5 @@ def test_worker_streams_experts_under_the_settings_budget_and_reports_it(qtbot, 
     worker.gpu_weights = "1K"
     got.clear()
     worker.load(str(path), 64, False, CancelToken())
-    assert "minimum" in " ".join(map(str, got["failed"]))
+    request, title, message = got["failed"]  # the budget's own dialog, not "No compatible GPU"
+    assert (request, title) == (0, "GPU weights budget") and "below this model's minimum of" in message

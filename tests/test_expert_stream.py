@@ -82,6 +82,38 @@ def test_every_loading_command_refuses_a_hostile_budget_in_one_sentence(command,
     assert len(err) == 1 and err[0].startswith(f"error: {where}: ") and "Traceback" not in err[0]
 
 
+class Loaded(Exception):
+    """Raised by the stand-in load_model once it has seen its arguments."""
+
+
+@pytest.mark.parametrize("command", [["logits", "--ids", "1"], ["generate", "--prompt", "hi"], ["chat"]],
+                         ids=lambda c: c[0])
+@pytest.mark.parametrize("flag, env, want", [(["--gpu-weights", "12g"], None, 12 * 2**30),
+                                             ([], "8192M", 8 * 2**30), (["--gpu-weights", "1G"], "8G", 2**30),
+                                             ([], None, None)])
+def test_every_loading_command_passes_context_and_budget_to_the_load(command, flag, env, want, monkeypatch,
+                                                                     tmp_path):
+    """--context and --gpu-weights (else ZEROTVM_GPU_WEIGHTS; lower-case suffixes too) reach load_model."""
+    import engine.model
+    from engine import cli
+
+    seen = {}
+
+    def load_model(path, **kw):
+        seen.update(kw)
+        raise Loaded
+
+    monkeypatch.setattr(engine.model, "load_model", load_model)
+    monkeypatch.setattr(cli, "_chosen_adapter", lambda: None)
+    monkeypatch.delenv("ZEROTVM_GPU_WEIGHTS", raising=False)
+    if env:
+        monkeypatch.setenv("ZEROTVM_GPU_WEIGHTS", env)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    with pytest.raises(Loaded):
+        cli.main([command[0], str(tmp_path / "m.gguf"), *command[1:], "--context", "96", *flag])
+    assert (seen["max_context"], seen["gpu_weights"]) == (96, want)
+
+
 def test_budget_errors_get_their_own_dialog_not_the_gpu_drivers():
     """The app's dialog for a budget below the minimum, a dense model over it, or a bad ZEROTVM_GPU_WEIGHTS: the
     engine's sentence and where to change it, not "No compatible GPU ... update the graphics driver"."""
