@@ -590,6 +590,26 @@ def test_memfit_says_a_moe_model_streams_on_a_small_gpu():
     assert check_fit(dense, None, ram, gpu_bytes_available=2**30).stream is None
 
 
+def test_streaming_on_tight_ram_is_said_and_asked_about():
+    """RAM that the host-resident experts leave nearly full: the verdict stays "streams" (the GPU's story), but the
+    message says so and the app asks before loading, as for any tight model, also for a MoE model without the
+    catalog's own RAM warning (one added from disk)."""
+    from dataclasses import replace
+
+    from engine.catalog import all_models
+    from engine.memfit import TIGHT_MARGIN, check_fit
+    from engine.sysmem import SystemMemory
+
+    entry = next(e for e in all_models() if e.key == "qwen3.6-35b-a3b-mlx-4bit")
+    entry = replace(entry, ram_warning_bytes=None, ram_warning=None)
+    roomy = check_fit(entry, 6144, SystemMemory(256 * 10**9, 200 * 10**9), gpu_bytes_available=12 * 2**30)
+    assert roomy.verdict == "streams" and not roomy.load_anyway and "close other apps" not in roomy.message
+    just = int(roomy.ram_needed / (1 - TIGHT_MARGIN / 2))  # above the need, inside the tight margin
+    tight = check_fit(entry, 6144, SystemMemory(256 * 10**9, just), gpu_bytes_available=12 * 2**30)
+    assert tight.verdict == "streams" and tight.ram_needed == roomy.ram_needed < just
+    assert tight.load_anyway and "Its experts in RAM leave little of it free: close other apps first." in tight.message
+
+
 @pytest.mark.slow
 def test_picker_label_and_models_command_say_how_it_streams(monkeypatch, capsys):
     from app.model_list import model_rows
