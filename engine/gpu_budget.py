@@ -11,6 +11,7 @@ cache's hit rate (hit_rate_line).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, replace
@@ -102,9 +103,15 @@ def auto_weights(plan, memory_bytes: int | None) -> AutoWeights:
     return AutoWeights(fixed + lo * per_slot, lo)
 
 
-def shown(n: int) -> str:
-    """A budget in words: GiB above 1 GiB (the unit the flag takes), else MiB."""
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+def shown(n: int, up: bool = False) -> str:
+    """A budget in words, in the largest unit the flag takes that it reaches (GiB to 2 decimals, MiB, KiB, else
+    bytes). `up` rounds up, for a minimum: typed back as a budget, the figure shown is enough."""
+    for unit, size, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 0), ("KiB", 2**10, 0)):
+        if n >= size:
+            scaled = Fraction(n * 10**digits, size)
+            value = (math.ceil(scaled) if up else round(scaled)) / 10**digits
+            return f"{value:.{digits}f} {unit}"
+    return f"{n:,} bytes"
 
 
 def streaming_line(runtime) -> str | None:

@@ -197,7 +197,7 @@ def expert_slots(plan: RuntimePlan, moe, budget: int) -> int | None:
     if slots < moe.top_k:
         need = fixed + moe.top_k * per_slot
         raise WeightsBudgetError(
-            f"the weights budget of {shown(budget)} is below this model's minimum of {shown(need)} (its "
+            f"the weights budget of {shown(budget)} is below this model's minimum of {shown(need, up=True)} (its "
             f"{shown(fixed)} of non-expert weights plus {moe.top_k} experts a layer); raise --gpu-weights, "
             "ZEROTVM_GPU_WEIGHTS or the Settings entry to at least that")
     return slots if slots < moe.E else None

@@ -3,6 +3,7 @@ MoE under a weights budget that forces misses gives the same logits and greedy t
 model (prefill in batches of cached experts, int8 and f32 decode); the slot map's eviction; the budget's errors
 and its spelling (--gpu-weights, ZEROTVM_GPU_WEIGHTS)."""
 
+import re
 from collections import OrderedDict
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from engine.blocks.expert_cache import SlotMap, _runs
 from engine.errors import GpuError
-from engine.gpu_budget import auto_margin, from_env, parse_size
+from engine.gpu_budget import auto_margin, from_env, parse_size, shown
 from engine.model import load_model
 from engine.sampling import SamplingParams
 from tests.helpers import assert_recorded_count, cached_mlx, run
@@ -38,6 +39,16 @@ def test_bad_sizes_are_named(text):
     with pytest.raises(ValueError, match="--gpu-weights") as caught:
         parse_size(text)
     assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
+
+
+@pytest.mark.parametrize("n, near, up", [(512, "512 bytes", "512 bytes"), (694_656, "678 KiB", "679 KiB"),
+                                         (5 * 2**20, "5 MiB", "5 MiB"), (10_600_000_000, "9.87 GiB", "9.88 GiB"),
+                                         (2**34 - 1, "16.00 GiB", "16.00 GiB")])
+def test_budgets_are_shown_in_the_units_the_flag_takes(n, near, up):
+    """A small model's minimum is not "0 MiB"; a minimum is rounded up, so typed back as a budget it is enough."""
+    assert (shown(n), shown(n, up=True)) == (near, up)
+    value, unit = up.split()
+    assert parse_size(f"{value}{unit[0] if unit != 'bytes' else ''}") >= n
 
 
 def test_environment_budget():
@@ -555,7 +566,10 @@ def test_budget_below_the_minimum_names_it(gpu):
     minimum = budgets(resident, 2)  # top-2: two slots a layer
     with pytest.raises(GpuError, match="below this model's minimum") as caught:
         load_model(path, gpu=gpu, gpu_weights=minimum - 1, **KW)
-    assert f"{minimum / 2**20:.0f} MiB" in str(caught.value)
+    # The minimum as the flag takes it, rounded up: typed back, it loads (it once said "0 MiB" for this model).
+    figure = re.search(r"minimum of ([0-9.]+) (KiB|MiB|GiB)", str(caught.value))
+    assert figure and figure[0] == f"minimum of {shown(minimum, up=True)}"
+    assert parse_size(f"{figure[1]}{figure[2][0]}") >= minimum
     assert load_model(path, gpu=gpu, gpu_weights=minimum, **KW).runtime.plan.streaming.slots == 2
 
 
@@ -637,7 +651,14 @@ def test_cli_says_when_experts_stream_and_the_hit_rate(gpu, capsys, monkeypatch)
     assert "experts streamed from RAM: 4 of 8 routed experts a layer on the GPU (50% resident)" in err
     assert "expert cache hit rate" in err
     assert main(["logits", str(path), "--ids", "1,2", "--context", "64"]) == 2  # now the environment's 1K
-    assert "below this model's minimum" in capsys.readouterr().err
+    err = capsys.readouterr().err.splitlines()
+    minimum = budgets(load_model(path, gpu=gpu, **KW), 2)
+    assert err[-1].startswith("error: the weights budget of 1 KiB is below this model's minimum of ")
+    assert f"minimum of {shown(minimum, up=True)} " in err[-1] and "Traceback" not in "".join(err)
+    # A dense model over its budget: one line saying only MoE models stream, never a silent failure.
+    assert main(["logits", str(cached_mlx("dense")), "--ids", "1,2", "--gpu-weights", "64K"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("error: this model's weights need ") and "only mixture-of-experts" in err[-1]
 
 
 @pytest.mark.slow
