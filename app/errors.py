@@ -7,7 +7,14 @@ import tempfile
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
-from engine.errors import ContextLimitError, GpuError, ModelFormatError, ZeroTVMError
+from engine.errors import (
+    BudgetSpellingError,
+    ContextLimitError,
+    GpuError,
+    ModelFormatError,
+    WeightsBudgetError,
+    ZeroTVMError,
+)
 
 LOG_NAME = "zerotvm.log"
 _log_path: Path | None = None
@@ -53,6 +60,11 @@ def describe_error(e: BaseException, what: str = "continue") -> tuple[str, str]:
         return ("Not enough memory",
                 f"The model does not fit in this computer's memory ({e}).\n\nPick a smaller model or a shorter "
                 "context length in Settings, and close other programs that use a lot of memory." + details)
+    if isinstance(e, (WeightsBudgetError, BudgetSpellingError)):  # the user's setting, not the GPU or its driver
+        text = str(e)
+        return ("GPU weights budget",
+                f"{text[:1].upper()}{text[1:]}.\n\nChange it in Settings → GPU weights budget (a size there wins over "
+                "ZEROTVM_GPU_WEIGHTS), or set it to auto to let Zero-TVM choose.")
     if isinstance(e, GpuError):
         return ("No compatible GPU",
                 f"{e}\n\nZero-TVM needs a GPU with Vulkan (Windows, Linux), Metal (macOS) or DirectX 12 and f16 "

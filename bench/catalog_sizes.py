@@ -32,10 +32,11 @@ def quantized_bytes(n: int, k: int, bits: int, group: int = 64) -> int:
     return n * k * bits // 8 + 2 * BF16 * n * (k // group)
 
 
-def text_bytes(expert_bits: int) -> tuple[int, int]:
-    """(all text tensors, the routed experts among them) in bytes."""
+def text_bytes(expert_bits: int, config: dict = QWEN36) -> tuple[int, int]:
+    """(all text tensors, the routed experts among them) in bytes, for Qwen3.6-35B-A3B's config (or another
+    qwen3_5_moe text config: the tests check the rule against a checkpoint mlx-lm wrote)."""
     module = model_module("qwen3_5_moe")
-    spec = module.spec(module.ModelArgs.from_dict(QWEN36))
+    spec = module.spec(module.ModelArgs.from_dict(config))
     total = experts = 0
     for w in module.weights(spec):
         if w.kind in (MATRIX, EXPERTS):

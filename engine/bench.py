@@ -264,6 +264,10 @@ def block_table(rt: Transformer) -> str:
 
 def finish(r: dict, rt: Transformer) -> dict:
     """The result with the per-block report and a printable table."""
+    from engine.gpu_budget import hit_rate_line, streaming_line
+
+    if rt.plan.streaming is not None:  # under a weights budget: the share cached and the hit rate of every run
+        r["expert_stream"], r["expert_cache"] = streaming_line(rt), hit_rate_line(rt)
     r["blocks"] = rt.report()
     shown = {k: v for k, v in r.items() if k != "blocks"}
     r["table"] = "\n".join(f"{k:>22}: {v}" for k, v in shown.items()) + "\n" + block_table(rt)

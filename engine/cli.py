@@ -89,14 +89,26 @@ def _progress(part: int, parts: int, path: str, done: int, total: int) -> None:
         print(file=sys.stderr)
 
 
+def _budget(args) -> int | None:
+    """The weights budget: --gpu-weights, else ZEROTVM_GPU_WEIGHTS (a bad one is named before anything is read)."""
+    from engine.gpu_budget import from_env, parse_size
+
+    return parse_size(args.gpu_weights) if args.gpu_weights is not None else from_env()
+
+
 def _load(args, model: str, **options):
     """load_model with this command's --context and --gpu-weights (else ZEROTVM_GPU_WEIGHTS), on the CLI's
-    progress line; says on stderr when the routed experts stream from RAM."""
-    from engine.gpu_budget import from_env, parse_size, streaming_line
+    progress line; says on stderr when the routed experts stream from RAM. Ctrl-C stops the load (the half-built
+    runtime lets its buffers go) with one line."""
+    from engine.gpu_budget import streaming_line
     from engine.model import load_model
 
-    budget = parse_size(args.gpu_weights) if args.gpu_weights is not None else from_env()
-    loaded = load_model(model, max_context=args.context, on_progress=_progress, gpu_weights=budget, **options)
+    budget = _budget(args)
+    try:
+        loaded = load_model(model, max_context=args.context, on_progress=_progress, gpu_weights=budget, **options)
+    except KeyboardInterrupt:
+        print("\n(loading stopped)", file=sys.stderr)  # ends the progress line too
+        raise
     line = streaming_line(loaded.runtime)
     if line:
         print(line, file=sys.stderr)
@@ -112,11 +124,9 @@ def _print_hit_rate(model) -> None:
 
 
 def cmd_logits(args) -> None:
-    from engine.gpu_budget import parse_size
     from engine.library import resolve_model
 
-    if args.gpu_weights is not None:
-        parse_size(args.gpu_weights)  # a bad budget is named before anything is read
+    _budget(args)  # a bad budget is named before anything is read
     try:
         ids = [int(t) for t in args.ids.split(",") if t.strip()]
     except ValueError:
@@ -185,6 +195,7 @@ def cmd_generate(args) -> None:
     from engine.cli_reply import ctrl_c_cancels, print_completion, print_reply
     from engine.session import ChatSession
 
+    _budget(args)  # a bad budget is named before anything is read
     path = _resolve_model(args.model)
     _software_note(_chosen_adapter(), path)
     model = _load(args, path, q8_decode=not args.exact_decode)
@@ -211,6 +222,7 @@ Ctrl-C stops a reply; Ctrl-D or /quit leaves."""
 
 
 def cmd_chat(args) -> None:
+    _budget(args)  # a bad budget is named before anything is read
     path = _resolve_model(args.model)
     _software_note(_chosen_adapter(), path)
     model = _load(args, path, q8_decode=not args.exact_decode)
@@ -484,15 +496,17 @@ def cmd_prompt(args) -> None:
 
 def cmd_bench(args) -> None:
     from engine.bench import run_bench
-    from engine.gpu_budget import from_env, parse_size
 
-    budget = parse_size(args.gpu_weights) if args.gpu_weights is not None else from_env()
+    budget = _budget(args)
     options = json.loads(args.options)
     if not isinstance(options, dict):
         raise ValueError(f"--options takes a JSON object of runtime option names and values, got {args.options}")
     result = run_bench(args.shape, decode_tokens=args.decode_tokens, prompt_tokens=args.prompt_tokens,
                        runs=args.runs, long_prompt=args.long_prompt_tokens, timestamps=args.timestamps,
                        **({"gpu_weights": budget} if budget else {}), **options)
+    for line in (result.get("expert_stream"), result.get("expert_cache")):  # as generate, chat and logits say it
+        if line:
+            print(line, file=sys.stderr)
     print(json.dumps(result, indent=2) if args.json else result["table"])
 
 

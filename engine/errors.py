@@ -9,6 +9,14 @@ class GpuError(ZeroTVMError):
     """No usable GPU adapter, a missing feature, or a limit the model exceeds."""
 
 
+class WeightsBudgetError(GpuError):
+    """The weights budget (--gpu-weights, ZEROTVM_GPU_WEIGHTS, Settings) is below what the model needs on the GPU."""
+
+
+class BudgetSpellingError(ZeroTVMError, ValueError):
+    """A weights budget that is not a size (or is no size a GPU has): a ValueError too, as other bad options."""
+
+
 class ModelFormatError(ZeroTVMError):
     """A model folder or file is missing, corrupt, or not what its manifest says."""
 

@@ -11,9 +11,13 @@ cache's hit rate (hit_rate_line).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from engine.errors import BudgetSpellingError
 
 ENV = "ZEROTVM_GPU_WEIGHTS"
 _UNITS = {"": 1, "B": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -25,24 +29,28 @@ AUTO_MARGIN_SHARE = 0.05
 
 
 def parse_size(text, where: str = "--gpu-weights") -> int | None:
-    """Bytes from '123', '512M', '12G', '1.5G' (K/M/G/T = 1024-based; an optional 'iB'/'B'), None for 'auto'.
-    Anything else is a ValueError naming `where` and the accepted forms."""
+    """Bytes from '123', '512M', '12G', '1.5G' (K/M/G/T = 1024-based, either case; an optional 'iB'/'B'), None for
+    'auto'. Anything else, huge or negative included, is a BudgetSpellingError (a ValueError) naming `where` and
+    the accepted forms."""
     if text is None:
         return None
+    too_big = f"{where}: a weights budget must be above 0 and at most {MAX_BYTES // 2**40} TiB, got"
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     else:
         s = str(text).strip()
         if s.lower() in ("", "auto"):
             return None
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)(?:i?[bB])?", s)
+        m = re.fullmatch(r"([0-9]+)(\.[0-9]+)?\s*([kKmMgGtT]?)(?:i?[bB])?", s)  # ASCII digits only
         if not m:
-            raise ValueError(f"{where}: {s[:40]!r} is not a size; give bytes or a number with K, M or G "
+            raise BudgetSpellingError(f"{where}: {s[:40]!r} is not a size; give bytes or a number with K, M or G "
                              "(e.g. 12G, 8192M), or auto")
-        value = int(float(m[1]) * _UNITS[m[2].upper()])
+        whole = m[1].lstrip("0") or "0"
+        if len(whole) > 20:  # past any limit; float() would make 400 digits inf, and int() an OverflowError
+            raise BudgetSpellingError(f"{too_big} {s[:40]!r}")
+        value = int(Fraction(whole + (m[2] or "")[:21]) * _UNITS[m[3].upper()])  # exact, whatever the digits
     if not 0 < value <= MAX_BYTES:
-        raise ValueError(f"{where}: a weights budget must be above 0 and at most {MAX_BYTES // 2**40} TiB, got "
-                         f"{value:,} bytes")
+        raise BudgetSpellingError(f"{too_big} {value:,} bytes" if abs(value) < 10**21 else f"{too_big} far more")
     return value
 
 
@@ -95,9 +103,15 @@ def auto_weights(plan, memory_bytes: int | None) -> AutoWeights:
     return AutoWeights(fixed + lo * per_slot, lo)
 
 
-def shown(n: int) -> str:
-    """A budget in words: GiB above 1 GiB (the unit the flag takes), else MiB."""
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+def shown(n: int, up: bool = False) -> str:
+    """A budget in words, in the largest unit the flag takes that it reaches (GiB to 2 decimals, MiB, KiB, else
+    bytes). `up` rounds up, for a minimum: typed back as a budget, the figure shown is enough."""
+    for unit, size, digits in (("GiB", 2**30, 2), ("MiB", 2**20, 0), ("KiB", 2**10, 0)):
+        if n >= size:
+            scaled = Fraction(n * 10**digits, size)
+            value = (math.ceil(scaled) if up else round(scaled)) / 10**digits
+            return f"{value:.{digits}f} {unit}"
+    return f"{n:,} bytes"
 
 
 def streaming_line(runtime) -> str | None:

@@ -275,6 +275,10 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
     message = _message(entry, est, memory, ram_needed, system.available_bytes, gpu_available, shared_memory, warn)
     if stream is not None:
         message += f" It {stream.sentence()}."
+    # "streams" outranks "tight": RAM that the host-resident experts nearly fill is said, and asked about, anyway.
+    ram_tight = stream is not None and ram_level == "tight"
+    if ram_tight and not warn:
+        message += " Its experts in RAM leave little of it free: close other apps first."
     if speed is not None:
         message += " " + speed.message
     # The figure that sets the verdict: the GPU's, the RAM estimate's, or the model's measured RAM need (warning).
@@ -286,7 +290,8 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
         need, have, where = ram_needed, system.available_bytes, "RAM"
     summary = stream.sentence().split(" (")[0] if memory == "streams" else _summary(memory, need, have, where, speed)
     return FitReport(verdict, est.gpu_bytes, ram_needed, system.available_bytes, gpu_available, message, warn,
-                     verdict in ("tight", "wont_fit", "too_slow") or warn, est, memory, speed, summary, stream)
+                     verdict in ("tight", "wont_fit", "too_slow") or warn or ram_tight, est, memory, speed, summary,
+                     stream)
 
 
 _STREAM_FITS: dict = {}

@@ -27,7 +27,7 @@ from engine.blocks.sampler import Sampler
 from engine.blocks.vocab import VocabEnds
 from engine.blocks.workspace import RING, Workspace
 from engine.cancel import Cancelled, CancelToken, check
-from engine.errors import ContextLimitError, GpuError, ModelFormatError, ZeroTVMError
+from engine.errors import ContextLimitError, ModelFormatError, WeightsBudgetError, ZeroTVMError
 from engine.gpu import Gpu, MapWait, PlanRecorder, Recorder, SegmentRecorder
 from engine.kernels.norm import norm_can_write_int8
 from engine.models.base import FFNS, MIXERS
@@ -182,22 +182,24 @@ def expert_weight_bytes(plan: RuntimePlan, moe) -> tuple[int, int, int]:
 def expert_slots(plan: RuntimePlan, moe, budget: int) -> int | None:
     """Expert cache slots per MoE layer that fit `budget` bytes of weights (None: every weight fits). A MoE model
     needs room for its non-expert weights and top_k experts a layer; a dense one for all of its weights: either
-    short is a GpuError naming the minimum."""
+    short is a WeightsBudgetError (a GpuError) naming the minimum."""
     from engine.gpu_budget import shown
 
     weights, fixed, per_slot = expert_weight_bytes(plan, moe)
     if weights <= budget:
         return None
     if moe is None:
-        raise GpuError(f"this model's weights need {shown(weights)} on the GPU but the weights budget is "
-                       f"{shown(budget)}; only mixture-of-experts models can keep part of their weights in RAM, so "
-                       "raise the budget (--gpu-weights, ZEROTVM_GPU_WEIGHTS or Settings) or pick a smaller model")
+        raise WeightsBudgetError(
+            f"this model's weights need {shown(weights)} on the GPU but the weights budget is {shown(budget)}; only "
+            "mixture-of-experts models can keep part of their weights in RAM, so raise the budget (--gpu-weights, "
+            "ZEROTVM_GPU_WEIGHTS or Settings) or pick a smaller model")
     slots = (budget - fixed) // per_slot
     if slots < moe.top_k:
         need = fixed + moe.top_k * per_slot
-        raise GpuError(f"the weights budget of {shown(budget)} is below this model's minimum of {shown(need)} (its "
-                       f"{shown(fixed)} of non-expert weights plus {moe.top_k} experts a layer); raise --gpu-weights, "
-                       "ZEROTVM_GPU_WEIGHTS or the Settings entry to at least that")
+        raise WeightsBudgetError(
+            f"the weights budget of {shown(budget)} is below this model's minimum of {shown(need, up=True)} (its "
+            f"{shown(fixed)} of non-expert weights plus {moe.top_k} experts a layer); raise --gpu-weights, "
+            "ZEROTVM_GPU_WEIGHTS or the Settings entry to at least that")
     return slots if slots < moe.E else None
 
 

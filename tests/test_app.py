@@ -300,6 +300,73 @@ def test_gpu_weights_setting_is_validated_and_kept(qtbot, tmp_path):
     assert load_prefs(tmp_path / "prefs.json") == AppPrefs(context=512)  # a bad budget falls back to auto
 
 
+@pytest.mark.parametrize("value", ["9" * 400, "-5G", "2000T", 12884901888, ["12G"], {"G": 12}, None, True])
+def test_a_hostile_gpu_weights_setting_falls_back_to_auto(qtbot, tmp_path, value):
+    """settings.json's budget huge (float() made 400 digits inf: an OverflowError at start), negative, past the limit
+    or not a string: auto, and the rest of the file kept; typed into Settings, one sentence under the field and OK
+    held back, never an exception in the slot."""
+    import json
+
+    from PySide6.QtWidgets import QDialogButtonBox
+
+    from app.prefs import load_prefs
+    from app.settings_dialog import SettingsDialog
+
+    (tmp_path / "prefs.json").write_text(json.dumps({"gpu_weights": value, "context": 512}))
+    assert load_prefs(tmp_path / "prefs.json") == AppPrefs(context=512)
+    if isinstance(value, str):
+        dialog = SettingsDialog(ChatSettings(), AppPrefs(), SamplingParams(), [], None)
+        qtbot.addWidget(dialog)
+        dialog.gpu_weights.setText(value)
+        error = dialog.gpu_weights_error.text()
+        assert error.startswith("GPU weights budget: ") and "\n" not in error and len(error) < 200
+        assert not dialog._buttons.button(QDialogButtonBox.StandardButton.Ok).isEnabled()
+
+
+def test_gpu_weights_setting_is_shown_after_reopening(qtbot, data_dir, monkeypatch):
+    """Settings → GPU weights budget through the window: saved with the app prefs, in the field when Settings opens
+    again, and in a window started afresh from the same file."""
+    from app.prefs import load_prefs
+    from app.settings_dialog import SettingsDialog
+
+    seen = []
+
+    def exec_with(text):
+        def exec_(dialog):
+            seen.append(dialog.gpu_weights.text())
+            if text is not None:
+                dialog.gpu_weights.setText(text)
+            return text is not None
+        return exec_
+
+    w = open_window(qtbot, data_dir, auto_setup=False)
+    monkeypatch.setattr(SettingsDialog, "exec", exec_with("10G"))
+    w.open_settings()
+    assert w.prefs.gpu_weights == "10G" and load_prefs(w.prefs_path).gpu_weights == "10G"
+    monkeypatch.setattr(SettingsDialog, "exec", exec_with(None))
+    w.open_settings()
+    again = open_window(qtbot, data_dir, auto_setup=False, prefs=load_prefs(w.prefs_path))
+    again.open_settings()
+    assert seen == ["auto", "10G", "10G"]
+    w.close()
+    again.close()
+
+
+def test_a_bad_environment_budget_is_one_sentence_in_the_load_dialog(qtbot, data_dir, monkeypatch):
+    """Settings on auto, ZEROTVM_GPU_WEIGHTS hostile: the load fails before any file or GPU is touched, with the
+    budget's own dialog naming the variable (not "Unexpected error")."""
+    from app.worker import EngineWorker
+    from engine.cancel import CancelToken
+
+    monkeypatch.setenv("ZEROTVM_GPU_WEIGHTS", "9" * 400)
+    worker = EngineWorker()
+    got = []
+    worker.failed.connect(lambda *e: got.append(e))
+    worker.load(str(data_dir / "nowhere"), 0, False, CancelToken())
+    (request, title, message), = got
+    assert (request, title) == (0, "GPU weights budget") and message.startswith("ZEROTVM_GPU_WEIGHTS: ")
+
+
 def test_engine_imports_without_qt():
     code = ("import sys; sys.modules['PySide6'] = None\n"
             "import engine, engine.model, engine.session, engine.cli, engine.catalog, engine.memfit, engine.settings\n"
@@ -564,4 +631,5 @@ def test_worker_streams_experts_under_the_settings_budget_and_reports_it(qtbot, 
     worker.gpu_weights = "1K"
     got.clear()
     worker.load(str(path), 64, False, CancelToken())
-    assert "minimum" in " ".join(map(str, got["failed"]))
+    request, title, message = got["failed"]  # the budget's own dialog, not "No compatible GPU"
+    assert (request, title) == (0, "GPU weights budget") and "below this model's minimum of" in message

@@ -193,3 +193,21 @@ def test_a_too_slow_model_asks_before_loading(qtbot, data_dir, monkeypatch):
     w.load(row)
     assert w.loads == [] and asked[0][0] == "Too slow on this computer"
     assert "would be too slow to use" in asked[0][1] and "one token every" in asked[0][1]
+
+
+def test_load_progress_names_the_shard_and_cancel_reaches_the_load(qtbot, data_dir):
+    """The progress line while a load runs: bytes, the part and the checkpoint file being read; Cancel (the button
+    beside it) sets that load's token, which the worker checks between tensors."""
+    w = window(qtbot, data_dir)
+    w.load(w.row(DEMO), confirm=False)
+    (_path, _context, _exact, token), = w.loads
+    w.on_load_progress(0, 2, 3 * 2**20, 8 * 2**20, "model-00001-of-00002.safetensors")
+    assert w.progress_box.isVisible() and w.cancel.isVisible()
+    assert w.progress_label.text().startswith("Loading SmolLM2 135M Instruct (demo): ")
+    assert w.progress_label.text().endswith("(1/2) · reading model-00001-of-00002.safetensors")
+    assert w.progress.value() == 375
+    assert not token.cancelled
+    w.cancel.click()
+    assert token.cancelled
+    w.on_unloaded()  # the worker's answer to a cancelled load
+    assert w.status.text().startswith("Loading cancelled.") and not w.progress_box.isVisible()

@@ -72,10 +72,26 @@ def window(qtbot, tmp_path, monkeypatch, script):
     monkeypatch.setenv("ZEROTVM_HOME", str(tmp_path))
     monkeypatch.setenv("ZEROTVM_MODELS", str(tmp_path / "models"))
     w = open_window(qtbot, tmp_path, auto_setup=False)
-    w.engine.worker.model = object()  # the scripted session never looks at it
+    w.engine.worker.model = scripted_model()  # the scripted session never looks at it; the worker asks its stream
     w.facts = {"key": None, "title": "Scripted", "name": "scripted", "sampling": {}}
     yield w
     w.close()
+    assert getattr(w, "last_error", None) is None  # a reply that lands is never also an error dialog
+
+
+class ScriptedStream:
+    """The expert stream's counters the worker reports after a reply (engine/blocks/expert_cache.py ExpertStream)."""
+
+    hits, misses, uploaded_bytes, upload_seconds = 30, 10, 2.5e9, 0.5
+
+    def hit_rate(self):
+        return self.hits / (self.hits + self.misses)
+
+
+def scripted_model(streaming=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(runtime=SimpleNamespace(plan=SimpleNamespace(streaming=streaming)))
 
 
 def idle(qtbot, w, timeout=10_000):
@@ -241,3 +257,22 @@ def test_ctrl_q_closes_the_window(qtbot, window):
     qtbot.keyClick(window, Qt.Key.Key_Q, Qt.KeyboardModifier.ControlModifier)
     qtbot.waitUntil(lambda: not window.isVisible(), timeout=3000)
 
+
+
+def test_status_line_shows_the_experts_streamed_then_the_hit_rate(qtbot, window, script):
+    """After a load, the share of experts on the GPU (the worker's facts, as the CLI's stderr line); after each
+    reply, the expert cache's hit rate (the worker's stats of the real stream's counters)."""
+    line = "experts streamed from RAM: 4 of 8 routed experts a layer on the GPU (50% resident)"
+    window.on_loaded({"path": "/x", "name": "scripted", "model_type": "qwen3_5_moe", "context": 512,
+                      "load_seconds": 2.0, "thinking": False, "chat": True, "sampling": {}, "adapter": "[0] test",
+                      "int8_decode": True, "experts": line})
+    assert window.status.text().endswith(f"[0] test · {line}")
+    window.engine.worker.model = scripted_model(ScriptedStream())
+    send(qtbot, window, "A")
+    idle(qtbot, window)
+    assert window.status.text().endswith("· expert cache hit rate 75.0% (30 hits, 10 misses; 2.50 GB uploaded, "
+                                         "5.0 GB/s)")
+    window.engine.worker.model = scripted_model()  # every expert resident: nothing about experts
+    send(qtbot, window, "B")
+    idle(qtbot, window)
+    assert "expert" not in window.status.text() and f"{WORDS} tokens" in window.status.text()

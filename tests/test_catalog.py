@@ -308,3 +308,41 @@ def test_add_local_errors_name_the_file(tmp_path):
     with pytest.raises(ModelFormatError, match=re.escape(str(hf / "config.json")) + ".*num_attention_heads"):
         add_local(hf, store)
     assert not store.exists()  # nothing was recorded
+
+
+def safetensors_tensor_bytes(folder: Path) -> int:
+    """The tensor bytes of a folder's safetensors shards, from their headers (what a download holds beyond them is
+    the headers themselves)."""
+    import struct
+
+    total = 0
+    for f in folder.glob("*.safetensors"):
+        with open(f, "rb") as fh:
+            header = json.loads(fh.read(struct.unpack("<Q", fh.read(8))[0]))
+        total += sum(v["data_offsets"][1] - v["data_offsets"][0] for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+@pytest.mark.parametrize("variant, bits", [("q4", 4), ("q3exp", 3)])
+def test_qwen36_text_bytes_rule_is_what_mlx_lm_writes(variant, bits):
+    """bench/catalog_sizes.py's rule (the architecture's weight table, stored as mlx-lm quantizes it) against a
+    checkpoint mlx-lm itself wrote, for a tiny config of the same architecture: every byte."""
+    from bench.catalog_sizes import text_bytes
+    from tests.helpers import cached_mlx
+
+    folder = cached_mlx(variant)
+    config = json.loads((folder / "config.json").read_text())["text_config"]
+    assert text_bytes(bits, config)[0] == safetensors_tensor_bytes(folder)
+
+
+@pytest.mark.parametrize("key, bits", [("qwen3.6-35b-a3b-mlx-4bit", 4), ("qwen3.6-35b-a3b-mlx-q3", 3)])
+def test_qwen36_catalog_sizes_are_the_text_tensors_plus_the_vision_tower(catalog, key, bits):
+    """The catalog's download size is re-derived from the tensor list: the text tensors (its weights_bytes, what
+    memfit plans) plus the vision tower the shards carry and the runtime never reads."""
+    from bench.catalog_sizes import text_bytes, vision_bytes
+
+    e = catalog[key]
+    text, experts = text_bytes(bits)
+    assert e.weights_bytes == text and e.total_bytes == text + vision_bytes()
+    assert f"{vision_bytes():,} bytes bf16" in e.size_source and f"routed experts {experts:,}" in e.size_source
+    assert e.size_approximate  # the shard headers and the index are not counted

@@ -3,6 +3,7 @@ MoE under a weights budget that forces misses gives the same logits and greedy t
 model (prefill in batches of cached experts, int8 and f32 decode); the slot map's eviction; the budget's errors
 and its spelling (--gpu-weights, ZEROTVM_GPU_WEIGHTS)."""
 
+import re
 from collections import OrderedDict
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 
 from engine.blocks.expert_cache import SlotMap, _runs
 from engine.errors import GpuError
-from engine.gpu_budget import auto_margin, from_env, parse_size
+from engine.gpu_budget import auto_margin, from_env, parse_size, shown
 from engine.model import load_model
 from engine.sampling import SamplingParams
 from tests.helpers import assert_recorded_count, cached_mlx, run
@@ -22,15 +23,32 @@ KW = dict(max_context=320, prefill_chunk=32, split_keys=48)
 
 @pytest.mark.parametrize("text, value", [("123", 123), ("1K", 1024), ("512M", 512 * 2**20), ("12G", 12 * 2**30),
                                          ("1.5G", 3 * 2**29), ("8GiB", 8 * 2**30), ("64 MB", 64 * 2**20),
-                                         ("auto", None), ("", None), (None, None), (4096, 4096)])
+                                         ("auto", None), ("", None), (None, None), (4096, 4096), ("12g", 12 * 2**30),
+                                         ("3.5k", 3584), ("0000012G", 12 * 2**30), ("1024T", 2**50)])
 def test_sizes_parse(text, value):
     assert parse_size(text) == value
 
 
-@pytest.mark.parametrize("text", ["12X", "-1G", "0", "G", "1e9", "twelve", "0.0001K", "2000T"])
+HOSTILE = ["9" * 400, "9" * 5000 + "K", "1" * 30 + "G", "-5G", "\u0661\u0662G", "nan", "inf", "12 X", "1.5.5G"]
+
+
+@pytest.mark.parametrize("text", ["12X", "-1G", "0", "G", "1e9", "twelve", "0.0001K", "2000T", -4, 10**30, *HOSTILE])
 def test_bad_sizes_are_named(text):
-    with pytest.raises(ValueError, match="--gpu-weights"):
+    """Huge digit strings (float() made them inf, then an OverflowError), non-ASCII digits and the rest: one
+    sentence naming the option."""
+    with pytest.raises(ValueError, match="--gpu-weights") as caught:
         parse_size(text)
+    assert "\n" not in str(caught.value) and len(str(caught.value)) < 200
+
+
+@pytest.mark.parametrize("n, near, up", [(512, "512 bytes", "512 bytes"), (694_656, "678 KiB", "679 KiB"),
+                                         (5 * 2**20, "5 MiB", "5 MiB"), (10_600_000_000, "9.87 GiB", "9.88 GiB"),
+                                         (2**34 - 1, "16.00 GiB", "16.00 GiB")])
+def test_budgets_are_shown_in_the_units_the_flag_takes(n, near, up):
+    """A small model's minimum is not "0 MiB"; a minimum is rounded up, so typed back as a budget it is enough."""
+    assert (shown(n), shown(n, up=True)) == (near, up)
+    value, unit = up.split()
+    assert parse_size(f"{value}{unit[0] if unit != 'bytes' else ''}") >= n
 
 
 def test_environment_budget():
@@ -51,6 +69,85 @@ def test_cli_refuses_a_bad_budget(capsys):
     assert main(["logits", "nowhere", "--ids", "1", "--gpu-weights", "12X"]) == 2
     err = capsys.readouterr().err
     assert "--gpu-weights" in err and "12X" in err and "Traceback" not in err
+
+
+LOADING_COMMANDS = [["logits", "nowhere", "--ids", "1"], ["generate", "nowhere", "--prompt", "hi"], ["chat", "nowhere"],
+                    ["bench", "--shape", "tiny-hybrid-moe"]]
+
+
+@pytest.mark.parametrize("command", LOADING_COMMANDS, ids=lambda c: c[0])
+@pytest.mark.parametrize("text", ["9" * 400, "-5G", "lots", "2000T"])
+@pytest.mark.parametrize("where", ["--gpu-weights", "ZEROTVM_GPU_WEIGHTS"])
+def test_every_loading_command_refuses_a_hostile_budget_in_one_sentence(command, text, where, capsys, monkeypatch):
+    """The flag or the environment, before the model is even looked for: exit status 2 and one line naming where
+    the budget came from, never a traceback (or the missing model's error instead)."""
+    from engine.cli import main
+
+    monkeypatch.delenv("ZEROTVM_GPU_WEIGHTS", raising=False)
+    if where == "--gpu-weights":
+        command = [*command, f"--gpu-weights={text}"]  # "--gpu-weights -5G" is argparse's: -5G looks like a flag
+    else:
+        monkeypatch.setenv("ZEROTVM_GPU_WEIGHTS", text)
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {where}: ") and "Traceback" not in err[0]
+
+
+class Loaded(Exception):
+    """Raised by the stand-in load_model once it has seen its arguments."""
+
+
+@pytest.mark.parametrize("command", [["logits", "--ids", "1"], ["generate", "--prompt", "hi"], ["chat"]],
+                         ids=lambda c: c[0])
+@pytest.mark.parametrize("flag, env, want", [(["--gpu-weights", "12g"], None, 12 * 2**30),
+                                             ([], "8192M", 8 * 2**30), (["--gpu-weights", "1G"], "8G", 2**30),
+                                             ([], None, None)])
+def test_every_loading_command_passes_context_and_budget_to_the_load(command, flag, env, want, monkeypatch,
+                                                                     tmp_path):
+    """--context and --gpu-weights (else ZEROTVM_GPU_WEIGHTS; lower-case suffixes too) reach load_model."""
+    import engine.model
+    from engine import cli
+
+    seen = {}
+
+    def load_model(path, **kw):
+        seen.update(kw)
+        raise Loaded
+
+    monkeypatch.setattr(engine.model, "load_model", load_model)
+    monkeypatch.setattr(cli, "_chosen_adapter", lambda: None)
+    monkeypatch.delenv("ZEROTVM_GPU_WEIGHTS", raising=False)
+    if env:
+        monkeypatch.setenv("ZEROTVM_GPU_WEIGHTS", env)
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    with pytest.raises(Loaded):
+        cli.main([command[0], str(tmp_path / "m.gguf"), *command[1:], "--context", "96", *flag])
+    assert (seen["max_context"], seen["gpu_weights"]) == (96, want)
+
+
+def test_budget_errors_get_their_own_dialog_not_the_gpu_drivers():
+    """The app's dialog for a budget below the minimum, a dense model over it, or a bad ZEROTVM_GPU_WEIGHTS: the
+    engine's sentence and where to change it, not "No compatible GPU ... update the graphics driver"."""
+    pytest.importorskip("PySide6")
+    from app.errors import describe_error
+    from engine.bench_hybrid import hybrid_spec
+    from engine.blocks import DeviceTraits
+    from engine.runtime_options import RuntimeOptions
+    from engine.transformer import RuntimePlan
+
+    errors = []
+    for shape in ("qwen3.6-35b-a3b-4bit", "qwen3.5-4b"):
+        spec, formats = hybrid_spec(shape)
+        with pytest.raises(GpuError) as caught:
+            RuntimePlan(spec, formats, RuntimeOptions(max_context=6144, gpu_weights=2**30), DeviceTraits.typical())
+        errors.append(caught.value)
+    with pytest.raises(ValueError) as caught:
+        from_env({"ZEROTVM_GPU_WEIGHTS": "9" * 400})
+    errors.append(caught.value)
+    for e, says in zip(errors, ("minimum of", "only mixture-of-experts", "ZEROTVM_GPU_WEIGHTS"), strict=True):
+        title, message = describe_error(e, what="load the model")
+        assert title == "GPU weights budget" and says in message and "Settings → GPU weights budget" in message
+        assert "graphics driver" not in message and "Unexpected" not in title
 
 
 # ---- the slot map ------------------------------------------------------------------------------------------------
@@ -469,7 +566,10 @@ def test_budget_below_the_minimum_names_it(gpu):
     minimum = budgets(resident, 2)  # top-2: two slots a layer
     with pytest.raises(GpuError, match="below this model's minimum") as caught:
         load_model(path, gpu=gpu, gpu_weights=minimum - 1, **KW)
-    assert f"{minimum / 2**20:.0f} MiB" in str(caught.value)
+    # The minimum as the flag takes it, rounded up: typed back, it loads (it once said "0 MiB" for this model).
+    figure = re.search(r"minimum of ([0-9.]+) (KiB|MiB|GiB)", str(caught.value))
+    assert figure and figure[0] == f"minimum of {shown(minimum, up=True)}"
+    assert parse_size(f"{figure[1]}{figure[2][0]}") >= minimum
     assert load_model(path, gpu=gpu, gpu_weights=minimum, **KW).runtime.plan.streaming.slots == 2
 
 
@@ -504,6 +604,26 @@ def test_memfit_says_a_moe_model_streams_on_a_small_gpu():
     assert check_fit(dense, None, ram, gpu_bytes_available=2**30).stream is None
 
 
+def test_streaming_on_tight_ram_is_said_and_asked_about():
+    """RAM that the host-resident experts leave nearly full: the verdict stays "streams" (the GPU's story), but the
+    message says so and the app asks before loading, as for any tight model, also for a MoE model without the
+    catalog's own RAM warning (one added from disk)."""
+    from dataclasses import replace
+
+    from engine.catalog import all_models
+    from engine.memfit import TIGHT_MARGIN, check_fit
+    from engine.sysmem import SystemMemory
+
+    entry = next(e for e in all_models() if e.key == "qwen3.6-35b-a3b-mlx-4bit")
+    entry = replace(entry, ram_warning_bytes=None, ram_warning=None)
+    roomy = check_fit(entry, 6144, SystemMemory(256 * 10**9, 200 * 10**9), gpu_bytes_available=12 * 2**30)
+    assert roomy.verdict == "streams" and not roomy.load_anyway and "close other apps" not in roomy.message
+    just = int(roomy.ram_needed / (1 - TIGHT_MARGIN / 2))  # above the need, inside the tight margin
+    tight = check_fit(entry, 6144, SystemMemory(256 * 10**9, just), gpu_bytes_available=12 * 2**30)
+    assert tight.verdict == "streams" and tight.ram_needed == roomy.ram_needed < just
+    assert tight.load_anyway and "Its experts in RAM leave little of it free: close other apps first." in tight.message
+
+
 @pytest.mark.slow
 def test_picker_label_and_models_command_say_how_it_streams(monkeypatch, capsys):
     from app.model_list import model_rows
@@ -531,7 +651,99 @@ def test_cli_says_when_experts_stream_and_the_hit_rate(gpu, capsys, monkeypatch)
     assert "experts streamed from RAM: 4 of 8 routed experts a layer on the GPU (50% resident)" in err
     assert "expert cache hit rate" in err
     assert main(["logits", str(path), "--ids", "1,2", "--context", "64"]) == 2  # now the environment's 1K
-    assert "below this model's minimum" in capsys.readouterr().err
+    err = capsys.readouterr().err.splitlines()
+    minimum = budgets(load_model(path, gpu=gpu, **KW), 2)
+    assert err[-1].startswith("error: the weights budget of 1 KiB is below this model's minimum of ")
+    assert f"minimum of {shown(minimum, up=True)} " in err[-1] and "Traceback" not in "".join(err)
+    # A dense model over its budget: one line saying only MoE models stream, never a silent failure.
+    assert main(["logits", str(cached_mlx("dense")), "--ids", "1,2", "--gpu-weights", "64K"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1].startswith("error: this model's weights need ") and "only mixture-of-experts" in err[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.gpu
+@pytest.mark.parametrize("command", ["generate", "chat"])
+def test_generate_and_chat_say_when_experts_stream_and_the_hit_rate_at_the_end(gpu, capsys, monkeypatch, command):
+    """The same stderr lines as logits: the share resident after the load (before the reply), the hit rate at the
+    end (chat: when it is left)."""
+    import builtins
+
+    from engine.cli import main
+
+    path = cached_mlx("q4")
+    budget = budgets(load_model(path, gpu=gpu, **KW), 4)
+    typed = iter(["hi"])
+
+    def answer(prompt=""):
+        try:
+            return next(typed)
+        except StopIteration:
+            raise EOFError from None
+
+    monkeypatch.setattr(builtins, "input", answer)
+    args = ["--prompt", "hi"] if command == "generate" else []
+    assert main([command, str(path), *args, "--max-tokens", "3", "--temperature", "0", "--context", "64",
+                 "--gpu-weights", str(budget)]) == 0
+    err = capsys.readouterr().err
+    share = err.index("experts streamed from RAM: 4 of 8 routed experts a layer on the GPU (50% resident)")
+    rate = err.index("expert cache hit rate")
+    assert share < err.index(" tokens, ") < rate  # the reply's stats line between them
+    assert err.count("expert cache hit rate") == 1 and err.rstrip().splitlines()[-1].startswith("expert cache hit")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["logits", "--ids", "1,2"], ["generate", "--prompt", "hi"]], ids=lambda c: c[0])
+def test_ctrl_c_during_the_load_stops_it_in_one_line(capsys, monkeypatch, command):
+    """Ctrl-C while a checkpoint is read: exit status 130, the progress line (naming the shard) ended by one line,
+    no traceback."""
+    from engine import cli
+
+    shown = []
+
+    def progress(part, parts, path, done, total):
+        shown.append(path)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_progress", progress)
+    path = cached_mlx("q4")
+    assert cli.main([command[0], str(path), *command[1:]]) == 130
+    err = capsys.readouterr().err
+    assert shown[0].endswith("model.safetensors") and err.endswith("\n(loading stopped)\n")
+    assert "Traceback" not in err
+
+
+def test_the_load_progress_line_names_the_shard_being_read(capsys):
+    from engine.cli import _progress
+
+    _progress(0, 2, "/m/model-00001-of-00002.safetensors", 3 * 2**20, 8 * 2**20)
+    _progress(1, 2, "/m/model-00002-of-00002.safetensors", 8 * 2**20, 8 * 2**20)
+    err = capsys.readouterr().err
+    assert "loading model-00001-of-00002.safetensors:     3.0/8.0 MiB ( 38%)" in err
+    assert "loading model-00002-of-00002.safetensors" in err and err.endswith("\n")
+
+
+@pytest.mark.slow
+def test_bench_under_a_budget_reports_the_stream(gpu, capsys, monkeypatch):
+    """`zerotvm bench --gpu-weights` on a MoE shape: the result carries the share resident and the hit rate, and
+    the command prints both on stderr as generate, chat and logits do."""
+    import engine.bench
+    from bench.expert_stream import budget_bytes
+    from engine.bench import run_bench
+    from engine.bench_hybrid import hybrid_spec
+    from engine.cli import main
+
+    budget = budget_bytes("slots:3", *hybrid_spec("tiny-hybrid-moe"))
+    r = run_bench("tiny-hybrid-moe", decode_tokens=4, prompt_tokens=24, runs=1, gpu=gpu, long_prompt=0,
+                  gpu_weights=budget)
+    assert r["expert_stream"] == "experts streamed from RAM: 3 of 8 routed experts a layer on the GPU (38% resident)"
+    assert r["expert_cache"].startswith("expert cache hit rate") and r["expert_cache"] in r["table"]
+    assert "expert_stream" not in run_bench("tiny-hybrid-moe", decode_tokens=4, prompt_tokens=24, runs=1, gpu=gpu,
+                                            long_prompt=0)
+    monkeypatch.setattr(engine.bench, "run_bench", lambda *a, **k: r)
+    assert main(["bench", "--shape", "tiny-hybrid-moe", "--gpu-weights", str(budget)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err == [r["expert_stream"], r["expert_cache"]]
 
 
 def test_auto_budget_streams_a_moe_model_and_never_refuses():
