@@ -149,6 +149,34 @@ def test_int8_decode(gpu, tiny):
     assert_recorded_count(rt)
 
 
+@pytest.mark.slow  # four loads
+@pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
+def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8):
+    """The gated attention's split-K decode in one dispatch (fused_split_decode: attention_decode_split, which also
+    applies the gate and writes o's int8 row) against rope_append + split attention + combine + attn_gate, past
+    single_pass_keys = 16: per-token logits equal to f32 rounding (the partials sum their keys in another order; the
+    combine's order over splits is the same), and the f32 decode still close to the full forward."""
+    ids = np.random.default_rng(6).integers(0, 200, 100)
+    runs = {}
+    for fused in (False, True):
+        rt = load_model(tiny[1], gpu=gpu, max_context=128, prefill_chunk=32, split_keys=16, single_pass_keys=16,
+                        q8_decode=q8, fused_split_decode=fused).runtime
+        kernels = [item[0].label for item in rt.decode_plan(7).items]
+        attn = len(rt.spec.attn_layers)
+        assert kernels.count("attention_decode_split") == (attn if fused else 0)
+        assert kernels.count("attn_gate") == kernels.count("rope_append") == (0 if fused else attn)
+        assert len(kernels) == rt.dispatches_per_token + (0 if fused else 3 * attn)
+        runs[fused] = rt.logits(ids, chunk=1)
+        if fused:
+            rt.reset()
+            full = rt.logits(ids)
+    scale = np.abs(full).max()
+    # measured: 9e-7 (f32), 2e-7 (int8); int8 may also move one int8 code of o's input by one step
+    assert np.abs(runs[True] - runs[False]).max() / scale < (1e-3 if q8 else 1e-4)
+    if not q8:  # int8 decode vs the f32 prefill: test_int8_decode's per-position check
+        assert np.abs(runs[True] - full).max() / scale < 5e-3
+
+
 def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
     """Every dense projection of the hybrid (GDN in_proj and out, attention qkv, gate and o, the MLP) prefills
     with int8 activations (matmul_q8w) as it decodes (matvec_q8), and each decode step after an int8 prefill stays
