@@ -36,7 +36,7 @@ class RuntimeOptions:
     fused_split_decode: past single_pass_keys, decode attention is still one dispatch per layer: split-K workgroups
         (a head and key split each) whose last of a head combines (shaders/attention_decode_split.wgsl), where the
         adapter binds its 10 storage buffers a stage; False (or fewer allowed): RoPE + append, split-K attention and
-        the combine, three dispatches (for A/B).
+        the combine (+ the gate), three (four) dispatches, as before (for A/B).
     state_snapshots: (prompt, decode) copies of a linear-attention model's recurrent state kept for rollback.
     snapshot_every: decode positions between two decode snapshots.
     gpu_weights: bytes of model weights allowed on the GPU (engine/gpu_budget.py; None: auto, the adapter's memory
@@ -59,7 +59,7 @@ class RuntimeOptions:
     q8_epilogues: bool = True
     split_keys: int = SPLIT_KEYS
     single_pass_keys: int = SINGLE_PASS_KEYS
-    fused_split_decode: bool = False
+    fused_split_decode: bool = True
     state_snapshots: tuple[int, int] = (2, 3)
     snapshot_every: int = 16
     gpu_weights: int | None = None

@@ -143,9 +143,15 @@ def test_int8_decode(gpu, tiny):
     # in_proj, conv (+ gates), recurrence, norm, out; a gated attention mixer qkv, gate, attention_decode, o
     assert rt.dispatches_per_token == 5 + 8 * (rt.spec.n_layers - attn) + 7 * attn
     assert rt.dispatched_kernels().count("quantize_q8") == rt.spec.n_layers
-    # split-K decode (past 48 keys): the attention gate writes o's int8 row itself, as the fused kernel does
+    # split-K decode (past 48 keys): one dispatch a layer still (attention_decode_split gates and writes o's int8 row)
     split = [item[0].label for item in rt.decode_plan(2).items]
-    assert split.count("attn_gate") == attn and split.count("quantize_q8") == rt.spec.n_layers  # before down only
+    assert split.count("attention_decode_split") == attn and len(split) == rt.dispatches_per_token
+    assert split.count("quantize_q8") == rt.spec.n_layers  # before down only
+    # the three kernels (fused_split_decode off): the attention gate writes o's int8 row itself
+    apart = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, single_pass_keys=48,
+                       fused_split_decode=False).runtime
+    split = [item[0].label for item in apart.decode_plan(2).items]
+    assert split.count("attn_gate") == attn and split.count("quantize_q8") == rt.spec.n_layers
     assert_recorded_count(rt)
 
 
