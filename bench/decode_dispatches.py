@@ -6,8 +6,9 @@
 With --layers the models are built with A and B layers of the real widths and the count is extrapolated per layer
 to the full depth (a software GPU cannot hold the full models quickly); without it, the full models are built.
 --options: RuntimeOptions fields as JSON, for an A/B (e.g. '{"gate_up_q8": true}'). --splits: the decode token of
-split-K attention in N partitions (past single_pass_keys keys) instead of the one-pass one; with --layers the line
-also counts the quantize_q8 dispatches.
+split-K attention in N partitions (past single_pass_keys keys) instead of the one-pass one (one dispatch a layer
+either way with fused_split_decode, the default; '{"fused_split_decode": false}' for the three kernels); with
+--layers the line also counts the quantize_q8 dispatches.
 Prints one JSON line per shape.
 """
 

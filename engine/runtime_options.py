@@ -33,6 +33,10 @@ class RuntimeOptions:
     split_keys: decode attention past single_pass_keys keys splits them into blocks of this size.
     single_pass_keys: decode attention over at most this many keys runs as one dispatch per layer (RoPE, KV append,
         attention, the gate and o's int8 input together), one workgroup per query head.
+    fused_split_decode: past single_pass_keys, decode attention is still one dispatch per layer: split-K workgroups
+        (a head and key split each) whose last of a head combines (shaders/attention_decode_split.wgsl), where the
+        adapter binds its 10 storage buffers a stage; False (or fewer allowed): RoPE + append, split-K attention and
+        the combine (+ the gate), three (four) dispatches, as before (for A/B).
     state_snapshots: (prompt, decode) copies of a linear-attention model's recurrent state kept for rollback.
     snapshot_every: decode positions between two decode snapshots.
     gpu_weights: bytes of model weights allowed on the GPU (engine/gpu_budget.py; None: auto, the adapter's memory
@@ -55,6 +59,7 @@ class RuntimeOptions:
     q8_epilogues: bool = True
     split_keys: int = SPLIT_KEYS
     single_pass_keys: int = SINGLE_PASS_KEYS
+    fused_split_decode: bool = True
     state_snapshots: tuple[int, int] = (2, 3)
     snapshot_every: int = 16
     gpu_weights: int | None = None
@@ -80,7 +85,7 @@ class RuntimeOptions:
             positive("gdn_conv_runs", self.gdn_conv_runs, 256)
         if self.expert_policy not in ("lru", "lfu"):
             raise ValueError(f"runtime option expert_policy must be 'lru' or 'lfu', got {self.expert_policy!r}")
-        for name in ("q8_decode", "gate_up_q8", "q8_epilogues"):
+        for name in ("q8_decode", "gate_up_q8", "q8_epilogues", "fused_split_decode"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"runtime option {name} must be true or false, got {getattr(self, name)!r}")
         if self.q8_prefill not in (None, True, False):

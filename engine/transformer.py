@@ -74,7 +74,9 @@ class RuntimePlan:
             if layers := layers_of("gated_attention" if gated else "attention", 0):
                 mixers.append(AttentionMixer(s, layers, formats, ar, C, self.max_context, self.options.split_keys,
                                              gated=gated, single_pass_keys=self.options.single_pass_keys,
-                                             offset_alignment=traits.offset_alignment))
+                                             offset_alignment=traits.offset_alignment,
+                                             fused_split=self.options.fused_split_decode,
+                                             storage_buffers=traits.storage_buffers))
         if layers := layers_of("gated_deltanet", 0):
             mixers.append(GatedDeltaNetMixer(s, layers, formats, ar, C, traits.offset_alignment,
                                              self.options.state_snapshots, self.options.snapshot_every,

@@ -39,6 +39,28 @@ def test_heads_too_wide_for_the_one_dispatch_kernel_keep_the_separate_kernels():
     wide = replace(spec, n_heads=6, n_kv_heads=6, head_dim=512)  # the same q_dim, heads over 16 KiB of rows
     wide.names = spec.names
     for s, fused in ((spec, True), (wide, False)):
-        plan = RuntimePlan(s, options=RuntimeOptions(max_context=256))
-        assert plan.attention.decode_fused == fused
+        plan = RuntimePlan(s, options=RuntimeOptions(max_context=256, fused_split_decode=True))
+        assert plan.attention.decode_fused == plan.attention.split_fused == fused
         assert any(n.label.endswith("decode-rope") for n in plan.needs()) == fused
+
+
+def test_fused_split_decode_where_the_adapter_binds_its_storage_buffers():
+    """The one-dispatch split-K decode runs where asked and the adapter binds its 10 storage buffers a stage (WebGPU's
+    default is 8: such an adapter keeps the three kernels), and plans its own scratch instead of theirs."""
+    from dataclasses import replace
+
+    from engine.blocks import DeviceTraits
+    from engine.kernels.attention import split_decode_storage_buffers
+
+    assert split_decode_storage_buffers() == 10
+    spec = shape_spec("phi3-mini")
+    for asked, buffers, fused in ((True, 32, True), (True, 10, True), (True, 9, False), (True, 8, False),
+                                  (False, 32, False)):
+        traits = replace(DeviceTraits.typical(), storage_buffers=buffers)
+        plan = RuntimePlan(spec, options=RuntimeOptions(max_context=256, fused_split_decode=asked), traits=traits)
+        assert plan.attention.split_fused == fused
+        labels = {n.label for n in plan.needs()}
+        assert ("attn-tickets" in labels) == ("attn-split-part" in labels) == fused
+        assert ("attn-part-o" in labels) == ("attn-part-ml" in labels) == (not fused)
+    with pytest.raises(ValueError, match="fused_split_decode must be true or false"):
+        RuntimeOptions(fused_split_decode="yes")

@@ -187,6 +187,35 @@ def test_gate_up_int8_row_leaves_the_decode_logits_bit_for_bit(gpu, tiny):
     np.testing.assert_array_equal(fused.logits(ids), apart.logits(ids))  # prefill: the same GEMMs either way
 
 
+@pytest.mark.slow  # every tiny architecture, four loads
+@pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
+def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8):
+    """Split-K decode in one dispatch a layer (fused_split_decode: attention_decode_split) against rope_append + split
+    attention + combine, past single_pass_keys = 16 (up to 7 splits of 16 keys): per-token logits equal to f32
+    rounding, not bit for bit (the partials sum their keys in another order and block size; the combine's order over
+    splits is the same), and the decode still equal to the full forward."""
+    _, mlc = tiny
+    ids = np.random.default_rng(6).integers(0, 250, 110)
+    runs = {}
+    for fused in (False, True):
+        model = load_model(mlc, gpu=gpu, max_context=128, prefill_chunk=64, split_keys=16, single_pass_keys=16,
+                           q8_decode=q8, fused_split_decode=fused)
+        rt = model.runtime
+        kernels = [item[0].label for item in rt.decode_plan(7).items]
+        assert kernels.count("attention_decode_split") == (rt.spec.n_layers if fused else 0)
+        assert ("rope_append" in kernels) == (not fused)
+        assert len(kernels) == rt.dispatches_per_token + (0 if fused else 2 * rt.spec.n_layers)
+        runs[fused] = rt.logits(ids, chunk=1)
+        if fused:
+            rt.reset()
+            full = rt.logits(ids)
+    scale = np.abs(full).max()
+    # f32: the attention outputs differ by a few f32 ulps (measured ≤ 1e-6 of the largest logit, 0 for head_dim 16);
+    # int8: such a difference may also move one int8 code of o's input by one step
+    assert np.abs(runs[True] - runs[False]).max() / scale < (DECODE_TOL[False] if q8 else 1e-4)
+    assert np.abs(runs[True] - full).max() / scale < DECODE_TOL[q8]
+
+
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_gpu_resident_greedy_decode_matches_teacher_forced_argmax(gpu, tiny, q8):
     _, mlc = tiny

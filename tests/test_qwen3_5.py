@@ -143,10 +143,44 @@ def test_int8_decode(gpu, tiny):
     # in_proj, conv (+ gates), recurrence, norm, out; a gated attention mixer qkv, gate, attention_decode, o
     assert rt.dispatches_per_token == 5 + 8 * (rt.spec.n_layers - attn) + 7 * attn
     assert rt.dispatched_kernels().count("quantize_q8") == rt.spec.n_layers
-    # split-K decode (past 48 keys): the attention gate writes o's int8 row itself, as the fused kernel does
+    # split-K decode (past 48 keys): one dispatch a layer still (attention_decode_split gates and writes o's int8 row)
     split = [item[0].label for item in rt.decode_plan(2).items]
-    assert split.count("attn_gate") == attn and split.count("quantize_q8") == rt.spec.n_layers  # before down only
+    assert split.count("attention_decode_split") == attn and len(split) == rt.dispatches_per_token
+    assert split.count("quantize_q8") == rt.spec.n_layers  # before down only
+    # the three kernels (fused_split_decode off): the attention gate writes o's int8 row itself
+    apart = load_model(tiny[1], gpu=gpu, max_context=320, prefill_chunk=32, split_keys=48, single_pass_keys=48,
+                       fused_split_decode=False).runtime
+    split = [item[0].label for item in apart.decode_plan(2).items]
+    assert split.count("attn_gate") == attn and split.count("quantize_q8") == rt.spec.n_layers
     assert_recorded_count(rt)
+
+
+@pytest.mark.slow  # four loads
+@pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
+def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8):
+    """The gated attention's split-K decode in one dispatch (fused_split_decode: attention_decode_split, which also
+    applies the gate and writes o's int8 row) against rope_append + split attention + combine + attn_gate, past
+    single_pass_keys = 16: per-token logits equal to f32 rounding (the partials sum their keys in another order; the
+    combine's order over splits is the same), and the f32 decode still close to the full forward."""
+    ids = np.random.default_rng(6).integers(0, 200, 100)
+    runs = {}
+    for fused in (False, True):
+        rt = load_model(tiny[1], gpu=gpu, max_context=128, prefill_chunk=32, split_keys=16, single_pass_keys=16,
+                        q8_decode=q8, fused_split_decode=fused).runtime
+        kernels = [item[0].label for item in rt.decode_plan(7).items]
+        attn = len(rt.spec.attn_layers)
+        assert kernels.count("attention_decode_split") == (attn if fused else 0)
+        assert kernels.count("attn_gate") == kernels.count("rope_append") == (0 if fused else attn)
+        assert len(kernels) == rt.dispatches_per_token + (0 if fused else 3 * attn)
+        runs[fused] = rt.logits(ids, chunk=1)
+        if fused:
+            rt.reset()
+            full = rt.logits(ids)
+    scale = np.abs(full).max()
+    # measured: 9e-7 (f32), 2e-7 (int8); int8 may also move one int8 code of o's input by one step
+    assert np.abs(runs[True] - runs[False]).max() / scale < (1e-3 if q8 else 1e-4)
+    if not q8:  # int8 decode vs the f32 prefill: test_int8_decode's per-position check
+        assert np.abs(runs[True] - full).max() / scale < 5e-3
 
 
 def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):

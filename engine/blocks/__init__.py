@@ -74,6 +74,7 @@ class DeviceTraits:
     max_threads: int = 256  # max-compute-invocations-per-workgroup (WebGPU's default where unknown)
     memory_kind: str = "discrete"  # how its allocator pools memory (engine/gpu_heap.py): discrete, integrated or cpu
     max_buffer: int | None = None  # max-buffer-size; None: unknown (plans assume it holds any buffer they make)
+    storage_buffers: int = 8  # max-storage-buffers-per-shader-stage (WebGPU's default where unknown)
 
     @classmethod
     def of(cls, gpu) -> DeviceTraits:
@@ -84,11 +85,11 @@ class DeviceTraits:
         limits = gpu.limits
         return cls(gpu.max_binding, limits.get("min-storage-buffer-offset-alignment", 256), gpu.use_subgroups,
                    gpu.subgroup_size, adapter_memory(info), limits.get("max-compute-invocations-per-workgroup", 256),
-                   kind, limits.get("max-buffer-size"))
+                   kind, limits.get("max-buffer-size"), limits.get("max-storage-buffers-per-shader-stage", 8))
 
     @classmethod
     def typical(cls, max_binding: int | None = None) -> DeviceTraits:
-        return cls(max_binding, 256, True, 32, max_threads=1024)
+        return cls(max_binding, 256, True, 32, max_threads=1024, storage_buffers=32)  # Vulkan/D3D12/Metal GPUs: ≥ 31
 
 
 def upload_weight(gpu, label: str, arr: np.ndarray, parts_ok: bool = False, source: str = ""):

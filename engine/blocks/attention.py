@@ -1,13 +1,14 @@
 """The attention mixer: paged f16 KV cache per layer, fused QKV projection, RoPE + cache append, attention over the
 cache, and the output projection. A decode token over at most `single_pass_keys` keys takes one dispatch for RoPE,
 append and attention (attention_decode.wgsl, which also applies the gate and writes o's int8 input); past that, RoPE +
-append, then split-K attention in blocks of `split_keys` keys and a combine. The gated variant (Qwen3.5) projects a
-per-head output gate with q (checkpoint c_attn = per-head [Q | gate] ++ K ++ V, split at load into qkv and gate)
-and applies sigmoid(gate) before the output projection; its q/k norms may be zero-centred. The gate rows live in the
-qkv buffer behind the QKV rows (at an aligned offset), so the one-dispatch decode kernel reads both through one
-binding. A prefill chunk's tiled attention writes o's int8 GEMM input itself where o reads its output directly (not
-through the gate) and the arithmetic's int8_epilogues allow: no quantize_q8 before o; in the gated variant the gate
-writes it (a prefill chunk's rows under the same switch, a decode token's row where o's matvec is int8)."""
+append, then split-K attention in blocks of `split_keys` keys and a combine, unless `fused_split` and the adapter allow
+attention_decode_split.wgsl, whose split-K workgroups' last of each head combines: one dispatch at any context. The
+gated variant (Qwen3.5) projects a per-head output gate with q (checkpoint c_attn = per-head [Q | gate] ++ K ++ V, split
+at load into qkv and gate) and applies sigmoid(gate) before the output projection; its q/k norms may be zero-centred.
+The gate rows live in the qkv buffer behind the QKV rows (at an aligned offset), so the one-dispatch decode kernel reads
+both through one binding. A prefill chunk's tiled attention writes o's int8 GEMM input itself where o reads its output
+directly (not through the gate) and the arithmetic's int8_epilogues allow: no quantize_q8 before o; in the gated variant
+the gate writes it (a prefill chunk's rows under the same switch, a decode token's row where o's matvec is int8)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from engine.blocks.linear import Arithmetic, Linear, SplitLinear, matrix_binding
 from engine.kernels.attention import (
     ATTENTION,
     ATTENTION_DECODE,
+    ATTENTION_DECODE_SPLIT,
     ATTENTION_TILED,
     ATTN_GATE,
     COMBINE,
@@ -30,6 +32,9 @@ from engine.kernels.attention import (
     attn_gate_plan,
     combine_consts,
     rope_append_consts,
+    split_decode_part_bytes,
+    split_decode_storage_buffers,
+    split_decode_wg,
 )
 from engine.kernels.matmul import packed_shapes
 
@@ -42,7 +47,7 @@ class AttentionMixer(Block):
 
     def __init__(self, spec, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic, chunk: int,
                  max_context: int, split_keys: int, gated: bool = False, single_pass_keys: int = 1,
-                 offset_alignment: int = 256):
+                 offset_alignment: int = 256, fused_split: bool = False, storage_buffers: int = 8):
         s = self.spec = spec
         self.name = "gated_attention" if gated else "attention"
         self.layers, self.gated, self.ar, self.chunk, self.split_keys = tuple(layers), gated, ar, chunk, split_keys
@@ -57,6 +62,9 @@ class AttentionMixer(Block):
         self.decode_int8 = ar.int8 and s.head_dim % 32 == 0
         # Heads too wide for it keep RoPE + append and attention apart in decode too.
         self.decode_fused = attention_decode_fits(s.head_dim)
+        # Past single_pass_keys too, where the adapter binds the split kernel's storage buffers (else the 3 kernels).
+        self.split_fused = (fused_split and self.decode_fused and attention_decode_fits(s.head_dim, split_decode_wg(
+            s.head_dim)) and storage_buffers >= split_decode_storage_buffers())
         self.qkv_rows = (self.q_dim, self.kv_dim, self.kv_dim)
         self.qk_norm = gated or s.qk_norm
         self.n_pages = -(-max_context // PAGE)
@@ -123,9 +131,13 @@ class AttentionMixer(Block):
         out += [BufferNeed.upload("page-table", 4 * self.n_pages, "scratch"),
                 BufferNeed.upload("rope-inv-freq", 4 * len(s.inv_freq), "scratch"),
                 BufferNeed.buffer("qkv", self.qkv_bytes), BufferNeed.buffer("q-roped", C * self.q_dim * f32),
-                BufferNeed.buffer("attn-out", C * self.q_dim * f32),
-                BufferNeed.buffer("attn-part-o", MAX_SPLITS * self.q_dim * f32),
-                BufferNeed.buffer("attn-part-ml", MAX_SPLITS * s.n_heads * 2 * f32)]
+                BufferNeed.buffer("attn-out", C * self.q_dim * f32)]
+        if self.split_fused:  # the split kernel's partial records and its tickets (zero at creation, after each use)
+            out += [BufferNeed.buffer("attn-split-part", split_decode_part_bytes(s.n_heads, s.head_dim, MAX_SPLITS)),
+                    BufferNeed.buffer("attn-tickets", s.n_heads * 4)]
+        else:
+            out += [BufferNeed.buffer("attn-part-o", MAX_SPLITS * self.q_dim * f32),
+                    BufferNeed.buffer("attn-part-ml", MAX_SPLITS * s.n_heads * 2 * f32)]
         return out
 
     def _decode_rope(self, layer: int) -> np.ndarray:
@@ -184,27 +196,32 @@ class AttentionMixer(Block):
         self.page_table = gpu.upload("page-table", np.arange(self.n_pages, dtype=np.uint32))
         self.inv_freq = gpu.upload("rope-inv-freq", s.inv_freq.astype(np.float32))
         self.qkv, self.q, self.attn = made["qkv"], made["q-roped"], made["attn-out"]
-        self.part_o, self.part_ml = made["attn-part-o"], made["attn-part-ml"]
         attn = attention_consts(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
         self.p_attn = gpu.pipeline(ATTENTION, attn)
-        self.p_split = gpu.pipeline(ATTENTION, dict(attn, SPLIT=True))
+        if not self.split_fused:  # the three-kernel split-K decode
+            self.part_o, self.part_ml = made["attn-part-o"], made["attn-part-ml"]
+            self.p_split = gpu.pipeline(ATTENTION, dict(attn, SPLIT=True))
+            self.p_combine = gpu.pipeline(COMBINE, combine_consts(s.n_heads, s.head_dim, self.combine_int8))
+            self.bg_combine = gpu.bind(self.p_combine, dict(part_o=self.part_o, part_ml=self.part_ml, out=self.attn,
+                                                            step=ws.step, xq=ws.x_q8, xm=ws.x_q8_meta), "combine")
         # Prefill chunks: 32 query rows share each staged key block (None: head_dim not a multiple of 32).
         self.tiled = attention_tiled_plan(s.n_heads, s.n_kv_heads, s.head_dim, PAGE)
         # by whether it writes o's int8 rows (the workspace's, as a quantize_q8 before o would) instead of f32 ones
         self.p_tiled = {q8: gpu.pipeline(ATTENTION_TILED, attention_tiled_plan(
             s.n_heads, s.n_kv_heads, s.head_dim, PAGE, rows_q8=q8)) for q8 in set(self.tiled_int8.values())
             } if self.tiled else {}
-        self.p_combine = gpu.pipeline(COMBINE, combine_consts(s.n_heads, s.head_dim, self.combine_int8))
         self.p_rope = gpu.pipeline(ROPE_APPEND, rope_append_consts(
             s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
             getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0)))
-        self.bg_combine = gpu.bind(self.p_combine, dict(part_o=self.part_o, part_ml=self.part_ml, out=self.attn,
-                                                        step=ws.step, xq=ws.x_q8, xm=ws.x_q8_meta), "combine")
         rope = rope_append_consts(s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
                                   getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0))
         if self.decode_fused:
-            self.p_decode = gpu.pipeline(ATTENTION_DECODE, attention_decode_consts(
-                rope, self.gate_offset // 4 if self.gated else None, self.decode_int8))
+            decode = attention_decode_consts(rope, self.gate_offset // 4 if self.gated else None, self.decode_int8)
+            self.p_decode = gpu.pipeline(ATTENTION_DECODE, decode)
+        if self.split_fused:
+            self.p_decode_split = gpu.pipeline(ATTENTION_DECODE_SPLIT, attention_decode_consts(
+                rope, self.gate_offset // 4 if self.gated else None, self.decode_int8, split_decode_wg(s.head_dim)))
+            self.split_part, self.tickets = made["attn-split-part"], made["attn-tickets"]
         if self.gated:
             self.gate = (self.qkv, self.gate_offset, self.chunk * self.q_dim * 4)
             self.gated_out = ws.shared["mixer-out"]
@@ -230,14 +247,19 @@ class AttentionMixer(Block):
             self.bg[i] = {
                 "rope": gpu.bind(self.p_rope, dict(qkv=self.qkv, q_out=self.q, **cache, inv_freq=self.inv_freq,
                                                    step=ws.step, q_norm=norms[0], k_norm=norms[1]), f"{c}.rope_append"),
-                "attn": gpu.bind(self.p_attn, dict(q=self.q, **cache, out=self.attn, part_ml=self.part_ml,
-                                                   step=ws.step), f"{c}.attn"),
-                "split": gpu.bind(self.p_split, dict(q=self.q, **cache, out=self.part_o, part_ml=self.part_ml,
-                                                     step=ws.step), f"{c}.attn_split")}
+                # part_ml is never written without SPLIT: any scratch buffer
+                "attn": gpu.bind(self.p_attn, dict(q=self.q, **cache, out=self.attn, step=ws.step, part_ml=(
+                    self.split_part if self.split_fused else self.part_ml)), f"{c}.attn")}
+            if not self.split_fused:
+                self.bg[i]["split"] = gpu.bind(self.p_split, dict(
+                    q=self.q, **cache, out=self.part_o, part_ml=self.part_ml, step=ws.step), f"{c}.attn_split")
+            decode = dict(qkv=self.qkv, **cache, inv_freq=self.decode_rope.get(i), out=o_in, step=ws.step, xq=ws.x_q8,
+                          xm=ws.x_q8_meta)
             if self.decode_fused:
-                self.bg[i]["decode"] = gpu.bind(self.p_decode, dict(
-                    qkv=self.qkv, **cache, inv_freq=self.decode_rope[i], out=o_in, step=ws.step, xq=ws.x_q8,
-                    xm=ws.x_q8_meta), f"{c}.attn_decode")
+                self.bg[i]["decode"] = gpu.bind(self.p_decode, decode, f"{c}.attn_decode")
+            if self.split_fused:
+                self.bg[i]["decode_split"] = gpu.bind(self.p_decode_split, dict(
+                    decode, part=self.split_part, tickets=self.tickets), f"{c}.attn_decode_split")
             if self.tiled:
                 rows = (ws.rows_q8, ws.rows_q8_meta) if self.tiled_int8[i] else (ws.x_q8, ws.x_q8_meta)  # else unused
                 self.bg[i]["tiled"] = gpu.bind(self.p_tiled[self.tiled_int8[i]], dict(
@@ -264,8 +286,11 @@ class AttentionMixer(Block):
         lin["qkv"].record(rec, T)
         if self.gated:
             lin["gate"].record(rec, T)
-        if T == 1 and splits == 1 and self.decode_fused:  # RoPE, append, attention (and gate) in one dispatch
-            rec.dispatch(self.p_decode, bg["decode"], s.n_heads, 1, 1)
+        if T == 1 and self.decode_fused and (splits == 1 or self.split_fused):  # RoPE, append, attention (and gate)
+            if splits == 1:
+                rec.dispatch(self.p_decode, bg["decode"], s.n_heads, 1, 1)
+            else:  # split-K, combined by each head's last workgroup
+                rec.dispatch(self.p_decode_split, bg["decode_split"], s.n_heads, splits, 1)
             lin["o"].record(rec, T, int8_ready=self.decode_int8)
             return
         rec.dispatch(self.p_rope, bg["rope"], T, s.n_heads + 2 * s.n_kv_heads)

@@ -1,5 +1,6 @@
 """The attention side's kernels: RoPE + KV-cache append, paged attention (whole or split-K), the split-K combine,
-Qwen3.5's output gate, and the one-dispatch decode attention that does all of them for one token."""
+Qwen3.5's output gate, and the one-dispatch decode attention that does all of them for one token (whole, or split-K
+with the last workgroup of each head combining)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ ATTENTION_TILED = declare("attention_tiled", writes=("out", "xq", "xm"))
 COMBINE = declare("attention_combine", writes=("out", "xq", "xm"))
 ATTN_GATE = declare("attn_gate", writes=("y", "xq", "xm"))
 ATTENTION_DECODE = declare("attention_decode", writes=("k_cache", "v_cache", "out", "xq", "xm"))
+ATTENTION_DECODE_SPLIT = declare("attention_decode_split", writes=("k_cache", "v_cache", "out", "xq", "xm", "part",
+                                                                   "tickets"))
 ROPE_WG = 64
 COMBINE_WG = 64
 # One workgroup per query head walks every key in blocks of this many (more keys a block, fewer online-softmax
@@ -96,3 +99,22 @@ def attention_decode_consts(rope: dict, gate_offset: int | None, q8: bool, wg: i
     pv = next(n for n in (4, 3, 2, 1) if hd // 4 % n == 0)  # vec4 chunks a thread accumulates in the P·V phase
     return dict(rope, WG=wg, SCALE=1.0 / math.sqrt(hd), GATE=gate_offset is not None, GATE_OFF=gate_offset or 0,
                 Q8=bool(q8), PV=pv)
+
+
+def split_decode_wg(head_dim: int) -> int:
+    """Threads of attention_decode_split.wgsl: attention.wgsl's (a split holds about split_keys keys, so 256 threads
+    a workgroup would mostly sit out the scores)."""
+    return attention_consts(1, 1, head_dim, 1)["WG"]
+
+
+def split_decode_storage_buffers() -> int:
+    """Storage buffers attention_decode_split.wgsl binds in its one stage (over WebGPU's default of 8: the adapter's
+    max-storage-buffers-per-shader-stage decides whether it runs)."""
+    return sum(b.space == "storage" for b in ATTENTION_DECODE_SPLIT.bindings.values())
+
+
+def split_decode_part_bytes(n_heads: int, head_dim: int, max_splits: int) -> int:
+    """Bytes of attention_decode_split.wgsl's `part` binding: per head and split a record of o and (m, l), rounded up
+    to 128 bytes (R4 vec4s)."""
+    r4 = (head_dim // 4 + 8) // 8 * 8
+    return n_heads * max_splits * r4 * 16
