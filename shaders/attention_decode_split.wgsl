@@ -16,8 +16,8 @@
 // newer naga names it write_control_barrier).
 // S = 1 skips the partials and tickets: attention_decode.wgsl's arithmetic, bit for bit.
 // Constants: attention_decode.wgsl's.
-// Bindings: attention_decode.wgsl's 0-8, then 9 part vec4<f32>[H, S, R4] (read_write; per head and split a record
-//   of R4 vec4s: o [C], then (m, l, 0, 0); records are 128-byte multiples so no two share a cache line),
+// Bindings: attention_decode.wgsl's 0-8, then 9 part u32[H, S, R4, 4], f32 bits through atomics (read_write; per
+//   head and split a record of R4 vec4s: o [C], then (m, l, 0, 0); records are 128-byte multiples so no two share a cache line),
 //   10 tickets atomic<u32>[H] (read_write; zero between dispatches).
 // Grid: (H, S', 1), S' ≥ S (workgroups past S leave at once).
 #import step
@@ -32,12 +32,23 @@
 @group(0) @binding(6) var<uniform> step: Step;
 @group(0) @binding(7) var<storage, read_write> xq: array<u32>;
 @group(0) @binding(8) var<storage, read_write> xm: array<vec2<f32>>;
-@group(0) @binding(9) var<storage, read_write> part: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> part: array<atomic<u32>>;
 @group(0) @binding(10) var<storage, read_write> tickets: array<atomic<u32>>;
 
 const R4: u32 = (C + 8u) / 8u * 8u;  // vec4s a partial record: C + 1, rounded up to 8 (128 bytes)
 
 var<workgroup> ticket_sh: u32;
+
+// The partials move through atomics (relaxed, Device scope): naga gives storage buffers no Coherent decoration, so
+// plain loads of what another workgroup wrote in this dispatch may hit a stale cache line on some GPUs.
+fn part_store(i: u32, v: vec4<f32>) {
+    for (var j = 0u; j < 4u; j++) { atomicStore(&part[4u * i + j], bitcast<u32>(v[j])); }
+}
+
+fn part_load(i: u32) -> vec4<f32> {
+    return vec4<f32>(bitcast<f32>(atomicLoad(&part[4u * i])), bitcast<f32>(atomicLoad(&part[4u * i + 1u])),
+                     bitcast<f32>(atomicLoad(&part[4u * i + 2u])), bitcast<f32>(atomicLoad(&part[4u * i + 3u])));
+}
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -61,8 +72,8 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     }
 
     let rec = (h * n_splits + s) * R4;
-    for (var c = lid; c < C; c += WG) { part[rec + c] = o_sh[c]; }
-    if (lid == 0u) { part[rec + C] = vec4<f32>(ml.x, ml.y, 0.0, 0.0); }
+    for (var c = lid; c < C; c += WG) { part_store(rec + c, o_sh[c]); }
+    if (lid == 0u) { part_store(rec + C, vec4<f32>(ml.x, ml.y, 0.0, 0.0)); }
     storageBarrier();  // the partial is visible at device scope before the ticket is taken
     if (lid == 0u) { ticket_sh = atomicAdd(&tickets[h], 1u); }
     if (workgroupUniformLoad(&ticket_sh) != n_splits - 1u) { return; }
@@ -72,18 +83,18 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
 
     // attention_combine.wgsl's arithmetic: M = max_s m_s, out = Σ_s e^(m_s − M) · o_s · (1 / Σ_s e^(m_s − M) · l_s).
     let rec0 = h * n_splits * R4;
-    var m_max = part[rec0 + C].x;
-    for (var t = 1u; t < n_splits; t++) { m_max = max(m_max, part[rec0 + t * R4 + C].x); }
+    var m_max = part_load(rec0 + C).x;
+    for (var t = 1u; t < n_splits; t++) { m_max = max(m_max, part_load(rec0 + t * R4 + C).x); }
     var denom = 0.0;
     for (var t = 0u; t < n_splits; t++) {
-        let ml_t = part[rec0 + t * R4 + C];
+        let ml_t = part_load(rec0 + t * R4 + C);
         denom += exp(ml_t.x - m_max) * ml_t.y;
     }
     let inv = 1.0 / denom;
     for (var c = lid; c < C; c += WG) {
         var o = vec4<f32>(0.0);
         for (var t = 0u; t < n_splits; t++) {
-            o += exp(part[rec0 + t * R4 + C].x - m_max) * part[rec0 + t * R4 + c];
+            o += exp(part_load(rec0 + t * R4 + C).x - m_max) * part_load(rec0 + t * R4 + c);
         }
         write_out(h, c, o * inv);
     }
