@@ -17,7 +17,8 @@
 // S = 1 skips the partials and tickets: attention_decode.wgsl's arithmetic, bit for bit.
 // Constants: attention_decode.wgsl's.
 // Bindings: attention_decode.wgsl's 0-8, then 9 part u32[H, S, R4, 4], f32 bits through atomics (read_write; per
-//   head and split a record of R4 vec4s: o [C], then (m, l, 0, 0); records are 128-byte multiples so no two share a cache line),
+//   head and split a record of R4 vec4s: o [C], then (m, l, 0, 0); records are 128-byte multiples, so no two
+//   share a cache line),
 //   10 tickets atomic<u32>[H] (read_write; zero between dispatches).
 // Grid: (H, S', 1), S' ≥ S (workgroups past S leave at once).
 #import step
