@@ -177,10 +177,16 @@ def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8):
             rt.reset()
             full = rt.logits(ids)
     scale = np.abs(full).max()
-    # measured: 9e-7 (f32), 2e-7 (int8); int8 may also move one int8 code of o's input by one step
-    assert np.abs(runs[True] - runs[False]).max() / scale < (1e-3 if q8 else 1e-4)
-    if not q8:  # int8 decode vs the f32 prefill: test_int8_decode's per-position check
-        assert np.abs(runs[True] - full).max() / scale < 5e-3
+    if q8:
+        # A whole int8 decode is not comparable to f32 rounding: one int8 code of o's input moved by the partials'
+        # other summation order is amplified by 100 steps of the recurrence (lavapipe 2e-7, the H100 1%). Each step
+        # of the fused path is held to the int8 step tolerance of the full forward instead.
+        fused_model = load_model(tiny[1], gpu=gpu, max_context=128, prefill_chunk=32, split_keys=16,
+                                 single_pass_keys=16, q8_decode=True, fused_split_decode=True)
+        assert_int8_decode_steps_match_the_full_forward(fused_model)
+        return
+    assert np.abs(runs[True] - runs[False]).max() / scale < 1e-4  # measured 9e-7
+    assert np.abs(runs[True] - full).max() / scale < 5e-3  # decode vs the f32 prefill: test_int8_decode's check
 
 
 def test_int8_prefill_rounds_as_int8_decode(gpu, tiny):
