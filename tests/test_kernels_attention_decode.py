@@ -133,6 +133,29 @@ def test_attention_decode_without_q8_leaves_the_int8_row(gpu, rng):
     assert_q8_row(gpu, xq, xm, None)
 
 
+def rope_append_reference(g, a, H, KVH, HD, step):
+    """rope_append on the setup's row into fresh caches: (q, k_cache, v_cache, page table, step) for the kernels the
+    fused ones replace."""
+    k_cache, v_cache = a.caches(g)
+    pt, inv_freq = g.upload("pt", a.page_table), g.upload("inv_freq", a.inv_freq)
+    q = poisoned(g, "q", (H * HD,))
+    norms = [g.upload("q_norm", a.norms[0]), g.upload("k_norm", a.norms[1])]
+    qkv = g.upload("qkv", a.row[:(H + 2 * KVH) * HD])
+    run(g, "rope_append", a.rope(), [qkv, q, k_cache, v_cache, pt, inv_freq, step, *norms], (1, H + 2 * KVH))
+    return q, k_cache, v_cache, pt, step
+
+
+def assert_same_as_the_kernels(g, a, fused, theirs_out, fused_caches, their_caches):
+    """The fused kernel's output to f32 rounding and its cache rows to one f16 ulp (the two kernels may contract the
+    RoPE products differently) against the separate kernels'."""
+    np.testing.assert_allclose(fused, theirs_out, rtol=1e-5, atol=1e-6)
+    for mine, theirs in zip(fused_caches, their_caches, strict=True):
+        mine, theirs = read(g, mine, a.shape, np.float16), read(g, theirs, a.shape, np.float16)
+        assert np.array_equal(np.isnan(mine), np.isnan(theirs))
+        ok = ~np.isnan(theirs)
+        np.testing.assert_allclose(mine[ok], theirs[ok], rtol=2**-10, atol=0)
+
+
 @pytest.mark.parametrize("gate", [False, True])
 def test_attention_decode_matches_the_three_kernels(gpu, rng, gate):
     """rope_append + attention (+ attn_gate) on the same row and cache: the same output and the same cache bits."""
@@ -141,13 +164,7 @@ def test_attention_decode_matches_the_three_kernels(gpu, rng, gate):
     a = DecodeSetup(g, rng, H, KVH, HD, ROT, p, True, gate, 1.0 if gate else 0.0)
     fused, k_fused, v_fused, *_ = run_decode(g, a, q8=True)
 
-    k_cache, v_cache = a.caches(g)
-    pt, inv_freq, step = g.upload("pt", a.page_table), g.upload("inv_freq", a.inv_freq), step_uniform(g, 1, p)
-    n = (H + 2 * KVH) * HD
-    q = poisoned(g, "q", (H * HD,))
-    norms = [g.upload("q_norm", a.norms[0]), g.upload("k_norm", a.norms[1])]
-    run(g, "rope_append", a.rope(), [g.upload("qkv", a.row[:n]), q, k_cache, v_cache, pt, inv_freq, step, *norms],
-        (1, H + 2 * KVH))
+    q, k_cache, v_cache, pt, step = rope_append_reference(g, a, H, KVH, HD, step_uniform(g, 1, p))
     out = poisoned(g, "out", (H * HD,))
     attn = dict(WG=64, H=H, KVH=KVH, HD=HD, PAGE=PAGE, SCALE=float(1 / np.sqrt(HD)), SPLIT=False)
     run(g, "attention", attn, [q, k_cache, v_cache, pt, out, g.buffer("part_ml-unused", 16), step], (H, 1, 1))
@@ -158,13 +175,7 @@ def test_attention_decode_matches_the_three_kernels(gpu, rng, gate):
         run(g, "attn_gate", consts, [out, g.upload("gate", a.row[a.gate_off:]), gated, step, xq, xm], (groups, 1))
         out = gated
         assert_q8_row(g, xq, xm, read(g, out, (H * HD,)))
-    np.testing.assert_allclose(fused, read(g, out, (H * HD,)), rtol=1e-5, atol=1e-6)
-    for mine, theirs in ((k_fused, k_cache), (v_fused, v_cache)):
-        mine, theirs = read(g, mine, a.shape, np.float16), read(g, theirs, a.shape, np.float16)
-        assert np.array_equal(np.isnan(mine), np.isnan(theirs))
-        ok = ~np.isnan(theirs)
-        # one f16 ulp at most: the two kernels may contract the RoPE products differently
-        np.testing.assert_allclose(mine[ok], theirs[ok], rtol=2**-10, atol=0)
+    assert_same_as_the_kernels(g, a, fused, read(g, out, (H * HD,)), (k_fused, v_fused), (k_cache, v_cache))
 
 
 # ---- the split-K form: attention_decode_split.wgsl ----------------------------------------------------------------
@@ -286,13 +297,7 @@ def test_attention_decode_split_matches_the_split_k_kernels(gpu, rng, gate):
     a = DecodeSetup(g, rng, H, KVH, HD, ROT, p, True, gate, 1.0 if gate else 0.0)
     fused, k_fused, v_fused, *_ = run_split(g, a, True, S)
 
-    k_cache, v_cache = a.caches(g)
-    pt, inv_freq, step = g.upload("pt", a.page_table), g.upload("inv_freq", a.inv_freq), step_uniform(g, 1, p, 0, S)
-    n = (H + 2 * KVH) * HD
-    q = poisoned(g, "q", (H * HD,))
-    norms = [g.upload("q_norm", a.norms[0]), g.upload("k_norm", a.norms[1])]
-    run(g, "rope_append", a.rope(), [g.upload("qkv", a.row[:n]), q, k_cache, v_cache, pt, inv_freq, step, *norms],
-        (1, H + 2 * KVH))
+    q, k_cache, v_cache, pt, step = rope_append_reference(g, a, H, KVH, HD, step_uniform(g, 1, p, 0, S))
     part_o, part_ml = poisoned(g, "part_o", (S, H * HD)), poisoned(g, "part_ml", (S, H, 2))
     attn = dict(WG=64, H=H, KVH=KVH, HD=HD, PAGE=PAGE, SCALE=float(1 / np.sqrt(HD)), SPLIT=True)
     run(g, "attention", attn, [q, k_cache, v_cache, pt, part_o, part_ml, step], (H, 1, S))
@@ -304,12 +309,7 @@ def test_attention_decode_split_matches_the_split_k_kernels(gpu, rng, gate):
         consts, groups = attn_gate_plan(H * HD, 64, rows_q8=True, rows_f32=True)
         run(g, "attn_gate", consts, [out, g.upload("gate", a.row[a.gate_off:]), gated, step, xq, xm], (groups, 1))
         out = gated
-    np.testing.assert_allclose(fused, read(g, out, (H * HD,)), rtol=1e-5, atol=1e-6)
-    for mine, theirs in ((k_fused, k_cache), (v_fused, v_cache)):
-        mine, theirs = read(g, mine, a.shape, np.float16), read(g, theirs, a.shape, np.float16)
-        assert np.array_equal(np.isnan(mine), np.isnan(theirs))
-        ok = ~np.isnan(theirs)
-        np.testing.assert_allclose(mine[ok], theirs[ok], rtol=2**-10, atol=0)
+    assert_same_as_the_kernels(g, a, fused, read(g, out, (H * HD,)), (k_fused, v_fused), (k_cache, v_cache))
 
 
 @pytest.mark.slow
