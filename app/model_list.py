@@ -40,24 +40,25 @@ def install_state(e: CatalogEntry, models: Path | None) -> tuple[bool, Path | No
 
 def model_rows(models: Path | None = None, context: int = 0, shared_memory: bool = False,
                software: bool = False, decode_rate: float | None = None, quick_only: bool = False,
-               gpu_bytes: int | None = None) -> list[ModelRow]:
+               gpu_bytes: int | None = None, gpu_weights: int | None = None) -> list[ModelRow]:
     """Every model with its install state and fit, as `zerotvm models` reports it. `shared_memory`: the GPU takes
     system RAM (integrated or software); `software`: a software adapter, so the fit also gives the speed (from
     `decode_rate`, the weight bytes/s measured there, when known). Cheap once memfit remembers the estimates;
     `quick_only`: rows whose estimate is not remembered yet get fit None and fit_pending (see fill_fits).
-    `gpu_bytes`: the GPU's memory where known (a MoE model too big for it then says how it runs, streamed)."""
+    `gpu_bytes`: the GPU's memory where known (a MoE model too big for it then says how it runs, streamed);
+    `gpu_weights`: the weights budget set by hand (None: auto), which the verdicts take as the load will."""
     from engine.memfit import check_fit, fit_is_quick
 
     rows = []
     for e in catalog.all_models():
         installed, path = install_state(e, models)
         pending = (quick_only and e.runs and e.key not in _NO_ESTIMATE
-                   and not fit_is_quick(e, context or e.default_context, gpu_bytes))
+                   and not fit_is_quick(e, context or e.default_context, gpu_bytes, gpu_weights))
         fit = None
         try:
             if not pending:
                 fit = check_fit(e, context or e.default_context, shared_memory=shared_memory, software=software,
-                                decode_rate=decode_rate, gpu_bytes_available=gpu_bytes)
+                                decode_rate=decode_rate, gpu_bytes_available=gpu_bytes, gpu_weights=gpu_weights)
         except Exception:  # a fit estimate must never hide a model
             fit = None
         state = "installed" if installed else "not downloaded" if not e.is_local else "missing"
@@ -72,7 +73,8 @@ def model_rows(models: Path | None = None, context: int = 0, shared_memory: bool
     return rows
 
 
-def fill_fits(rows: list[ModelRow], context: int = 0, gpu_bytes: int | None = None) -> None:
+def fill_fits(rows: list[ModelRow], context: int = 0, gpu_bytes: int | None = None,
+              gpu_weights: int | None = None) -> None:
     """Work out the pending rows' estimates (slow: plans each model; a MoE model's streaming plan too on a GPU of
     `gpu_bytes`), so the next model_rows has them. Qt-free; the window runs it on a background thread."""
     from engine.memfit import check_fit
@@ -80,6 +82,7 @@ def fill_fits(rows: list[ModelRow], context: int = 0, gpu_bytes: int | None = No
     for row in rows:
         if row.fit_pending:
             try:
-                check_fit(row.entry, context or row.entry.default_context, gpu_bytes_available=gpu_bytes)
+                check_fit(row.entry, context or row.entry.default_context, gpu_bytes_available=gpu_bytes,
+                          gpu_weights=gpu_weights)
             except Exception:  # shown as no fit, as model_rows does
                 _NO_ESTIMATE.add(row.entry.key)

@@ -286,7 +286,19 @@ class MainWindow(QMainWindow):
         software = bool(a is not None and a.software)
         memory = gpu_memory(a) if a is not None else None  # a MoE model too big for a known-size GPU: streams
         return dict(shared_memory=bool(memory and memory.shared), software=software,
-                    decode_rate=self._measured_rate(), gpu_bytes=memory.total_bytes if memory else None)
+                    decode_rate=self._measured_rate(), gpu_bytes=memory.total_bytes if memory else None,
+                    gpu_weights=self._weights_budget())
+
+    def _weights_budget(self) -> int | None:
+        """The weights budget the next load takes (the worker's rule: Settings, else ZEROTVM_GPU_WEIGHTS), for the
+        fit verdicts; one the load would refuse as misspelt counts as auto here (the load names it)."""
+        from engine.gpu_budget import from_env, parse_size
+
+        try:
+            typed = self.prefs.gpu_weights
+            return parse_size(typed, "GPU weights budget") if typed != "auto" else from_env()
+        except ValueError:
+            return None
 
     def _estimate_fits(self) -> None:
         """Plan the models whose fit is not known yet on a background thread (it takes a moment per model); the
@@ -298,10 +310,11 @@ class MainWindow(QMainWindow):
 
         from app.model_list import fill_fits
 
-        context, gpu_bytes = self.prefs.context, self._fit_args()["gpu_bytes"]  # read here, on the GUI thread
+        args = self._fit_args()  # read here, on the GUI thread
+        context, gpu_bytes, gpu_weights = self.prefs.context, args["gpu_bytes"], args["gpu_weights"]
 
         def work() -> None:
-            fill_fits(pending, context, gpu_bytes)
+            fill_fits(pending, context, gpu_bytes, gpu_weights)
             try:
                 self.fits_ready.emit()  # queued to the GUI thread
             except RuntimeError:  # the window is gone
@@ -487,7 +500,9 @@ class MainWindow(QMainWindow):
             from engine.memfit import check_fit
 
             try:
-                row.fit = check_fit(row.entry, self.prefs.context or row.entry.default_context, **self._fit_args())
+                args = self._fit_args()
+                args["gpu_bytes_available"] = args.pop("gpu_bytes")  # check_fit's name for it
+                row.fit = check_fit(row.entry, self.prefs.context or row.entry.default_context, **args)
             except Exception:  # as model_rows: no estimate, no warning
                 row.fit = None
         fit = row.fit
@@ -883,7 +898,9 @@ class MainWindow(QMainWindow):
             from app.theme import apply_theme
 
             apply_theme(QApplication.instance(), self.prefs.theme)
-        if (self.prefs.models_dir, self.prefs.context) != (old.models_dir, old.context):
+        # The fit verdicts take the context and the weights budget: "fits" may now stream, or not load at all.
+        if (self.prefs.models_dir, self.prefs.context, self.prefs.gpu_weights) != (
+                old.models_dir, old.context, old.gpu_weights):
             self.refresh_models()
         if self.prefs.adapter != old.adapter:
             self.status.setText("The GPU choice applies the next time Zero-TVM starts.")

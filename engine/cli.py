@@ -328,6 +328,7 @@ def cmd_models(args) -> None:
     from engine.library import catalog_state
     from engine.memfit import check_fit, gpu_memory
 
+    budget = _budget(args)  # a misspelt one is named before the adapter is asked
     adapter = _chosen_adapter()
     gpu = gpu_memory(adapter)
     software = bool(adapter and adapter.software)
@@ -339,7 +340,7 @@ def cmd_models(args) -> None:
         state, folder = catalog_state(e)
         context = args.context or e.default_context
         fit = check_fit(e, context, gpu_bytes_available=gpu.total_bytes, shared_memory=gpu.shared, software=software,
-                        decode_rate=rate)
+                        decode_rate=rate, gpu_weights=budget)
         rows.append({"key": e.key, "name": e.name, "size": e.total_bytes, "state": state, "runs": e.runs,
                      "context": context, "fit": fit.verdict, "fit_summary": fit.summary, "fit_message": fit.message,
                      "streams": fit.stream.sentence() if fit.stream else None,
@@ -588,6 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--context", type=int, help="context length for the fit estimate (default: each model's)")
     s.add_argument("--json", action="store_true")
     s.add_argument("-v", "--verbose", action="store_true", help="explain every fit verdict")
+    s.add_argument("--gpu-weights", metavar="SIZE", help="weights budget the verdicts assume (bytes, or with K/M/G; "
+                   "default: ZEROTVM_GPU_WEIGHTS, else auto): a MoE model over it streams its experts")
     s.set_defaults(func=cmd_models)
 
     s = sub.add_parser("download", help="download a catalog model (key) or a Hugging Face repo; resumable, verified")

@@ -26,8 +26,11 @@ from dataclasses import dataclass
 
 from engine.blocks import DeviceTraits, array_bytes, sum_needs
 from engine.catalog import CatalogEntry
+from engine.errors import WeightsBudgetError
 from engine.gpu import AdapterInfo, is_software_adapter
+from engine.gpu_budget import shown
 from engine.humanize import human_rate
+from engine.memfit_stream import StreamFit
 from engine.models import model_module
 from engine.models.base import DenseSpec
 from engine.runtime_options import RuntimeOptions
@@ -148,6 +151,9 @@ def estimate(entry_or_spec: CatalogEntry | DenseSpec, context: int | None = None
         tensors = [array_bytes(shape, dtype) for shape, dtype in plan.tensors().values()]
         weights, largest, approximate = mem["weights"], max(tensors), False
         basis = "the runtime's blocks: weights, KV cache, state and buffers as they allocate them"
+    elif plan.streaming is not None:  # a budget keeps the routed experts in RAM: the GPU holds the plan's share
+        weights, largest, approximate = mem["weights"], entry.largest_tensor_bytes, entry.weights_approximate
+        basis = "the runtime's blocks planned from the catalog's dimensions, routed experts in a GPU cache"
     else:
         weights, largest, approximate = entry.weights_bytes, entry.largest_tensor_bytes, entry.weights_approximate
         basis = "the runtime's blocks planned from the catalog's dimensions; weights as the catalog records them"
@@ -184,31 +190,38 @@ def _decode_share(plan: RuntimePlan, needs: list) -> float:
 _ESTIMATES: dict = {}  # check_fit's estimates: a picker refresh asks for every model again
 
 
-def _estimate_key(entry: CatalogEntry, context: int | None) -> tuple:
+def _estimate_key(entry: CatalogEntry, context: int | None, budget: int | None = None) -> tuple:
     import json
 
-    return json.dumps(entry.to_dict(), sort_keys=True, default=str), context  # everything the estimate reads
+    return json.dumps(entry.to_dict(), sort_keys=True, default=str), context, budget  # all the estimate reads
 
 
-def _entry_estimate(entry: CatalogEntry, context: int | None) -> MemoryEstimate:
-    """estimate(entry, context), remembered."""
-    key = _estimate_key(entry, context)
+def _entry_estimate(entry: CatalogEntry, context: int | None, budget: int | None = None) -> MemoryEstimate:
+    """estimate(entry, context) with the weights budget `budget` (None: auto's plan, every weight resident),
+    remembered."""
+    key = _estimate_key(entry, context, budget)
     if key not in _ESTIMATES:
         if len(_ESTIMATES) > 256:
             _ESTIMATES.clear()
-        _ESTIMATES[key] = estimate(entry, context)
+        _ESTIMATES[key] = estimate(entry, context, options=RuntimeOptions(gpu_weights=budget))
     return _ESTIMATES[key]
 
 
-def fit_is_quick(entry: CatalogEntry, context: int | None = None, gpu_bytes: int | None = None) -> bool:
-    """True when check_fit(entry, context, gpu_bytes_available=gpu_bytes) will not plan the model again (its
-    estimate, and on a GPU of known size its streaming plan, are remembered): the GUI asks this and leaves the
-    others to a background thread."""
+def fit_is_quick(entry: CatalogEntry, context: int | None = None, gpu_bytes: int | None = None,
+                 gpu_weights: int | None = None) -> bool:
+    """True when check_fit(entry, context, gpu_bytes_available=gpu_bytes, gpu_weights=gpu_weights) will not plan the
+    model again (its estimate, and its streaming plan where one is asked, are remembered): the GUI asks this and
+    leaves the others to a background thread."""
     if _estimate_key(entry, context) not in _ESTIMATES:
         return False
+    ctx = _ESTIMATES[_estimate_key(entry, context)].context
+    if gpu_weights is not None:  # an explicit budget binds dense models too, and a streamed plan has its estimate
+        stream = _STREAM_FITS.get(_stream_key(entry, ctx, None, gpu_weights), _UNKNOWN)
+        return stream is not _UNKNOWN and (not isinstance(stream, StreamFit)
+                                           or _estimate_key(entry, context, gpu_weights) in _ESTIMATES)
     if gpu_bytes is None or not (entry.dims or {}).get("moe"):
         return True
-    return _stream_key(entry, _ESTIMATES[_estimate_key(entry, context)].context, gpu_bytes) in _STREAM_FITS
+    return _stream_key(entry, ctx, gpu_bytes) in _STREAM_FITS
 
 
 def gpu_memory(adapter=None) -> GpuMemory:
@@ -245,26 +258,40 @@ def _gb(n: int | None) -> str:
 
 def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMemory | None = None,
               gpu_bytes_available: int | None = None, shared_memory: bool = False, software: bool = False,
-              cores: int | None = None, decode_rate: float | None = None) -> FitReport:
+              cores: int | None = None, decode_rate: float | None = None,
+              gpu_weights: int | None = None) -> FitReport:
     """Verdict for loading `entry` at `context`. `system`: RAM figures (default: asked of the OS).
     `gpu_bytes_available`: free GPU memory when the caller knows it. `shared_memory`: the GPU allocates from
     system RAM, so its bytes are added to the RAM needed. A model's RAM warning (ram_warning_bytes) fires when
     available RAM is below it or unknown, and turns an "ok" into "tight". `software`: the adapter is a software one
     (engine/gpu.py); the verdict then also says how slow decode will be: from `decode_rate` (weight bytes/s
-    measured there, engine/speed.py measured_rate) when known, else from `cores` (default: this machine's)."""
+    measured there, engine/speed.py measured_rate) when known, else from `cores` (default: this machine's).
+    `gpu_weights`: the weights budget set by hand (bytes; None: auto), taken as the load takes it: a MoE model over
+    it streams its experts whatever the GPU's size, and one it cannot load within is "wont_fit" with the load's
+    own sentence."""
     est = _entry_estimate(entry, context)
     system = system or system_memory()
-    ram_needed = est.load_ram_bytes + (est.gpu_bytes if shared_memory else 0)
-    ram_level = _level(ram_needed, system.available_bytes)
     gpu_available = None if shared_memory else gpu_bytes_available
+    stream, budget_error = None, None
+    if gpu_weights is not None:
+        try:
+            stream = stream_fit_of(entry, est.context, gpu_available, gpu_weights)
+        except WeightsBudgetError as e:
+            budget_error = e
+        if stream is not None:  # the GPU holds the streamed plan: its non-expert weights and the expert cache
+            est = _entry_estimate(entry, context, gpu_weights)
+    elif gpu_available is not None:
+        # Where the runtime's auto budget streams the experts (too big whole once the allocator's blocks and its
+        # margin count: engine/gpu_budget.py auto_weights), it runs so; the plan fits that GPU by construction.
+        stream = stream_fit_of(entry, est.context, gpu_available)
+    ram_needed = est.load_ram_bytes + (est.gpu_bytes if shared_memory else 0)
     gpu_level = "ok" if shared_memory else _level(est.gpu_bytes, gpu_available)
-    # Where the runtime's auto budget streams the experts (too big whole once the allocator's blocks and its margin
-    # count: engine/gpu_budget.py auto_weights), it runs so: the experts then count as RAM needed.
-    stream = stream_fit_of(entry, est.context, gpu_available) if gpu_available is not None else None
-    if stream is not None:
-        gpu_level = "streams"
+    if stream is not None:  # the experts count as RAM needed
+        gpu_level = "wont_fit" if gpu_level == "wont_fit" and gpu_weights is not None else "streams"
         ram_needed += stream.host_bytes
-        ram_level = _level(ram_needed, system.available_bytes)
+    if budget_error is not None:
+        gpu_level = "wont_fit"
+    ram_level = _level(ram_needed, system.available_bytes)
     memory = max(ram_level, gpu_level, key=_RANK.__getitem__)
     warn = entry.ram_warning_bytes is not None and (
         system.available_bytes is None or system.available_bytes < entry.ram_warning_bytes)
@@ -272,8 +299,15 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
         memory = "tight"
     speed = software_speed(est.decode_bytes, cores, decode_rate) if software else None
     verdict = max(memory, speed.level, key=_RANK.__getitem__) if speed else memory
-    message = _message(entry, est, memory, ram_needed, system.available_bytes, gpu_available, shared_memory, warn)
-    if stream is not None:
+    message = _message(entry, est, memory, ram_needed, system.available_bytes, gpu_available, shared_memory, warn,
+                       gpu_weights if stream is not None else None)
+    if budget_error is not None:  # what the load would say, in place of the memory sentences
+        text = str(budget_error)
+        message = f"{entry.name} cannot load with the GPU weights budget you set: {text}."
+    elif gpu_weights is not None and gpu_level == "wont_fit" and (entry.dims or {}).get("moe"):
+        message += (f" With the GPU weights budget of {shown(gpu_weights)} it needs {_gb(est.gpu_bytes)} of GPU "
+                    "memory: lower the budget, or set it to auto.")
+    elif stream is not None:
         message += f" It {stream.sentence()}."
     # "streams" outranks "tight": RAM that the host-resident experts nearly fill is said, and asked about, anyway.
     ram_tight = stream is not None and ram_level == "tight"
@@ -288,33 +322,45 @@ def check_fit(entry: CatalogEntry, context: int | None = None, system: SystemMem
         need, have, where = est.gpu_bytes, gpu_available, "GPU memory"
     else:
         need, have, where = ram_needed, system.available_bytes, "RAM"
-    summary = stream.sentence().split(" (")[0] if memory == "streams" else _summary(memory, need, have, where, speed)
+    if budget_error is not None:
+        summary = f"does not fit the weights budget ({shown(gpu_weights)})"
+    elif memory == "streams":
+        summary = stream.sentence().split(" (")[0]
+    else:
+        summary = _summary(memory, need, have, where, speed)
     return FitReport(verdict, est.gpu_bytes, ram_needed, system.available_bytes, gpu_available, message, warn,
                      verdict in ("tight", "wont_fit", "too_slow") or warn or ram_tight, est, memory, speed, summary,
                      stream)
 
 
-_STREAM_FITS: dict = {}
+_STREAM_FITS: dict = {}  # StreamFit, None (every weight on the GPU) or, for an explicit budget, its WeightsBudgetError
+_UNKNOWN = object()
 
 
-def _stream_key(entry: CatalogEntry, context: int, gpu_available: int) -> tuple:
-    return entry.key, entry.dims_source, context, gpu_available
+def _stream_key(entry: CatalogEntry, context: int, gpu_available: int | None, budget: int | None = None) -> tuple:
+    return entry.key, entry.dims_source, context, gpu_available, budget
 
 
-def stream_fit_of(entry: CatalogEntry, context: int, gpu_available: int):
-    """The streaming plan of a catalog MoE model on a GPU of `gpu_available` bytes, or None (remembered: the picker
-    asks again on every refresh)."""
+def stream_fit_of(entry: CatalogEntry, context: int, gpu_available: int | None, budget: int | None = None):
+    """The streaming plan of a catalog MoE model on a GPU of `gpu_available` bytes under auto, or with the explicit
+    weights budget `budget` (the GPU's size then does not matter), or None (remembered: the picker asks again on
+    every refresh). A budget the model cannot load with raises its WeightsBudgetError, as the load would."""
     from engine.memfit_stream import entry_formats, stream_fit
 
-    key = _stream_key(entry, context, gpu_available)
+    key = _stream_key(entry, context, None if budget is not None else gpu_available, budget)
     if key not in _STREAM_FITS:
-        if not (entry.dims or {}).get("moe"):
+        if budget is None and not (entry.dims or {}).get("moe"):
             _STREAM_FITS[key] = None
         else:
             spec = entry_spec(entry)
             plan = RuntimePlan(spec, entry_formats(entry, spec), RuntimeOptions(max_context=context))
-            _STREAM_FITS[key] = stream_fit(plan, gpu_available)
-    return _STREAM_FITS[key]
+            try:
+                _STREAM_FITS[key] = stream_fit(plan, gpu_available, budget)
+            except WeightsBudgetError as e:
+                _STREAM_FITS[key] = e
+    if isinstance(found := _STREAM_FITS[key], WeightsBudgetError):
+        raise found
+    return found
 
 
 def _summary(memory: str, need: int, have: int | None, where: str, speed: SpeedEstimate | None) -> str:
@@ -342,9 +388,10 @@ def _ram_consequence(entry) -> str:
     return rest if rest != text else text
 
 
-def _message(entry, est: MemoryEstimate, verdict, ram_needed, ram_available, gpu_available, shared, warn) -> str:
+def _message(entry, est: MemoryEstimate, verdict, ram_needed, ram_available, gpu_available, shared, warn,
+             budget: int | None = None) -> str:
     """One sentence of what the model needs and what is free, one of the verdict, then the model's own RAM
-    warning when it fires."""
+    warning when it fires. `budget`: the weights budget set by hand that streams its experts."""
     about = "about " if est.approximate else ""
     parts = (f"{_gb(est.weights_bytes)} weights, {_gb(est.kv_bytes + est.state_bytes)} context cache, "
              f"{_gb(est.scratch_bytes)} working buffers, {_gb(est.overhead_bytes)} allocator overhead")
@@ -365,7 +412,8 @@ def _message(entry, est: MemoryEstimate, verdict, ram_needed, ram_available, gpu
         "ok": "It should fit.",
         "tight": "It fits, but only just: close other apps first.",
         "wont_fit": "It will not fit. Try a shorter context or a smaller model.",
-        "streams": "It does not fit whole on this GPU.",
+        "streams": (f"The GPU weights budget of {shown(budget)} does not hold it whole." if budget is not None
+                    else "It does not fit whole on this GPU."),
         "unknown": "Whether it fits is unknown.",
     }[verdict]]
     if warn:

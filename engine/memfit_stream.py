@@ -70,21 +70,29 @@ def entry_formats(entry, spec) -> dict[str, str] | None:
     return out
 
 
-def stream_fit(plan, gpu_available: int) -> StreamFit | None:
+def stream_fit(plan, gpu_available: int | None, budget: int | None = None) -> StreamFit | None:
     """How a model planned as `plan` (engine/transformer.py RuntimePlan, every weight resident) runs on a GPU with
-    `gpu_available` bytes, with the slots the runtime's auto budget gives it: None when it is not a MoE model, fits
-    whole, or even the smallest expert cache does not fit."""
-    from engine.transformer import moe_block
+    `gpu_available` bytes: with the slots the runtime's auto budget gives it, or with an explicit weights `budget`
+    the slots that budget gives (as the runtime takes it: engine/transformer.py expert_slots, whose
+    WeightsBudgetError a budget below the model's minimum raises here too). None when it is not a MoE model, fits
+    whole, or under auto even the smallest expert cache does not fit."""
+    from engine.transformer import expert_slots, moe_block
 
     moe = moe_block(plan)
-    if moe is None:
-        return None
-    auto = auto_weights(plan, gpu_available)
-    if auto.slots is None:
-        return None
+    if budget is not None:
+        slots = expert_slots(plan, moe, budget)  # a dense model over it raises; within it, None
+        if slots is None:
+            return None
+    else:
+        if moe is None:
+            return None
+        auto = auto_weights(plan, gpu_available)
+        if auto.slots is None:
+            return None
+        slots, budget = auto.slots, auto.budget
     per_layer = moe.routed_expert_bytes() // len(moe.layers)
     resident = plan.memory()["weights"] - moe.E * moe.routed_expert_bytes()
     active = resident + moe.top_k * moe.routed_expert_bytes()
-    rate = decode_rate(auto.slots, moe.E, moe.top_k, len(moe.layers), per_layer, active)
-    return StreamFit(auto.slots, moe.E, moe.top_k, len(moe.layers), per_layer, auto.budget,
+    rate = decode_rate(slots, moe.E, moe.top_k, len(moe.layers), per_layer, active)
+    return StreamFit(slots, moe.E, moe.top_k, len(moe.layers), per_layer, budget,
                      moe.E * moe.routed_expert_bytes(), rate)

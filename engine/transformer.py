@@ -192,9 +192,9 @@ def expert_slots(plan: RuntimePlan, moe, budget: int) -> int | None:
         return None
     if moe is None:
         raise WeightsBudgetError(
-            f"this model's weights need {shown(weights)} on the GPU but the weights budget is {shown(budget)}; only "
-            "mixture-of-experts models can keep part of their weights in RAM, so raise the budget (--gpu-weights, "
-            "ZEROTVM_GPU_WEIGHTS or Settings) or pick a smaller model")
+            f"this model's weights need {shown(weights, up=True)} on the GPU but the weights budget is "
+            f"{shown(budget)}; only mixture-of-experts models can keep part of their weights in RAM, so raise the "
+            "budget (--gpu-weights, ZEROTVM_GPU_WEIGHTS or Settings) or pick a smaller model")
     slots = (budget - fixed) // per_slot
     if slots < moe.top_k:
         need = fixed + moe.top_k * per_slot

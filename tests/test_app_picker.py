@@ -211,3 +211,51 @@ def test_load_progress_names_the_shard_and_cancel_reaches_the_load(qtbot, data_d
     assert token.cancelled
     w.on_unloaded()  # the worker's answer to a cancelled load
     assert w.status.text().startswith("Loading cancelled.") and not w.progress_box.isVisible()
+
+
+def test_the_settings_budget_changes_what_the_picker_says(qtbot, data_dir, monkeypatch):
+    """Settings → GPU weights budget 2G on a 24 GiB GPU: the Qwen3.6 row that fitted whole now says it streams, the
+    dense Qwen3-4B (2.13 GiB of weights) says it cannot load, in the rows shown and in their tooltips; back to auto,
+    as before. A row chosen before its fit was worked out gets it at load time, budget included."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QMessageBox
+
+    from app.settings_dialog import SettingsDialog
+    from engine import memfit
+    from engine.memfit import GpuMemory
+
+    monkeypatch.setattr(memfit, "gpu_memory", lambda *_: GpuMemory(24 * 2**30, False, "test"))
+    monkeypatch.setattr(memfit, "system_memory", lambda: memfit.SystemMemory(256 * 10**9, 200 * 10**9))  # not ours
+    monkeypatch.delenv("ZEROTVM_GPU_WEIGHTS", raising=False)
+    w = window(qtbot, data_dir, adapter=RTX)
+    moe, dense = "qwen3.6-35b-a3b-mlx-4bit", "qwen3-4b-q4f16_1"
+    assert "fits (" in texts(w)[moe] and "fits (" in texts(w)[dense]
+
+    def set_budget(text):
+        def exec_(dialog):
+            dialog.gpu_weights.setText(text)
+            return True
+        monkeypatch.setattr(SettingsDialog, "exec", exec_)
+        w.open_settings()
+        qtbot.waitUntil(lambda: not any(r.fit_pending for r in w.rows), timeout=60_000)
+
+    def tooltip(key):
+        return w.picker.itemData(w.picker.findData(key), Qt.ItemDataRole.ToolTipRole)
+
+    set_budget("2G")
+    assert " · runs with experts streamed from RAM, about " in texts(w)[moe]
+    assert "The GPU weights budget of 2.00 GiB does not hold it whole." in tooltip(moe)
+    assert texts(w)[dense].endswith(" · does not fit the weights budget (2.00 GiB)")
+    assert "cannot load with the GPU weights budget you set: this model's weights need 2.11 GiB" in tooltip(dense)
+    # Chosen before the background estimate: load() works it out with the budget and asks first.
+    row = w.row(dense)
+    row.installed, row.fit, row.fit_pending = True, None, True
+    asked = []
+    monkeypatch.setattr(QMessageBox, "exec", lambda box: asked.append(box.text()) or 0)
+    monkeypatch.setattr(QMessageBox, "clickedButton", lambda box: None)  # Cancel
+    w.load(row)
+    assert row.fit is not None and row.fit.summary == "does not fit the weights budget (2.00 GiB)"
+    assert w.loads == [] and asked and "weights need 2.11 GiB" in asked[0]
+    set_budget("auto")
+    assert "fits (" in texts(w)[moe] and "fits (" in texts(w)[dense]
+    w.close()

@@ -861,3 +861,108 @@ def test_memfit_says_it_streams_wherever_the_runtimes_auto_would():
     # 20 GiB holds the model's buffers (memfit once said "tight" and loaded it whole) but not its blocks and the margin
     fit = check_fit(entry, 6144, ram, gpu_bytes_available=20 * GIB)
     assert fit.gpu_needed <= 20 * GIB and fit.verdict == "streams"
+
+
+def _budget_plan(entry, budget, context=6144):
+    """The runtime's own plan of a catalog entry under an explicit weights budget (what a load with it builds)."""
+    from engine.memfit import entry_spec
+    from engine.memfit_stream import entry_formats
+    from engine.runtime_options import RuntimeOptions
+    from engine.transformer import RuntimePlan
+
+    spec = entry_spec(entry)
+    return RuntimePlan(spec, entry_formats(entry, spec), RuntimeOptions(max_context=context, gpu_weights=budget))
+
+
+def test_memfit_takes_a_budget_set_by_hand_as_the_load_does():
+    """An explicit budget (Settings, --gpu-weights, ZEROTVM_GPU_WEIGHTS) decides the verdict as the load will take
+    it, whatever auto would do on that GPU: a MoE model over it streams with the slots the runtime gives it and
+    needs that plan's GPU memory; below its minimum, or a dense model over it, cannot load, in the load's words."""
+    from engine.catalog import all_models
+    from engine.errors import WeightsBudgetError
+    from engine.memfit import check_fit, fit_is_quick
+    from engine.sysmem import SystemMemory
+
+    entry = next(e for e in all_models() if e.key == "qwen3.6-35b-a3b-mlx-4bit")
+    ram = SystemMemory(128 * 10**9, 100 * 10**9)
+    whole = check_fit(entry, 6144, ram, gpu_bytes_available=24 * GIB)
+    assert whole.verdict == "ok" and whole.stream is None  # auto keeps it whole on 24 GiB
+    fit = check_fit(entry, 6144, ram, gpu_bytes_available=24 * GIB, gpu_weights=8 * GIB)
+    plan = _budget_plan(entry, 8 * GIB)
+    assert fit.verdict == "streams" and fit.stream.slots == plan.streaming.slots and fit.stream.budget == 8 * GIB
+    assert fit.gpu_needed == plan.footprint().steady < whole.gpu_needed  # the streamed plan's blocks, not the model's
+    assert fit.estimate.weights_bytes == plan.memory()["weights"]
+    assert fit.ram_needed == whole.ram_needed + fit.stream.host_bytes
+    assert fit.summary.startswith("runs with experts streamed from RAM, about ")
+    assert "The GPU weights budget of 8.00 GiB does not hold it whole." in fit.message
+    assert fit_is_quick(entry, 6144, 24 * GIB, 8 * GIB)  # remembered: the picker does not plan it again
+    assert not fit_is_quick(entry, 6144, 24 * GIB, 9 * GIB)
+    # Below the minimum: the sentence the load raises, and no "Load anyway" that could work.
+    with pytest.raises(WeightsBudgetError) as refused:
+        _budget_plan(entry, GIB)
+    low = check_fit(entry, 6144, ram, gpu_bytes_available=24 * GIB, gpu_weights=GIB)
+    assert low.verdict == "wont_fit" and low.stream is None and str(refused.value) in low.message
+    assert low.summary == "does not fit the weights budget (1.00 GiB)" and "minimum of 1.83 GiB" in low.message
+    # A budget over the weights loads it whole, so a GPU too small for it does not fit (auto would have streamed).
+    big = check_fit(entry, 6144, ram, gpu_bytes_available=12 * GIB, gpu_weights=64 * GIB)
+    assert check_fit(entry, 6144, ram, gpu_bytes_available=12 * GIB).verdict == "streams"
+    assert big.verdict == "wont_fit" and big.stream is None and big.gpu_needed == whole.gpu_needed
+    assert "With the GPU weights budget of 64.00 GiB it needs 20.5 GB of GPU memory: lower the budget, or set it " \
+           "to auto." in big.message
+    # A streamed plan still too big for the GPU: the same advice.
+    over = check_fit(entry, 6144, ram, gpu_bytes_available=12 * GIB, gpu_weights=16 * GIB)
+    assert over.verdict == "wont_fit" and over.stream is not None and over.gpu_needed > 12 * GIB
+    assert "lower the budget, or set it to auto" in over.message
+    dense = next(e for e in all_models() if e.key == "qwen3-4b-q4f16_1")
+    with pytest.raises(WeightsBudgetError) as dense_refused:
+        _budget_plan(dense, GIB, 4096)
+    small = check_fit(dense, 4096, ram, gpu_bytes_available=24 * GIB, gpu_weights=GIB)
+    assert small.verdict == "wont_fit" and str(dense_refused.value) in small.message
+    assert small.summary == "does not fit the weights budget (1.00 GiB)"
+    roomy = check_fit(dense, 4096, ram, gpu_bytes_available=24 * GIB, gpu_weights=16 * GIB)
+    assert roomy.verdict == "ok" and roomy.summary == check_fit(dense, 4096, ram, gpu_bytes_available=24 * GIB).summary
+
+
+def test_a_dense_refusal_never_rounds_the_weights_down_to_the_budget():
+    """Phi-3's 2.0x GiB of weights under a 2 GiB budget: the sentence once read "need 2.00 GiB ... budget is
+    2.00 GiB"; the need is rounded up, as a minimum is."""
+    from engine.catalog import all_models
+    from engine.errors import WeightsBudgetError
+
+    phi3 = next(e for e in all_models() if e.key == "phi3-mini-4k-q4f16_1")
+    with pytest.raises(WeightsBudgetError) as refused:
+        _budget_plan(phi3, 2 * GIB, 4096)
+    assert "weights need 2.01 GiB on the GPU but the weights budget is 2.00 GiB" in str(refused.value)
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_models_command_judges_with_the_budget_set(how, monkeypatch, capsys):
+    """`zerotvm models --gpu-weights 2G` (or ZEROTVM_GPU_WEIGHTS=2G) on a 24 GiB GPU: the MoE model that auto keeps
+    whole says it streams, and a dense one over the budget says it cannot load; a misspelt budget is one line."""
+    from engine import memfit
+    from engine.cli import main
+    from engine.memfit import GpuMemory
+
+    monkeypatch.setattr(memfit, "gpu_memory", lambda *_: GpuMemory(24 * GIB, False, "test"))
+    monkeypatch.setattr(memfit, "system_memory", lambda: memfit.SystemMemory(256 * 10**9, 200 * 10**9))  # not ours
+    monkeypatch.delenv("ZEROTVM_GPU_WEIGHTS", raising=False)
+
+    def lines(*extra):
+        assert main(["models", *extra]) == 0
+        out = capsys.readouterr().out.splitlines()
+        return {ln.split()[0]: ln for ln in out if ln and not ln.startswith(" ")}
+
+    auto = lines()
+    assert "fits (" in auto["qwen3.6-35b-a3b-mlx-4bit"] and "fits (" in auto["qwen3-4b-q4f16_1"]
+    if how == "flag":
+        budget = lines("--gpu-weights", "2G")
+    else:
+        monkeypatch.setenv("ZEROTVM_GPU_WEIGHTS", "2G")
+        budget = lines()
+    assert "runs with experts streamed from RAM, about" in budget["qwen3.6-35b-a3b-mlx-4bit"]
+    assert budget["qwen3-4b-q4f16_1"].endswith("does not fit the weights budget (2.00 GiB)")
+    assert "fits (" in budget["smollm2-135m-demo"]
+    if how == "flag":
+        assert main(["models", "--gpu-weights", "lots"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: --gpu-weights: 'lots' is not a size")
