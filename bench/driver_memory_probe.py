@@ -74,9 +74,26 @@ def counted_load(shape: str) -> dict:
         made.append(self)
 
     Gpu.__init__ = init
+    used, grown = UsedMemory(), {}
+    real_pipeline = Gpu.pipeline
+
+    def pipeline(self, shader, consts=None):  # the used memory before and after each new pipeline
+        n = len(self._pipelines)
+        before = used()
+        built = real_pipeline(self, shader, consts)
+        if len(self._pipelines) > n:
+            time.sleep(0.02)
+            name = getattr(shader, "name", shader)
+            grown[name] = grown.get(name, 0) + used() - before
+        return built
+
+    Gpu.pipeline = pipeline
     out = load_peak.one(shape, None, None, None)
     out["pipelines_built"] = len(made[0]._pipelines) if made else None
     out["bind_groups_made"] = counts["bind"]
+    out["pipeline_growth_mb"] = round(sum(grown.values()) / 1e6, 2)  # includes any buffer made meanwhile (none)
+    out["pipeline_growth_by_kernel_mb"] = {k: round(v / 1e6, 2) for k, v in sorted(grown.items(), key=lambda kv: -kv[1])
+                                           if v}
     return out
 
 
