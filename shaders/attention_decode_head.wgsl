@@ -21,6 +21,7 @@ const C: u32 = HD / 4u;       // vec4 chunks per head row
 const COLS: u32 = C / PV;     // threads covering one key's value row in the P·V phase
 const E: u32 = WG / COLS;     // key lanes in the P·V phase (threads lid ≥ E·COLS sit it out)
 const GROUP: u32 = H / KVH;   // query heads per kv head
+const U: u32 = min(8u, (WG + E - 1u) / E);  // BATCHED: keys a key lane loads at once in the P·V phase
 const HALF: u32 = ROT / 2u;
 const NEG_BIG: f32 = -3.0e38; // "minus infinity" that keeps exp(a − b) and a − b finite
 const NEW: u32 = 0xFFFFFFFFu; // row_sh's mark for the new key (held in k_sh / v_sh, not read from the cache)
@@ -109,6 +110,32 @@ fn load_head(lane: Lane, h: u32, p: u32, append: bool) {
     workgroupBarrier();
 }
 
+// BATCHED's P·V of one block of n keys (key j at p_sh[j], row_sh[j]): each key lane takes U of its keys at a time,
+// every load issued before any is used (a clamped index with weight 0 pads the last group), so U keys' value loads
+// are in flight at once; the new key (`has_new`, block index j_new) comes from v_sh, never from the cache.
+fn pv_batched(key_lane: u32, chunk0: u32, n: u32, has_new: bool, j_new: u32) {
+    if (key_lane >= E) { return; }
+    let n_cache = select(n, j_new, has_new);  // the new key is the block's last
+    for (var j0 = key_lane; j0 < n_cache; j0 += E * U) {
+        var w: array<f32, U>;
+        var v: array<vec4<f16>, U * PV>;
+        for (var u = 0u; u < U; u++) {
+            let j = j0 + u * E;
+            let jj = min(j, n_cache - 1u);
+            w[u] = select(0.0, p_sh[jj], j < n_cache);
+            let r = row_sh[jj];
+            for (var d = 0u; d < PV; d++) { v[u * PV + d] = v_cache[r + chunk0 + d]; }
+        }
+        for (var u = 0u; u < U; u++) {
+            for (var d = 0u; d < PV; d++) { acc[d] += w[u] * vec4<f32>(v[u * PV + d]); }
+        }
+    }
+    if (has_new && key_lane == 0u) {
+        let pj = p_sh[j_new];
+        for (var d = 0u; d < PV; d++) { acc[d] += pj * v_sh[chunk0 + d]; }
+    }
+}
+
 // Online softmax over keys [start, end) of kv head kvh (end ≤ p + 1; key p from k_sh / v_sh): `acc` gets this
 // thread's share of the unnormalized P·V; returns (m, l), the running max and the workgroup's sum of weights.
 // [start, end) must be the same in every thread.
@@ -144,7 +171,9 @@ fn walk_keys(lane: Lane, kvh: u32, p: u32, start: u32, end: u32) -> vec2<f32> {
         p_sh[lid] = pw;
         row_sh[lid] = row;
         workgroupBarrier();
-        if (key_lane < E) {
+        if (BATCHED) {
+            pv_batched(key_lane, chunk0, min(WG, end - kb), p < end && kb <= p && p < kb + WG, p - kb);
+        } else if (key_lane < E) {
             let n_in_block = min(WG, end - kb);
             for (var j = key_lane; j < n_in_block; j += E) {
                 let r = row_sh[j];
