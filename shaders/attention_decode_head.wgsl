@@ -34,6 +34,7 @@ var<workgroup> p_sh: array<f32, WG>;         // the block's softmax weights
 var<workgroup> row_sh: array<u32, WG>;       // the block's cache row offsets (in vec4 units)
 var<workgroup> acc_sh: array<vec4<f32>, WG>; // the final meeting of the E key lanes
 var<private> acc: array<vec4<f32>, PV>;      // this thread's share of P·V (chunks chunk0 .. chunk0 + PV)
+var<private> pre: array<vec4<f16>, U * PV>;  // BATCHED: a group of U keys' value chunks, loaded before use
 
 // The value the f16 cache will hold (round to nearest even at f16's precision, f16 subnormals included), computed
 // with round() on a power-of-two scale: NVIDIA's compiler folds both an f32 -> f16 -> f32 cast pair and an
@@ -110,29 +111,22 @@ fn load_head(lane: Lane, h: u32, p: u32, append: bool) {
     workgroupBarrier();
 }
 
-// BATCHED's P·V of one block of n keys (key j at p_sh[j], row_sh[j]): each key lane takes U of its keys at a time,
-// every load issued before any is used (a clamped index with weight 0 pads the last group), so U keys' value loads
-// are in flight at once; the new key (`has_new`, block index j_new) comes from v_sh, never from the cache.
-fn pv_batched(key_lane: u32, chunk0: u32, n: u32, has_new: bool, j_new: u32) {
-    if (key_lane >= E) { return; }
-    let n_cache = select(n, j_new, has_new);  // the new key is the block's last
-    for (var j0 = key_lane; j0 < n_cache; j0 += E * U) {
-        var w: array<f32, U>;
-        var v: array<vec4<f16>, U * PV>;
-        for (var u = 0u; u < U; u++) {
-            let j = j0 + u * E;
-            let jj = min(j, n_cache - 1u);
-            w[u] = select(0.0, p_sh[jj], j < n_cache);
-            let r = row_sh[jj];
-            for (var d = 0u; d < PV; d++) { v[u * PV + d] = v_cache[r + chunk0 + d]; }
-        }
-        for (var u = 0u; u < U; u++) {
-            for (var d = 0u; d < PV; d++) { acc[d] += w[u] * vec4<f32>(v[u * PV + d]); }
-        }
+// BATCHED's P·V, U keys of a key lane at a time (j0, j0 + E, .. of the block's cache keys [0, n_cache)): every
+// value load of the group is issued before any is used, the first group's before the block's scores (its loads
+// overlap the key loads); a clamped index with weight 0 pads a group. The new key comes from v_sh, never the cache.
+fn load_group(kvh: u32, kb: u32, j0: u32, n_cache: u32, chunk0: u32) {
+    for (var u = 0u; u < U; u++) {
+        let key = kb + min(j0 + u * E, n_cache - 1u);
+        let r = ((page_table[key / PAGE] * KVH + kvh) * PAGE + key % PAGE) * C;
+        for (var d = 0u; d < PV; d++) { pre[u * PV + d] = v_cache[r + chunk0 + d]; }
     }
-    if (has_new && key_lane == 0u) {
-        let pj = p_sh[j_new];
-        for (var d = 0u; d < PV; d++) { acc[d] += pj * v_sh[chunk0 + d]; }
+}
+
+fn add_group(j0: u32, n_cache: u32) {
+    for (var u = 0u; u < U; u++) {
+        let j = j0 + u * E;
+        let w = select(0.0, p_sh[min(j, n_cache - 1u)], j < n_cache);
+        for (var d = 0u; d < PV; d++) { acc[d] += w * vec4<f32>(pre[u * PV + d]); }
     }
 }
 
@@ -147,6 +141,9 @@ fn walk_keys(lane: Lane, kvh: u32, p: u32, start: u32, end: u32) -> vec2<f32> {
     var m = NEG_BIG;   // running max, identical in every thread
     var l = 0.0;       // this thread's share of the running sum (its own keys' weights)
     for (var kb = start; kb < end; kb += WG) {
+        let has_new = p < end && kb <= p && p < kb + WG;  // the block ends with the new key
+        let n_cache = select(min(WG, end - kb), p - kb, has_new);
+        if (BATCHED && key_lane < min(E, n_cache)) { load_group(kvh, kb, key_lane, n_cache, chunk0); }
         let key = kb + lid;
         let valid = key < end;
         var score = NEG_BIG;
@@ -172,7 +169,14 @@ fn walk_keys(lane: Lane, kvh: u32, p: u32, start: u32, end: u32) -> vec2<f32> {
         row_sh[lid] = row;
         workgroupBarrier();
         if (BATCHED) {
-            pv_batched(key_lane, chunk0, min(WG, end - kb), p < end && kb <= p && p < kb + WG, p - kb);
+            if (key_lane < min(E, n_cache)) { add_group(key_lane, n_cache); }
+            for (var j0 = key_lane + E * U; key_lane < E && j0 < n_cache; j0 += E * U) {
+                load_group(kvh, kb, j0, n_cache, chunk0);
+                add_group(j0, n_cache);
+            }
+            if (has_new && key_lane == 0u) {
+                for (var d = 0u; d < PV; d++) { acc[d] += p_sh[p - kb] * v_sh[chunk0 + d]; }
+            }
         } else if (key_lane < E) {
             let n_in_block = min(WG, end - kb);
             for (var j = key_lane; j < n_in_block; j += E) {
