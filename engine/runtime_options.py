@@ -37,6 +37,9 @@ class RuntimeOptions:
         (a head and key split each) whose last of a head combines (shaders/attention_decode_split.wgsl), where the
         adapter binds its 10 storage buffers a stage; False (or fewer allowed): RoPE + append, split-K attention and
         the combine (+ the gate), three (four) dispatches, as before (for A/B).
+    decode_attention: the one-dispatch decode attention kernels' variant: "serial" (each key lane's value loads one
+        after another, the split combine's partial loads likewise) or "batched" (groups of loads in flight before
+        any is used; engine/kernels/attention.py attention_decode_consts).
     state_snapshots: (prompt, decode) copies of a linear-attention model's recurrent state kept for rollback.
     snapshot_every: decode positions between two decode snapshots.
     gpu_weights: bytes of model weights allowed on the GPU (engine/gpu_budget.py; None: auto, the adapter's memory
@@ -60,6 +63,7 @@ class RuntimeOptions:
     split_keys: int = SPLIT_KEYS
     single_pass_keys: int = SINGLE_PASS_KEYS
     fused_split_decode: bool = True
+    decode_attention: str = "serial"
     state_snapshots: tuple[int, int] = (2, 3)
     snapshot_every: int = 16
     gpu_weights: int | None = None
@@ -83,6 +87,9 @@ class RuntimeOptions:
             positive("gpu_weights", self.gpu_weights)
         if self.gdn_conv_runs is not None:
             positive("gdn_conv_runs", self.gdn_conv_runs, 256)
+        if self.decode_attention not in ("serial", "batched"):
+            raise ValueError(f"runtime option decode_attention must be 'serial' or 'batched', got "
+                             f"{self.decode_attention!r}")
         if self.expert_policy not in ("lru", "lfu"):
             raise ValueError(f"runtime option expert_policy must be 'lru' or 'lfu', got {self.expert_policy!r}")
         for name in ("q8_decode", "gate_up_q8", "q8_epilogues", "fused_split_decode"):

@@ -76,7 +76,8 @@ class RuntimePlan:
                                              gated=gated, single_pass_keys=self.options.single_pass_keys,
                                              offset_alignment=traits.offset_alignment,
                                              fused_split=self.options.fused_split_decode,
-                                             storage_buffers=traits.storage_buffers))
+                                             storage_buffers=traits.storage_buffers,
+                                             decode_variant=self.options.decode_attention))
         if layers := layers_of("gated_deltanet", 0):
             mixers.append(GatedDeltaNetMixer(s, layers, formats, ar, C, traits.offset_alignment,
                                              self.options.state_snapshots, self.options.snapshot_every,

@@ -6,7 +6,8 @@
 // then the gate (GATE) and o's int8 row (Q8).
 // Constants: WG threads (≥ HD/4; a power of two without subgroups), H, KVH, HD (multiple of 4; of 32 with Q8),
 //   ROT rotary dims (even, ≤ HD), PAGE, SCALE f32 (1/√HD), QK_NORM, EPS, NORM_OFFSET, ROPE_SCALE (rope_append.wgsl's),
-//   GATE bool, GATE_OFF (f32 index of the gate row in qkv), Q8 bool, PV (divides HD/4).
+//   GATE bool, GATE_OFF (f32 index of the gate row in qkv), Q8 bool, PV (divides HD/4), BATCHED bool (the P·V
+//   phase's value loads, and the split kernel's combine loads, issued in groups before any is used).
 // Bindings: 0 qkv f32[(H+2·KVH)·HD] (+ the gate row H·HD at GATE_OFF) (read),
 //   1 k_cache f16[n_pages, KVH, PAGE, HD] (read_write), 2 v_cache (same), 3 page_table u32[max_pages] (read),
 //   4 inv_freq f32[ROT/2 + 2·HD]: the RoPE inverse frequencies, then the q and the k norm weights (read; the

@@ -21,6 +21,7 @@ const C: u32 = HD / 4u;       // vec4 chunks per head row
 const COLS: u32 = C / PV;     // threads covering one key's value row in the P·V phase
 const E: u32 = WG / COLS;     // key lanes in the P·V phase (threads lid ≥ E·COLS sit it out)
 const GROUP: u32 = H / KVH;   // query heads per kv head
+const U: u32 = min(8u, (WG + E - 1u) / E);  // BATCHED: keys a key lane loads at once in the P·V phase
 const HALF: u32 = ROT / 2u;
 const NEG_BIG: f32 = -3.0e38; // "minus infinity" that keeps exp(a − b) and a − b finite
 const NEW: u32 = 0xFFFFFFFFu; // row_sh's mark for the new key (held in k_sh / v_sh, not read from the cache)
@@ -33,6 +34,7 @@ var<workgroup> p_sh: array<f32, WG>;         // the block's softmax weights
 var<workgroup> row_sh: array<u32, WG>;       // the block's cache row offsets (in vec4 units)
 var<workgroup> acc_sh: array<vec4<f32>, WG>; // the final meeting of the E key lanes
 var<private> acc: array<vec4<f32>, PV>;      // this thread's share of P·V (chunks chunk0 .. chunk0 + PV)
+var<private> pre: array<vec4<f16>, U * PV>;  // BATCHED: a group of U keys' value chunks, loaded before use
 
 // The value the f16 cache will hold (round to nearest even at f16's precision, f16 subnormals included), computed
 // with round() on a power-of-two scale: NVIDIA's compiler folds both an f32 -> f16 -> f32 cast pair and an
@@ -109,6 +111,25 @@ fn load_head(lane: Lane, h: u32, p: u32, append: bool) {
     workgroupBarrier();
 }
 
+// BATCHED's P·V, U keys of a key lane at a time (j0, j0 + E, .. of the block's cache keys [0, n_cache)): every
+// value load of the group is issued before any is used, the first group's before the block's scores (its loads
+// overlap the key loads); a clamped index with weight 0 pads a group. The new key comes from v_sh, never the cache.
+fn load_group(kvh: u32, kb: u32, j0: u32, n_cache: u32, chunk0: u32) {
+    for (var u = 0u; u < U; u++) {
+        let key = kb + min(j0 + u * E, n_cache - 1u);
+        let r = ((page_table[key / PAGE] * KVH + kvh) * PAGE + key % PAGE) * C;
+        for (var d = 0u; d < PV; d++) { pre[u * PV + d] = v_cache[r + chunk0 + d]; }
+    }
+}
+
+fn add_group(j0: u32, n_cache: u32) {
+    for (var u = 0u; u < U; u++) {
+        let j = j0 + u * E;
+        let w = select(0.0, p_sh[min(j, n_cache - 1u)], j < n_cache);
+        for (var d = 0u; d < PV; d++) { acc[d] += w * vec4<f32>(pre[u * PV + d]); }
+    }
+}
+
 // Online softmax over keys [start, end) of kv head kvh (end ≤ p + 1; key p from k_sh / v_sh): `acc` gets this
 // thread's share of the unnormalized P·V; returns (m, l), the running max and the workgroup's sum of weights.
 // [start, end) must be the same in every thread.
@@ -120,6 +141,9 @@ fn walk_keys(lane: Lane, kvh: u32, p: u32, start: u32, end: u32) -> vec2<f32> {
     var m = NEG_BIG;   // running max, identical in every thread
     var l = 0.0;       // this thread's share of the running sum (its own keys' weights)
     for (var kb = start; kb < end; kb += WG) {
+        let has_new = p < end && kb <= p && p < kb + WG;  // the block ends with the new key
+        let n_cache = select(min(WG, end - kb), p - kb, has_new);
+        if (BATCHED && key_lane < min(E, n_cache)) { load_group(kvh, kb, key_lane, n_cache, chunk0); }
         let key = kb + lid;
         let valid = key < end;
         var score = NEG_BIG;
@@ -144,7 +168,16 @@ fn walk_keys(lane: Lane, kvh: u32, p: u32, start: u32, end: u32) -> vec2<f32> {
         p_sh[lid] = pw;
         row_sh[lid] = row;
         workgroupBarrier();
-        if (key_lane < E) {
+        if (BATCHED) {
+            if (key_lane < min(E, n_cache)) { add_group(key_lane, n_cache); }
+            for (var j0 = key_lane + E * U; key_lane < E && j0 < n_cache; j0 += E * U) {
+                load_group(kvh, kb, j0, n_cache, chunk0);
+                add_group(j0, n_cache);
+            }
+            if (has_new && key_lane == 0u) {
+                for (var d = 0u; d < PV; d++) { acc[d] += p_sh[p - kb] * v_sh[chunk0 + d]; }
+            }
+        } else if (key_lane < E) {
             let n_in_block = min(WG, end - kb);
             for (var j = key_lane; j < n_in_block; j += E) {
                 let r = row_sh[j];

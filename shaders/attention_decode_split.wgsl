@@ -51,6 +51,32 @@ fn part_load(i: u32) -> vec4<f32> {
                      bitcast<f32>(atomicLoad(&part[4u * i + 2u])), bitcast<f32>(atomicLoad(&part[4u * i + 3u])));
 }
 
+// BATCHED's combine: a thread a split loads its (m, l) at once, the weights e^(m_s − M) meet in p_sh, then a thread
+// a chunk loads UC splits' partials before summing any (the loads of a split group are independent). Needs S ≤ WG.
+const UC: u32 = 8u;
+
+fn combine_batched(lane: Lane, h: u32, rec0: u32, n_splits: u32) {
+    let lid = lane.lid;
+    var ml = vec4<f32>(NEG_BIG, 0.0, 0.0, 0.0);
+    if (lid < n_splits) { ml = part_load(rec0 + lid * R4 + C); }
+    let m_max = wg_max(ml.x, lane);
+    let w = select(0.0, exp(ml.x - m_max), lid < n_splits);
+    p_sh[lid] = w;  // read after wg_sum's barriers
+    let inv = 1.0 / wg_sum(w * ml.y, lane);
+    for (var c = lid; c < C; c += WG) {
+        var o = vec4<f32>(0.0);
+        for (var t0 = 0u; t0 < n_splits; t0 += UC) {
+            var part_o: array<vec4<f32>, UC>;
+            for (var u = 0u; u < UC; u++) { part_o[u] = part_load(rec0 + min(t0 + u, n_splits - 1u) * R4 + c); }
+            for (var u = 0u; u < UC; u++) {
+                o += select(0.0, p_sh[min(t0 + u, n_splits - 1u)], t0 + u < n_splits) * part_o[u];
+            }
+        }
+        write_out(h, c, o * inv);
+    }
+    write_q8(lane, h);
+}
+
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
@@ -84,6 +110,10 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
 
     // attention_combine.wgsl's arithmetic: M = max_s m_s, out = Σ_s e^(m_s − M) · o_s · (1 / Σ_s e^(m_s − M) · l_s).
     let rec0 = h * n_splits * R4;
+    if (BATCHED) {
+        combine_batched(lane, h, rec0, n_splits);
+        return;
+    }
     var m_max = part_load(rec0 + C).x;
     for (var t = 1u; t < n_splits; t++) { m_max = max(m_max, part_load(rec0 + t * R4 + C).x); }
     var denom = 0.0;

@@ -64,3 +64,9 @@ def test_fused_split_decode_where_the_adapter_binds_its_storage_buffers():
         assert ("attn-part-o" in labels) == ("attn-part-ml" in labels) == (not fused)
     with pytest.raises(ValueError, match="fused_split_decode must be true or false"):
         RuntimeOptions(fused_split_decode="yes")
+
+
+@pytest.mark.parametrize("bad", ["fast", "", None, True])
+def test_decode_attention_must_name_a_variant(bad):
+    with pytest.raises(ValueError, match="decode_attention must be 'serial' or 'batched'"):
+        RuntimeOptions(decode_attention=bad)

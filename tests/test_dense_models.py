@@ -84,12 +84,13 @@ def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("variant", ["serial", "batched"])
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
-def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8):
+def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8, variant):
     _, mlc = tiny
     # single_pass_keys=48: decode attention is one fused dispatch up to 48 keys, then split-K partitions of 48.
     model = load_model(mlc, gpu=gpu, max_context=320, prefill_chunk=64,
-                       split_keys=48, single_pass_keys=48, q8_decode=q8)
+                       split_keys=48, single_pass_keys=48, q8_decode=q8, decode_attention=variant)
     assert uses_q8(model.runtime) == q8
     rt = model.runtime
     ids = np.random.default_rng(1).integers(0, rt.spec.vocab, 160)
@@ -188,8 +189,9 @@ def test_gate_up_int8_row_leaves_the_decode_logits_bit_for_bit(gpu, tiny):
 
 
 @pytest.mark.slow  # every tiny architecture, four loads
+@pytest.mark.parametrize("variant", ["serial", "batched"])
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
-def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8):
+def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8, variant):
     """Split-K decode in one dispatch a layer (fused_split_decode: attention_decode_split) against rope_append + split
     attention + combine, past single_pass_keys = 16 (up to 7 splits of 16 keys): per-token logits equal to f32
     rounding, not bit for bit (the partials sum their keys in another order and block size; the combine's order over
@@ -199,7 +201,7 @@ def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8):
     runs = {}
     for fused in (False, True):
         model = load_model(mlc, gpu=gpu, max_context=128, prefill_chunk=64, split_keys=16, single_pass_keys=16,
-                           q8_decode=q8, fused_split_decode=fused)
+                           q8_decode=q8, fused_split_decode=fused, decode_attention=variant)
         rt = model.runtime
         kernels = [item[0].label for item in rt.decode_plan(7).items]
         assert kernels.count("attention_decode_split") == (rt.spec.n_layers if fused else 0)

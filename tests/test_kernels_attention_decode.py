@@ -34,6 +34,12 @@ from tests.helpers import (
 EPS = 1e-6
 
 
+@pytest.fixture(params=["serial", "batched"])
+def variant(request):
+    """attention_decode_consts' variant: both kernels' loads one at a time, or in groups (the decode_attention knob)."""
+    return request.param
+
+
 def rms(x, w, offset):
     return x / np.sqrt((x**2).mean(-1, keepdims=True) + EPS) * (w.astype(np.float64) + offset)
 
@@ -85,12 +91,12 @@ class DecodeSetup:
         return out, k_new.astype(np.float64), v_new.astype(np.float64)
 
 
-def run_decode(g, a, q8, WG=256):
+def run_decode(g, a, q8, WG=256, variant="serial"):
     k_cache, v_cache = a.caches(g)
     params = np.concatenate([a.inv_freq, a.norms[0].astype(np.float32), a.norms[1].astype(np.float32)])
     out = poisoned(g, "out", (a.H * a.HD,))
     xq, xm = poisoned(g, "xq", (a.H * a.HD // 4,), np.uint32), poisoned(g, "xm", (max(a.H * a.HD // 32, 1), 2))
-    consts = attention_decode_consts(a.rope(), a.gate_off, q8, wg=WG)
+    consts = attention_decode_consts(a.rope(), a.gate_off, q8, wg=WG, variant=variant)
     run(g, "attention_decode", consts, [g.upload("qkv", a.row), k_cache, v_cache, g.upload("pt", a.page_table),
                                         g.upload("params", params), out, step_uniform(g, 1, a.p), xq, xm], (a.H, 1, 1))
     return read(g, out, (a.H * a.HD,)), k_cache, v_cache, xq, xm
@@ -109,13 +115,13 @@ def run_decode(g, a, q8, WG=256):
         (2, 1, 20, 20, 9, True, False, 32),  # 5 chunks: 1 a thread
     ],
 )
-def test_attention_decode(any_gpu, rng, H, KVH, HD, ROT, p, qk_norm, gate, WG):
+def test_attention_decode(any_gpu, rng, variant, H, KVH, HD, ROT, p, qk_norm, gate, WG):
     g = any_gpu
     offset = 1.0 if gate else 0.0  # Qwen3.5's zero-centred q/k norms
     a = DecodeSetup(g, rng, H, KVH, HD, ROT, p, qk_norm, gate, offset)
     ref, k_ref, v_ref = a.reference()
     q8 = HD % 32 == 0
-    out, k_cache, v_cache, xq, xm = run_decode(g, a, q8, WG)
+    out, k_cache, v_cache, xq, xm = run_decode(g, a, q8, WG, variant)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
     assert_q8_row(g, xq, xm, out if q8 else None)
     # The cache: the old rows untouched, the new one written once per kv head, nothing else.
@@ -126,9 +132,9 @@ def test_attention_decode(any_gpu, rng, H, KVH, HD, ROT, p, qk_norm, gate, WG):
                     1e-3 * np.abs(new).max())
 
 
-def test_attention_decode_without_q8_leaves_the_int8_row(gpu, rng):
+def test_attention_decode_without_q8_leaves_the_int8_row(gpu, rng, variant):
     a = DecodeSetup(gpu, rng, 4, 2, 64, 64, 20, False, False)
-    out, *_, xq, xm = run_decode(gpu, a, q8=False)
+    out, *_, xq, xm = run_decode(gpu, a, q8=False, variant=variant)
     np.testing.assert_allclose(out, a.reference()[0], rtol=1e-4, atol=1e-5)
     assert_q8_row(gpu, xq, xm, None)
 
@@ -157,12 +163,12 @@ def assert_same_as_the_kernels(g, a, fused, theirs_out, fused_caches, their_cach
 
 
 @pytest.mark.parametrize("gate", [False, True])
-def test_attention_decode_matches_the_three_kernels(gpu, rng, gate):
+def test_attention_decode_matches_the_three_kernels(gpu, rng, variant, gate):
     """rope_append + attention (+ attn_gate) on the same row and cache: the same output and the same cache bits."""
     g = gpu
     H, KVH, HD, ROT, p = 8, 2, 128, 64, 45
     a = DecodeSetup(g, rng, H, KVH, HD, ROT, p, True, gate, 1.0 if gate else 0.0)
-    fused, k_fused, v_fused, *_ = run_decode(g, a, q8=True)
+    fused, k_fused, v_fused, *_ = run_decode(g, a, q8=True, variant=variant)
 
     q, k_cache, v_cache, pt, step = rope_append_reference(g, a, H, KVH, HD, step_uniform(g, 1, p))
     out = poisoned(g, "out", (H * HD,))
@@ -201,22 +207,24 @@ class SplitScratch:
         return not read(g, self.tickets, (max(H, 4),), np.uint32).any()
 
 
-def split_bindings(g, a, q8, splits, scratch, WG):
+def split_bindings(g, a, q8, splits, scratch, WG, variant="serial"):
     """(pipeline, bind group, (out, k_cache, v_cache, xq, xm)) of one split-K decode dispatch over `a`."""
     k_cache, v_cache = a.caches(g)
     params = np.concatenate([a.inv_freq, a.norms[0].astype(np.float32), a.norms[1].astype(np.float32)])
     out = poisoned(g, "out", (a.H * a.HD,))
     xq, xm = poisoned(g, "xq", (a.H * a.HD // 4,), np.uint32), poisoned(g, "xm", (max(a.H * a.HD // 32, 1), 2))
-    pipe = g.pipeline("attention_decode_split", attention_decode_consts(a.rope(), a.gate_off, q8, wg=WG))
+    pipe = g.pipeline("attention_decode_split", attention_decode_consts(a.rope(), a.gate_off, q8, wg=WG,
+                                                                        variant=variant))
     step = step_uniform(g, 1, a.p, attn_splits=splits)
     bg = g.bind(pipe, [g.upload("qkv", a.row), k_cache, v_cache, g.upload("pt", a.page_table),
                        g.upload("params", params), out, step, xq, xm, scratch.part, scratch.tickets], "split")
     return pipe, bg, (out, k_cache, v_cache, xq, xm)
 
 
-def run_split(g, a, q8, splits, WG=None, grid_y=None, scratch=None):
+def run_split(g, a, q8, splits, WG=None, grid_y=None, scratch=None, variant="serial"):
     scratch = scratch or SplitScratch(g, a.H, a.HD)
-    pipe, bg, (out, k_cache, v_cache, xq, xm) = split_bindings(g, a, q8, splits, scratch, WG or split_decode_wg(a.HD))
+    pipe, bg, (out, k_cache, v_cache, xq, xm) = split_bindings(g, a, q8, splits, scratch, WG or split_decode_wg(a.HD),
+                                                               variant)
     rec = Recorder(g, "test-split")
     rec.dispatch(pipe, bg, a.H, grid_y or splits, 1)
     rec.submit()
@@ -252,32 +260,32 @@ def check_split(g, a, out, k_cache, v_cache, xq, xm, q8):
         slow(4, 2, 64, 64, 700, True, False, 32),  # the most splits
     ],
 )
-def test_attention_decode_split(any_gpu, rng, H, KVH, HD, ROT, p, qk_norm, gate, splits):
+def test_attention_decode_split(any_gpu, rng, variant, H, KVH, HD, ROT, p, qk_norm, gate, splits):
     g = any_gpu
     a = DecodeSetup(g, rng, H, KVH, HD, ROT, p, qk_norm, gate, 1.0 if gate else 0.0)
     ranges = split_ranges(p + 1, splits)
     assert sum(b - a_ for a_, b in ranges) == p + 1
-    out, k_cache, v_cache, xq, xm = run_split(g, a, True, splits)
+    out, k_cache, v_cache, xq, xm = run_split(g, a, True, splits, variant=variant)
     check_split(g, a, out, k_cache, v_cache, xq, xm, True)
 
 
 @pytest.mark.parametrize("HD,gate", [(96, False), slow(64, True)])
-def test_attention_decode_split_without_q8_and_a_grid_past_the_splits(gpu, rng, HD, gate):
+def test_attention_decode_split_without_q8_and_a_grid_past_the_splits(gpu, rng, variant, HD, gate):
     """Q8 off leaves the int8 row; workgroups past step.attn_splits (a grid taller than the splits) take no ticket."""
     a = DecodeSetup(gpu, rng, 4, 2, HD, HD, 200, True, gate, 1.0 if gate else 0.0)
-    out, k_cache, v_cache, xq, xm = run_split(gpu, a, False, 4, grid_y=7)
+    out, k_cache, v_cache, xq, xm = run_split(gpu, a, False, 4, grid_y=7, variant=variant)
     check_split(gpu, a, out, k_cache, v_cache, xq, xm, False)
 
 
 @pytest.mark.parametrize("H,KVH,HD,p,gate,WG", [(8, 2, 128, 45, False, 64), slow(4, 2, 64, 300, True, 256),
                                                 slow(4, 4, 96, 20, False, 32)])
-def test_attention_decode_split_with_one_split_is_attention_decode(gpu, rng, H, KVH, HD, p, gate, WG):
+def test_attention_decode_split_with_one_split_is_attention_decode(gpu, rng, variant, H, KVH, HD, p, gate, WG):
     """S = 1: attention_decode.wgsl's bits (output, int8 row, cache), no partial written, no ticket taken."""
     a = DecodeSetup(gpu, rng, H, KVH, HD, HD // 2, p, True, gate, 1.0 if gate else 0.0)
     q8 = HD % 32 == 0
     scratch = SplitScratch(gpu, H, HD)
-    split = run_split(gpu, a, q8, 1, WG, scratch=scratch)
-    whole = run_decode(gpu, a, q8, WG)
+    split = run_split(gpu, a, q8, 1, WG, scratch=scratch, variant=variant)
+    whole = run_decode(gpu, a, q8, WG, variant)
     assert np.array_equal(split[0].view(np.uint32), whole[0].view(np.uint32))
     for mine, theirs, dtype in ((split[1], whole[1], np.uint16), (split[2], whole[2], np.uint16),
                                 (split[3], whole[3], np.uint32), (split[4], whole[4], np.uint32)):
@@ -288,14 +296,14 @@ def test_attention_decode_split_with_one_split_is_attention_decode(gpu, rng, H, 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("gate", [False, True])
-def test_attention_decode_split_matches_the_split_k_kernels(gpu, rng, gate):
+def test_attention_decode_split_matches_the_split_k_kernels(gpu, rng, variant, gate):
     """rope_append + split attention + attention_combine (+ attn_gate) at the same splits: the same output to f32
     rounding (the partials sum their keys in another order; the combine's order over splits is the same), the same
     int8 row where it rounds alike, and the cache to one f16 ulp (as the whole-head test states)."""
     g = gpu
     H, KVH, HD, ROT, p, S = 8, 2, 128, 64, 330, 6
     a = DecodeSetup(g, rng, H, KVH, HD, ROT, p, True, gate, 1.0 if gate else 0.0)
-    fused, k_fused, v_fused, *_ = run_split(g, a, True, S)
+    fused, k_fused, v_fused, *_ = run_split(g, a, True, S, variant=variant)
 
     q, k_cache, v_cache, pt, step = rope_append_reference(g, a, H, KVH, HD, step_uniform(g, 1, p, 0, S))
     part_o, part_ml = poisoned(g, "part_o", (S, H * HD)), poisoned(g, "part_ml", (S, H, 2))
@@ -313,7 +321,7 @@ def test_attention_decode_split_matches_the_split_k_kernels(gpu, rng, gate):
 
 
 @pytest.mark.slow
-def test_attention_decode_split_layer_after_layer(gpu, rng):
+def test_attention_decode_split_layer_after_layer(gpu, rng, variant):
     """Decode's use: one recording, a dispatch per layer on the same part and tickets (each layer its own row and
     cache); every layer's output is right and the tickets are zero at the end."""
     g = gpu
@@ -323,7 +331,7 @@ def test_attention_decode_split_layer_after_layer(gpu, rng):
     rec = Recorder(g, "test-split-layers")
     outs = []
     for a in layers:
-        pipe, bg, bufs = split_bindings(g, a, True, S, scratch, split_decode_wg(HD))
+        pipe, bg, bufs = split_bindings(g, a, True, S, scratch, split_decode_wg(HD), variant)
         rec.dispatch(pipe, bg, H, S, 1)
         outs.append(bufs)
     rec.submit()

@@ -156,8 +156,9 @@ def test_int8_decode(gpu, tiny):
 
 
 @pytest.mark.slow  # four loads
+@pytest.mark.parametrize("variant", ["serial", "batched"])
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
-def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8):
+def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8, variant):
     """The gated attention's split-K decode in one dispatch (fused_split_decode: attention_decode_split, which also
     applies the gate and writes o's int8 row) against rope_append + split attention + combine + attn_gate, past
     single_pass_keys = 16: per-token logits equal to f32 rounding (the partials sum their keys in another order; the
@@ -166,7 +167,7 @@ def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8):
     runs = {}
     for fused in (False, True):
         rt = load_model(tiny[1], gpu=gpu, max_context=128, prefill_chunk=32, split_keys=16, single_pass_keys=16,
-                        q8_decode=q8, fused_split_decode=fused).runtime
+                        q8_decode=q8, fused_split_decode=fused, decode_attention=variant).runtime
         kernels = [item[0].label for item in rt.decode_plan(7).items]
         attn = len(rt.spec.attn_layers)
         assert kernels.count("attention_decode_split") == (attn if fused else 0)
@@ -182,7 +183,8 @@ def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8):
         # other summation order is amplified by 100 steps of the recurrence (lavapipe 2e-7, the H100 1%). Each step
         # of the fused path is held to the int8 step tolerance of the full forward instead.
         fused_model = load_model(tiny[1], gpu=gpu, max_context=128, prefill_chunk=32, split_keys=16,
-                                 single_pass_keys=16, q8_decode=True, fused_split_decode=True)
+                                 single_pass_keys=16, q8_decode=True, fused_split_decode=True,
+                                 decode_attention=variant)
         assert_int8_decode_steps_match_the_full_forward(fused_model)
         return
     assert np.abs(runs[True] - runs[False]).max() / scale < 1e-4  # measured 9e-7

@@ -47,11 +47,13 @@ class AttentionMixer(Block):
 
     def __init__(self, spec, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic, chunk: int,
                  max_context: int, split_keys: int, gated: bool = False, single_pass_keys: int = 1,
-                 offset_alignment: int = 256, fused_split: bool = False, storage_buffers: int = 8):
+                 offset_alignment: int = 256, fused_split: bool = False, storage_buffers: int = 8,
+                 decode_variant: str = "serial"):
         s = self.spec = spec
         self.name = "gated_attention" if gated else "attention"
         self.layers, self.gated, self.ar, self.chunk, self.split_keys = tuple(layers), gated, ar, chunk, split_keys
         self.single_pass_keys = single_pass_keys
+        self.decode_variant = decode_variant  # attention_decode_consts' variant ("serial" / "batched")
         self.norms = None  # the residual block when o carries the add + norm after it and qkv (gate) read that row
         self.q_dim, self.kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         self.qkv_dim = self.q_dim + 2 * self.kv_dim
@@ -216,11 +218,13 @@ class AttentionMixer(Block):
         rope = rope_append_consts(s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
                                   getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0))
         if self.decode_fused:
-            decode = attention_decode_consts(rope, self.gate_offset // 4 if self.gated else None, self.decode_int8)
+            decode = attention_decode_consts(rope, self.gate_offset // 4 if self.gated else None, self.decode_int8,
+                                             variant=self.decode_variant)
             self.p_decode = gpu.pipeline(ATTENTION_DECODE, decode)
         if self.split_fused:
             self.p_decode_split = gpu.pipeline(ATTENTION_DECODE_SPLIT, attention_decode_consts(
-                rope, self.gate_offset // 4 if self.gated else None, self.decode_int8, split_decode_wg(s.head_dim)))
+                rope, self.gate_offset // 4 if self.gated else None, self.decode_int8, split_decode_wg(s.head_dim),
+                variant=self.decode_variant))
             self.split_part, self.tickets = made["attn-split-part"], made["attn-tickets"]
         if self.gated:
             self.gate = (self.qkv, self.gate_offset, self.chunk * self.q_dim * 4)

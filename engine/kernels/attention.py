@@ -87,9 +87,17 @@ def attention_decode_fits(head_dim: int, wg: int = DECODE_WG) -> bool:
     return head_dim % 4 == 0 and head_dim // 4 <= wg and 4 * head_dim * 4 + wg * (4 + 4 + 16 + 16) <= 16384
 
 
-def attention_decode_consts(rope: dict, gate_offset: int | None, q8: bool, wg: int = DECODE_WG) -> dict:
+DECODE_ATTENTION_VARIANTS = ("serial", "batched")
+
+
+def attention_decode_consts(rope: dict, gate_offset: int | None, q8: bool, wg: int = DECODE_WG,
+                            variant: str = "serial") -> dict:
     """Constants for attention_decode.wgsl (grid (H, 1, 1)) from rope_append_consts' (`rope`): `gate_offset` the
-    f32 index of the gate row in the qkv binding (None: no gate); `q8` also writes the int8 row (HD % 32 == 0)."""
+    f32 index of the gate row in the qkv binding (None: no gate); `q8` also writes the int8 row (HD % 32 == 0).
+    `variant` "batched": the P·V value loads (and the split kernel's combine loads) go out in groups before any is
+    used; "serial": one at a time, as before (for A/B)."""
+    if variant not in DECODE_ATTENTION_VARIANTS:
+        raise ValueError(f"decode attention variant must be one of {DECODE_ATTENTION_VARIANTS}, got {variant!r}")
     hd = rope["HD"]
     if not attention_decode_fits(hd, wg):
         raise ValueError(f"attention_decode takes head_dim a multiple of 4 whose rows fit its workgroup memory "
@@ -98,7 +106,7 @@ def attention_decode_consts(rope: dict, gate_offset: int | None, q8: bool, wg: i
         raise ValueError(f"the decode attention writes int8 rows only for head_dim a multiple of 32, got {hd}")
     pv = next(n for n in (4, 3, 2, 1) if hd // 4 % n == 0)  # vec4 chunks a thread accumulates in the P·V phase
     return dict(rope, WG=wg, SCALE=1.0 / math.sqrt(hd), GATE=gate_offset is not None, GATE_OFF=gate_offset or 0,
-                Q8=bool(q8), PV=pv)
+                Q8=bool(q8), PV=pv, BATCHED=variant == "batched")
 
 
 def split_decode_wg(head_dim: int) -> int:
