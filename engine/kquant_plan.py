@@ -109,6 +109,8 @@ SUB_BLOCK_TYPES = ("q2_k", "q3_k")
 WIDE_TYPES = ("q2_k", "q3_k", "q4_k")
 SUB_SPLITS = (1, 2, 4, 8, 16)  # segments a subgroup of matvec_kq_q8_sub or matvec_kq_q8_wide may be cut into
 WIDE_DEFAULT: tuple[str, ...] = ()  # the types that run matvec_kq_q8_wide(_vec4) when no knob asks otherwise
+Q8_BATCHES = (1, 2, 4)  # items (chunks) a lane of the item kernels or matvec_kq_q8_chunks takes per pass
+Q8_BATCH_DEFAULT: dict[str, int] = {}  # per type where it is not 1
 
 
 def has_vec4_blocks(tag: str) -> bool:
@@ -188,13 +190,15 @@ def q8_stage_fits(K: int, wg: int) -> bool:
 
 def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None,
                       wg: int = MATVEC_Q8_WG, *, chunks: bool | None = None, wide: bool | None = None,
-                      split: int | None = None, stage: bool | None = None) -> tuple[dict, tuple[int, int]]:
+                      split: int | None = None, stage: bool | None = None,
+                      batch: int | None = None) -> tuple[dict, tuple[int, int]]:
     """Constants and grid for the int8 decode kernel of `tag` (matvec_kq_q8_kernel's: shaders/matvec_kq_q8_wide,
     matvec_kq_q8_sub, matvec_kq_q8_chunks, matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or a norm's Q8
     output). BLOCKS row blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size
     still covers all). `stage` (the item kernels and matvec_kq_q8_sub; default off): the activation row staged in
     workgroup memory. `split` (matvec_kq_q8_sub, default sub_split; matvec_kq_q8_wide, default wide_split):
-    segments per subgroup, each taking ROWS outputs."""
+    segments per subgroup, each taking ROWS outputs. `batch` (the item kernels and matvec_kq_q8_chunks, default
+    Q8_BATCH_DEFAULT's or 1): items (chunks) a lane takes per pass, their loads issued together."""
     fmt = _check(tag, K, N)
     if subgroup_size < 1 or wg % subgroup_size:
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
@@ -206,6 +210,13 @@ def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: boo
     if stage is not None and which in ("chunks", "wide"):
         raise ValueError(f"matvec_kq_q8_{which} reads the activation row as it is: no stage")
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
+    if batch is not None and which not in ("items", "chunks"):
+        raise ValueError("batch is the item kernels' and matvec_kq_q8_chunks' knob")
+    if which in ("items", "chunks"):
+        batch = Q8_BATCH_DEFAULT.get(tag, 1) if batch is None else batch
+        if batch not in Q8_BATCHES:
+            raise ValueError(f"BATCH must be one of {Q8_BATCHES}, got {batch}")
+        consts["BATCH"] = batch
     if which in ("items", "sub"):
         stage = False if stage is None else stage  # staging measured slower on the H200 for every type (BENCH.md)
         if stage and not q8_stage_fits(K, wg):

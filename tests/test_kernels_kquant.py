@@ -282,6 +282,21 @@ def test_matvec_kq_q8_item_kernels_staged_or_not(gpu, rng, tag, vec4, blocks, N,
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
+@pytest.mark.parametrize("tag", TAGS)
+@pytest.mark.parametrize("batch", [2, 4])
+@pytest.mark.parametrize("blocks,N,gate_up", [(3, 37, False), (5, 11, True)])
+def test_matvec_kq_q8_batched_items_and_chunks(gpu, rng, tag, batch, blocks, N, gate_up):
+    # BATCH items (Q2_K / Q3_K: chunks of matvec_kq_q8_chunks) a lane per pass: rows whose items end mid-pass, the
+    # clamped tail loaded and not summed (a bench/kquant_probe.py --variants A/B).
+    K = blocks * kquant.TYPES[tag].elements
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    chunks = True if tag in ("q2_k", "q3_k") else None
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, chunks=chunks, batch=batch)
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+
+
 @pytest.mark.parametrize("tag", [t for t in TAGS if has_vec4_blocks(t)])
 @pytest.mark.parametrize("gate_up", [False, True])
 def test_matvec_kq_q8_u32_kernel_reads_the_vec4_types_too(gpu, rng, tag, gate_up):
