@@ -384,6 +384,8 @@ def main() -> None:
                 timed.append((tag, kind, plan, pipe, bgs, grid))
         samples = time_rounds(timer, timed, reps, args.warmup, args.rounds)
         report_matrix(entry, timed, samples, kinds)
+        if args.json:  # after each matrix too: a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps(report, indent=2))
         for b in buffers:
             b.destroy()
     print("\nGB/s of weight bytes and × Q4_0's, per type (default plans):\n" + summary(report, kinds))
