@@ -102,6 +102,17 @@ def dispatch_seconds(gpu: Gpu, pipeline, bind_group, grid: tuple, reps: int = 10
     return best
 
 
+def timestamp_period(gpu: Gpu) -> float:
+    """Nanoseconds per resolved timestamp tick: wgpu-native resolves raw ticks (WebGPU's nanoseconds only with its
+    automatic normalization); 1.0 where wgpu-py does not expose the queue's period."""
+    try:
+        from wgpu.backends.wgpu_native._api import lib
+
+        return float(lib.wgpuQueueGetTimestampPeriod(gpu.queue._internal))
+    except (ImportError, AttributeError):
+        return 1.0
+
+
 class PassTimer:
     """GPU seconds of one pass of a kernel dispatched `reps` times back to back, from the pass's begin/end
     timestamps (so no submit, wait or readback is counted, unlike dispatch_seconds' wall clock); the wall clock
@@ -119,6 +130,7 @@ class PassTimer:
             self.resolved = gpu.device.create_buffer(label="pass-timer-resolved", size=16,
                                                      usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
             self.out = gpu.buffer("pass-timer-read", 16, READBACK)
+            self.ns_per_tick = timestamp_period(gpu)
 
     def seconds(self, pipeline, bind_group, grid: tuple, reps: int) -> float:
         """Seconds per dispatch over one pass of `reps` dispatches (`bind_group` may be a list, taken in turn)."""
@@ -147,7 +159,7 @@ class PassTimer:
         self.out.unmap()
         if end <= begin:
             raise RuntimeError(f"pass timestamps out of order ({begin} → {end})")
-        return (end - begin) * 1e-9 / reps  # WebGPU timestamps count nanoseconds
+        return (end - begin) * self.ns_per_tick * 1e-9 / reps
 
 
 def copy_kernel_bandwidth(gpu: Gpu, nbytes: int = 1 << 30, reps: int = 5) -> float:
