@@ -77,7 +77,8 @@ KINDS = ("matvec f32", "matvec int8", "gemm f32", "gemm int8")
 # lane of the item kernels or matvec_kq_q8_chunks takes per pass, their loads unbranched (issue 19's A/B).
 # A knob that does not apply to a type, or repeats its default, is not timed.
 VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec f32", dict(rows=4, wg=128)),
-            ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=4)), ("matvec int8", dict(rows=2, wg=64)),
+            ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=2)), ("matvec int8", dict(rows=4)),
+            ("matvec int8", dict(rows=2, wg=64)),
             ("matvec int8", dict(rows=2, wg=256)), ("matvec int8", dict(vec4=False)),
             ("matvec int8", dict(chunks=False)), ("matvec int8", dict(chunks=True, rows=4)),
             ("matvec int8", dict(stage=True)), ("matvec int8", dict(chunks=False, split=1)),

@@ -640,8 +640,12 @@ def test_plans_refuse_what_they_cannot_run():
     # The faster kernel per type on the H200 (BENCH.md, K-quant bandwidth; Q2_K / Q3_K: matvec_kq_q8_sub measured
     # no faster than matvec_kq_q8_chunks there).
     assert {t: matvec_kq_q8_kernel(t).name for t in TAGS} == {
-        "q2_k": "matvec_kq_q8_chunks", "q3_k": "matvec_kq_q8_chunks", "q4_k": "matvec_kq_q8_vec4",
+        "q2_k": "matvec_kq_q8_chunks", "q3_k": "matvec_kq_q8_chunks", "q4_k": "matvec_kq_q8",
         "q5_k": "matvec_kq_q8_vec4", "q6_k": "matvec_kq_q8_vec4", "q5_0": "matvec_kq_q8", "q5_1": "matvec_kq_q8"}
+    # One row a subgroup below FEW_ROWS_N outputs (rows 1 measured faster there on the H200), else two (one with
+    # gate_up's paired rows).
+    assert [matvec_kq_q8_plan("q4_k", 8192, n, 32, gate_up=g)[0]["ROWS"] for n, g in
+            ((3072, False), (8191, False), (8192, False), (9216, False), (9216, True))] == [1, 1, 2, 2, 1]
     # The vec4 kernel reads a block's words 16 bytes at a time from a 16-byte boundary: whole 16-byte blocks only.
     assert [t for t in TAGS if has_vec4_blocks(t)] == ["q4_k", "q5_k", "q6_k"]
     with pytest.raises(ValueError, match="power of two"):
