@@ -6,9 +6,10 @@ matvec_kq_q8_vec4, as engine/kquant_plan.py matvec_kq_q8_kernel picks, vs matvec
 Before anything is timed, each type's four kernels are checked on the matrix they are timed on: the f32 matvec
 against float64 numpy on gguf's dequantization (1e-4 of max|y|), the f32 GEMM's rows against the matvec on the
 same rows (f32 rounding), and both int8 kernels against their f32 twins (int8 rounding of x: 5e-2 of max|y|).
-A BAD line means a kernel is wrong on this GPU, and its times mean nothing. Times are µs per dispatch, `--reps`
-back to back in one pass, best of 3 submissions (engine.bench.dispatch_seconds); GB/s counts the weight bytes as
-the kernels read them; "×" is the type's GB/s over Q4_0's for the same kernel kind and matrix. The last table has
+A BAD line means a kernel is wrong on this GPU, and its times mean nothing. Times are µs per dispatch from the GPU's
+pass timestamps (engine.bench.PassTimer; `--reps` dispatches a pass), every kernel of a matrix timed once a round in
+rotated order, `--warmup` rounds thrown away, the median of `--rounds`; GB/s counts the weight bytes as
+the kernels read them; "×" is the median over the rounds of the type's GB/s over Q4_0's in the same round (same kind and matrix). The last table has
 one row per type: GB/s and × Q4_0 per timed kind and matrix (markdown, as BENCH.md's tables).
 
 `--weight-mib M` uploads as many copies of each weight as make M MiB and takes them in turn, so that with M above
