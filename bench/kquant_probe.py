@@ -8,9 +8,10 @@ against float64 numpy on gguf's dequantization (1e-4 of max|y|), the f32 GEMM's 
 same rows (f32 rounding), and both int8 kernels against their f32 twins (int8 rounding of x: 5e-2 of max|y|).
 A BAD line means a kernel is wrong on this GPU, and its times mean nothing. Times are µs per dispatch from the GPU's
 pass timestamps (engine.bench.PassTimer; `--reps` dispatches a pass), every kernel of a matrix timed once a round in
-rotated order, `--warmup` rounds thrown away, the median of `--rounds`; GB/s counts the weight bytes as
-the kernels read them; "×" is the median over the rounds of the type's GB/s over Q4_0's in the same round (same kind and matrix). The last table has
-one row per type: GB/s and × Q4_0 per timed kind and matrix (markdown, as BENCH.md's tables).
+rotated order, `--warmup` rounds thrown away, the median of `--rounds`; GB/s counts the weight bytes as the kernels
+read them; "×" is the median over the rounds of the type's GB/s over Q4_0's in the same round (same kind and
+matrix). The last table has one row per type: GB/s and × Q4_0 per timed kind and matrix
+(markdown, as BENCH.md's tables).
 
 `--weight-mib M` uploads as many copies of each weight as make M MiB and takes them in turn, so that with M above
 the GPU's L2 cache (50 MiB on the H100 / H200) the weights come from memory, as a model's do in decode; the default
