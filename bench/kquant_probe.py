@@ -6,10 +6,12 @@ matvec_kq_q8_vec4, as engine/kquant_plan.py matvec_kq_q8_kernel picks, vs matvec
 Before anything is timed, each type's four kernels are checked on the matrix they are timed on: the f32 matvec
 against float64 numpy on gguf's dequantization (1e-4 of max|y|), the f32 GEMM's rows against the matvec on the
 same rows (f32 rounding), and both int8 kernels against their f32 twins (int8 rounding of x: 5e-2 of max|y|).
-A BAD line means a kernel is wrong on this GPU, and its times mean nothing. Times are µs per dispatch, `--reps`
-back to back in one pass, best of 3 submissions (engine.bench.dispatch_seconds); GB/s counts the weight bytes as
-the kernels read them; "×" is the type's GB/s over Q4_0's for the same kernel kind and matrix. The last table has
-one row per type: GB/s and × Q4_0 per timed kind and matrix (markdown, as BENCH.md's tables).
+A BAD line means a kernel is wrong on this GPU, and its times mean nothing. Times are µs per dispatch from the GPU's
+pass timestamps (engine.bench.PassTimer; `--reps` dispatches a pass), every kernel of a matrix timed once a round in
+rotated order, `--warmup` rounds thrown away, the median of `--rounds`; GB/s counts the weight bytes as the kernels
+read them; "×" is the median over the rounds of the type's GB/s over Q4_0's in the same round (same kind and
+matrix). The last table has one row per type: GB/s and × Q4_0 per timed kind and matrix
+(markdown, as BENCH.md's tables).
 
 `--weight-mib M` uploads as many copies of each weight as make M MiB and takes them in turn, so that with M above
 the GPU's L2 cache (50 MiB on the H100 / H200) the weights come from memory, as a model's do in decode; the default
@@ -37,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gguf.quants import dequantize as gguf_dequantize  # noqa: E402
 
-from engine.bench import copy_kernel_bandwidth, dispatch_seconds  # noqa: E402
+from engine.bench import PassTimer, copy_kernel_bandwidth, dispatch_seconds  # noqa: E402
 from engine.formats import kquant  # noqa: E402
 from engine.gpu import UNIFORM, Gpu, Recorder  # noqa: E402
 from engine.kernels.matmul import (  # noqa: E402
@@ -73,10 +75,12 @@ KINDS = ("matvec f32", "matvec int8", "gemm f32", "gemm int8")
 # stage=True: the activation row staged in workgroup memory, not read per lane (both measured slower on the H200).
 # split: matvec_kq_q8_sub's (or with wide, matvec_kq_q8_wide's) segments per subgroup. wide=True: Q2_K / Q3_K on
 # matvec_kq_q8_wide, Q4_K on matvec_kq_q8_wide_vec4 (few instructions a weight byte; issue 19's A/B against the
-# default); wide=False names the default kernel once wide is a type's default.
+# default); wide=False names the default kernel once wide is a type's default. batch: items (Q2_K / Q3_K: chunks) a
+# lane of the item kernels or matvec_kq_q8_chunks takes per pass, their loads unbranched (issue 19's A/B).
 # A knob that does not apply to a type, or repeats its default, is not timed.
 VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec f32", dict(rows=4, wg=128)),
-            ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=4)), ("matvec int8", dict(rows=2, wg=64)),
+            ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=2)), ("matvec int8", dict(rows=4)),
+            ("matvec int8", dict(rows=2, wg=64)),
             ("matvec int8", dict(rows=2, wg=256)), ("matvec int8", dict(vec4=False)),
             ("matvec int8", dict(chunks=False)), ("matvec int8", dict(chunks=True, rows=4)),
             ("matvec int8", dict(stage=True)), ("matvec int8", dict(chunks=False, split=1)),
@@ -85,6 +89,9 @@ VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec
             ("matvec int8", dict(wide=True)), ("matvec int8", dict(wide=True, rows=4)),
             ("matvec int8", dict(wide=True, rows=1)), ("matvec int8", dict(wide=True, split=2)),
             ("matvec int8", dict(wide=False)),
+            ("matvec int8", dict(batch=2)), ("matvec int8", dict(batch=4)), ("matvec int8", dict(batch=2, rows=1)),
+            ("matvec int8", dict(batch=4, rows=1)), ("matvec int8", dict(batch=2, rows=4)),
+            ("matvec int8", dict(batch=2, wg=256)),
             ("gemm int8", dict(kc=4, tm=32, tn=32)), ("gemm int8", dict(tm=32, tn=128))]
 
 
@@ -214,6 +221,68 @@ def summary(report: dict, kinds: list[str]) -> str:
     return "\n".join(lines)
 
 
+def variant_summary(report: dict, kind: str = "matvec int8") -> str:
+    """Markdown: per type and plan (the default, then each variant timed), × Q4_0 on each matrix (median of rounds,
+    the rounds' min–max in brackets)."""
+    mats = list(report["matrices"])
+    lines = ["| type | plan | " + " | ".join(mats) + " |", "|---|---|" + "---|" * len(mats)]
+    for tag in report["matrices"][mats[0]]["types"]:
+        if tag == "q4_0":
+            continue
+        plans = [None] + [v["plan"] for v in report["matrices"][mats[0]]["types"][tag]["variants"] if v["kind"] == kind]
+        for plan in plans:
+            cells = []
+            for m in mats:
+                r = report["matrices"][m]["types"][tag]
+                c = r.get(kind) if plan is None else next(
+                    (v for v in r["variants"] if v["kind"] == kind and v["plan"] == plan and "gbs" in v), None)
+                cells.append("" if not c else f"{c['gbs']:,.1f} {c['x_q4_0']:.2f}× ({c['x_min']:.2f}–{c['x_max']:.2f})")
+            lines.append(f"| {tag.upper()} | {'default' if plan is None else plan} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def time_rounds(timer: PassTimer, timed: list, reps: int, warmup: int, rounds: int) -> list[list[float]]:
+    """Seconds per dispatch of every kernel in `timed`, one pass each per round, `warmup` rounds thrown away first
+    (clocks and caches settle); each round starts one kernel later, so no kernel always runs first or after the
+    same neighbour."""
+    samples = [[] for _ in timed]
+    for r in range(warmup + rounds):
+        for j in range(len(timed)):
+            i = (j + r) % len(timed)
+            _, _, _, pipe, bgs, grid = timed[i]
+            t = timer.seconds(pipe, bgs, grid, reps)
+            if r >= warmup:
+                samples[i].append(t)
+    return samples
+
+
+def report_matrix(entry: dict, timed: list, samples: list, kinds: list[str]) -> None:
+    """Print and store one matrix's timings: per kernel the median µs and GB/s over the rounds, the rounds' spread
+    of GB/s ((max − min) / median), and × Q4_0 as the median of the per-round ratios to Q4_0's same-kind kernel."""
+    base = {kind: samples[i] for i, (tag, kind, plan, *_) in enumerate(timed) if tag == "q4_0" and plan is None}
+    print(f"  {'type':6s} {'kind':12s} {'plan':34s} {'us':>8s} {'GB/s':>8s} {'spread':>7s} {'x Q4_0':>7s} "
+          f"{'(min-max)':>11s}")
+    for i, (tag, kind, plan, *_) in enumerate(timed):
+        row = entry["types"][tag]
+        t = np.array(samples[i])
+        nbytes = row["bytes"]
+        gbs = nbytes / t / 1e9
+        q4 = entry["types"]["q4_0"]["bytes"] / np.array(base[kind]) / 1e9
+        ratio = gbs / q4
+        cell = {"us": float(np.median(t)) * 1e6, "gbs": float(np.median(gbs)),
+                "spread": float((gbs.max() - gbs.min()) / np.median(gbs)), "x_q4_0": float(np.median(ratio)),
+                "x_min": float(ratio.min()), "x_max": float(ratio.max()), "us_rounds": [float(v) * 1e6 for v in t]}
+        if plan is None:
+            row[kind] = cell
+        else:
+            next(v for v in row["variants"] if v["kind"] == kind and v["plan"] == plan).update(cell)
+        label = "default" if plan is None else str(plan)
+        bad = " BAD" if (row["bad"] if plan is None else not next(
+            v for v in row["variants"] if v["kind"] == kind and v["plan"] == plan)["ok"]) else ""
+        print(f"  {tag:6s} {kind:12s} {label:34s} {cell['us']:8.2f} {cell['gbs']:8.1f} {cell['spread']:6.1%} "
+              f"{cell['x_q4_0']:6.2f}x ({cell['x_min']:.2f}-{cell['x_max']:.2f}){bad}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=512, help="rows of the prefill chunk (T)")
@@ -223,6 +292,10 @@ def main() -> None:
     ap.add_argument("--weight-mib", type=float, default=0, help="weight copies taken in turn, at least this many "
                     "MiB of them (more than the L2 cache: the weights come from memory)")
     ap.add_argument("--variants", action="store_true", help="also time other ROWS / WG / tile / load settings")
+    ap.add_argument("--variant-keys", default="", help="with --variants, only the variants whose plan knobs are all "
+                    "among these (comma-separated, e.g. batch,rows,wide)")
+    ap.add_argument("--rounds", type=int, default=7, help="timed rounds (each kernel one pass a round): medians")
+    ap.add_argument("--warmup", type=int, default=2, help="rounds run before the timed ones, thrown away")
     ap.add_argument("--quick", action="store_true", help="small matrices, T=70, 2 reps (a software-GPU smoke run)")
     ap.add_argument("--json", help="also write the numbers to this file (per matrix, type and kernel kind)")
     args = ap.parse_args()
@@ -238,14 +311,22 @@ def main() -> None:
     kinds = [k for k in KINDS if k in kinds]
     if args.weight_mib < 0:
         ap.error("--weight-mib must not be negative")
+    if args.rounds < 1 or args.warmup < 0:
+        ap.error("--rounds must be at least 1 and --warmup not negative")
+    keys = {k.strip() for k in args.variant_keys.split(",") if k.strip()}
     T, reps = (70, 2) if args.quick else (args.tokens, args.reps)
     g = Gpu()
     copy = copy_kernel_bandwidth(g, 64 << 20 if args.quick else 1 << 30)
     print(f"{g.info.name}, subgroup {g.subgroup_size}: copy kernel {copy / 1e9:.0f} GB/s (read + write); "
           f"prefill T={T}; weights in copies of at least {args.weight_mib:g} MiB in all", flush=True)
     failures = 0
+    timer = PassTimer(g)
+    clock = "GPU pass timestamps" if timer.timestamps else "wall clock (no timestamp-query)"
+    print(f"timing: {clock}, {reps} dispatches a pass, {args.warmup} warm-up rounds then the median of "
+          f"{args.rounds} rounds, every kernel of a matrix once a round (order rotated)", flush=True)
     report = {"gpu": g.info.name, "subgroup": g.subgroup_size, "copy_gbs": copy / 1e9, "tokens": T, "reps": reps,
-              "weight_mib": args.weight_mib, "kinds": kinds, "matrices": {}}
+              "weight_mib": args.weight_mib, "kinds": kinds, "clock": clock, "rounds": args.rounds,
+              "warmup": args.warmup, "matrices": {}}
     for name, (K, N) in (QUICK if args.quick else MATRICES).items():
         rng = np.random.default_rng(0)
         x = rng.standard_normal((T, K)).astype(np.float32)
@@ -259,14 +340,15 @@ def main() -> None:
         t_quant = dispatch_seconds(g, *quantize, reps) * 1e6
         print(f"\n{name} (N={N} outputs, K={K}); quantize_q8 of {T} rows {t_quant:.1f} us (not in the int8 GEMM "
               "times below)")
-        print(f"  {'type':6s} {'bits/w':>6s}  " + "  ".join(f"{k:>28s}" for k in kinds))
         entry = report["matrices"][name] = {"K": K, "N": N, "quantize_us": t_quant, "types": {}}
-        base = {}
+        timed = []  # (tag, kind, variant plan or None, pipeline, bind groups, grid): every kernel timed, checked first
+        buffers = []
         for tag in tags:
             copies = [random_weight(g, tag, N, K, rng)]
             wbufs, nbytes, W = copies[0]
             while len(copies) * nbytes < args.weight_mib * 2**20:
                 copies.append(random_weight(g, tag, N, K, rng, reference=False))  # timed, never checked
+            buffers += [b for c in copies for b in set(c[0])]
             steps = {}
             for i, (kind, (shader, consts, grid)) in enumerate(plans(g, tag, K, N, T).items()):
                 pipe = g.pipeline(shader, consts)
@@ -275,28 +357,19 @@ def main() -> None:
             res = {kind: output(g, kind, (pipe, bgs[0], grid), quantize, y, T, N)
                    for kind, (pipe, bgs, grid, y) in steps.items()}
             bad = check(res, W, x)
-            row = entry["types"][tag] = {"bits_per_weight": 8 * nbytes / (N * K), "copies": len(copies), "bad": bad,
-                                         "variants": []}
-            cells = []
-            for kind in kinds:
-                pipe, bgs, grid, _ = steps[kind]
-                t = dispatch_seconds(g, pipe, bgs, grid, reps)
-                gbs = nbytes / t / 1e9
-                if tag == "q4_0":
-                    base[kind] = gbs
-                cells.append(f"{t * 1e6:8.1f} us {gbs:7.1f} GB/s {gbs / base[kind]:4.2f}x")
-                row[kind] = {"us": t * 1e6, "gbs": gbs, "x_q4_0": gbs / base[kind]}
-            print(f"  {tag:6s} {8 * nbytes / (N * K):6.3f}  " + "  ".join(f"{c:>28s}" for c in cells), flush=True)
+            entry["types"][tag] = {"bits_per_weight": 8 * nbytes / (N * K), "bytes": nbytes, "copies": len(copies),
+                                   "bad": bad, "variants": []}
             for sentence in bad:
                 print(f"    BAD {tag}: {sentence}")
             failures += len(bad)
+            timed += [(tag, kind, None, *steps[kind][:3]) for kind in kinds]
             for kind, plan in VARIANTS if args.variants and tag != "q4_0" else []:
-                if kind not in kinds:
+                if kind not in kinds or (keys and not set(plan) <= keys):
                     continue
                 try:
                     vp = variant_plan(g, tag, K, N, T, kind, plan)
                 except ValueError as e:  # a setting that does not fit this shape
-                    print(f"      {kind} {plan}: skipped ({e})")
+                    print(f"      {tag} {kind} {plan}: skipped ({e})")
                     continue
                 if vp is None:
                     continue
@@ -306,18 +379,21 @@ def main() -> None:
                 got = output(g, kind, (pipe, bgs[0], grid), quantize, io["y"][4], T, N)
                 want = res[kind]
                 err = np.abs(got - want).max() / np.abs(want).max()
-                t = dispatch_seconds(g, pipe, bgs, grid, reps)
-                gbs = nbytes / t / 1e9
-                verdict = "ok" if err < 1e-5 else "BAD"
-                failures += verdict == "BAD"
-                print(f"      {kind} {plan}: {t * 1e6:.1f} us {gbs:.1f} GB/s {gbs / base[kind]:.2f}x "
-                      f"(vs default {err:.1e} {verdict})")
-                row["variants"].append({"kind": kind, "plan": plan, "us": t * 1e6, "gbs": gbs,
-                                        "x_q4_0": gbs / base[kind], "ok": verdict == "ok"})
-            for c in copies:
-                for buf in set(c[0]):
-                    buf.destroy()
+                ok = bool(err < 1e-5)
+                if not ok:
+                    failures += 1
+                    print(f"    BAD {tag} {kind} {plan}: off the default by {err:.1e} of max|y|")
+                entry["types"][tag]["variants"].append({"kind": kind, "plan": plan, "ok": ok, "err": float(err)})
+                timed.append((tag, kind, plan, pipe, bgs, grid))
+        samples = time_rounds(timer, timed, reps, args.warmup, args.rounds)
+        report_matrix(entry, timed, samples, kinds)
+        if args.json:  # after each matrix too: a run cut short keeps what it measured
+            Path(args.json).write_text(json.dumps(report, indent=2))
+        for b in buffers:
+            b.destroy()
     print("\nGB/s of weight bytes and × Q4_0's, per type (default plans):\n" + summary(report, kinds))
+    if args.variants and "matvec int8" in kinds:
+        print("\nmatvec int8 per plan, GB/s and × Q4_0 (min–max over the rounds):\n" + variant_summary(report))
     report["failures"] = failures
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))

@@ -102,6 +102,66 @@ def dispatch_seconds(gpu: Gpu, pipeline, bind_group, grid: tuple, reps: int = 10
     return best
 
 
+def timestamp_period(gpu: Gpu) -> float:
+    """Nanoseconds per resolved timestamp tick: wgpu-native resolves raw ticks (WebGPU's nanoseconds only with its
+    automatic normalization); 1.0 where wgpu-py does not expose the queue's period."""
+    try:
+        from wgpu.backends.wgpu_native._api import lib
+
+        return float(lib.wgpuQueueGetTimestampPeriod(gpu.queue._internal))
+    except (ImportError, AttributeError):
+        return 1.0
+
+
+class PassTimer:
+    """GPU seconds of one pass of a kernel dispatched `reps` times back to back, from the pass's begin/end
+    timestamps (so no submit, wait or readback is counted, unlike dispatch_seconds' wall clock); the wall clock
+    where the device has no timestamp-query. One sample per call: the caller takes medians over interleaved rounds."""
+
+    def __init__(self, gpu: Gpu):
+        import wgpu
+
+        from engine.gpu import READBACK
+
+        self.gpu = gpu
+        self.timestamps = "timestamp-query" in gpu.device.features
+        if self.timestamps:
+            self.qs = gpu.device.create_query_set(label="pass-timer", type=wgpu.QueryType.timestamp, count=2)
+            self.resolved = gpu.device.create_buffer(label="pass-timer-resolved", size=16,
+                                                     usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+            self.out = gpu.buffer("pass-timer-read", 16, READBACK)
+            self.ns_per_tick = timestamp_period(gpu)
+
+    def seconds(self, pipeline, bind_group, grid: tuple, reps: int) -> float:
+        """Seconds per dispatch over one pass of `reps` dispatches (`bind_group` may be a list, taken in turn)."""
+        import wgpu
+
+        from engine.gpu import Recorder
+
+        groups = bind_group if isinstance(bind_group, list) else [bind_group]
+        stamps = {"query_set": self.qs, "beginning_of_pass_write_index": 0, "end_of_pass_write_index": 1} \
+            if self.timestamps else None
+        rec = Recorder(self.gpu, "timed-pass", stamps)
+        for i in range(reps):
+            rec.dispatch(pipeline, groups[i % len(groups)], *grid)
+        self.gpu.sync()
+        t = time.perf_counter()
+        rec.submit()
+        if not self.timestamps:
+            self.gpu.sync()
+            return (time.perf_counter() - t) / reps
+        enc = self.gpu.device.create_command_encoder(label="pass-timer-resolve")
+        enc.resolve_query_set(self.qs, 0, 2, self.resolved, 0)
+        enc.copy_buffer_to_buffer(self.resolved, 0, self.out, 0, 16)
+        self.gpu.queue.submit([enc.finish()])
+        self.out.map_sync(mode=wgpu.MapMode.READ)
+        begin, end = (int(v) for v in np.frombuffer(self.out.read_mapped(0, 16), np.uint64))
+        self.out.unmap()
+        if end <= begin:
+            raise RuntimeError(f"pass timestamps out of order ({begin} → {end})")
+        return (end - begin) * self.ns_per_tick * 1e-9 / reps
+
+
 def copy_kernel_bandwidth(gpu: Gpu, nbytes: int = 1 << 30, reps: int = 5) -> float:
     """A vec4<u32> copy kernel's rate (read + write): what a compute shader can stream on this GPU."""
     from engine.gpu import Recorder

@@ -109,6 +109,10 @@ SUB_BLOCK_TYPES = ("q2_k", "q3_k")
 WIDE_TYPES = ("q2_k", "q3_k", "q4_k")
 SUB_SPLITS = (1, 2, 4, 8, 16)  # segments a subgroup of matvec_kq_q8_sub or matvec_kq_q8_wide may be cut into
 WIDE_DEFAULT: tuple[str, ...] = ()  # the types that run matvec_kq_q8_wide(_vec4) when no knob asks otherwise
+FEW_ROWS_N = 8192  # outputs below which the int8 decode kernels take one row a subgroup (q8_rows_default)
+U32_DEFAULT = ("q4_k",)  # vec4 types whose default is matvec_kq_q8 (u32 loads): measured faster (BENCH.md)
+Q8_BATCHES = (1, 2, 4)  # items (chunks) a lane of the item kernels or matvec_kq_q8_chunks takes per pass
+Q8_BATCH_DEFAULT: dict[str, int] = {}  # per type where it is not 1
 
 
 def has_vec4_blocks(tag: str) -> bool:
@@ -135,7 +139,8 @@ def q8_kernel_kind(tag: str, vec4: bool | None = None, chunks: bool | None = Non
 def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool | None = None, wide: bool | None = None):
     """The int8 decode kernel for `tag` (q8_kernel_kind's). Q2_K and Q3_K: matvec_kq_q8_chunks by default,
     chunks=False matvec_kq_q8_sub. The others: matvec_kq_q8_vec4 where the blocks allow (or `vec4` asks), else
-    matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them). wide=True: matvec_kq_q8_wide (Q2_K, Q3_K) or
+    matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them; U32_DEFAULT's types by default). wide=True:
+    matvec_kq_q8_wide (Q2_K, Q3_K) or
     matvec_kq_q8_wide_vec4 (Q4_K)."""
     if vec4 and not has_vec4_blocks(tag):
         raise ValueError(f"{tag} blocks are {ktype(tag).words * 4} bytes in q_blocks, not whole 16-byte units: "
@@ -148,7 +153,7 @@ def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool | None 
         return MATVEC_KQ_Q8_WIDE_VEC4 if has_vec4_blocks(tag) else MATVEC_KQ_Q8_WIDE
     if kind in ("sub", "chunks"):
         return MATVEC_KQ_Q8_SUB if kind == "sub" else MATVEC_KQ_Q8_CHUNKS
-    vec4 = has_vec4_blocks(tag) if vec4 is None else vec4
+    vec4 = has_vec4_blocks(tag) and tag not in U32_DEFAULT if vec4 is None else vec4
     return MATVEC_KQ_Q8_VEC4 if vec4 else MATVEC_KQ_Q8
 
 
@@ -179,6 +184,15 @@ def wide_split(items: int, subgroup_size: int) -> int:
     return split
 
 
+def q8_rows_default(N: int, gate_up: bool = False) -> int:
+    """ROWS of the int8 decode kernels: MATVEC_Q8_ROWS (halved with gate_up), but 1 for matrices of fewer than
+    FEW_ROWS_N outputs, whose subgroups would otherwise not fill the GPU (the H200 measured rows 1 faster for every
+    type on 3072 outputs, rows 2 on 9216: BENCH.md, 2026-12-07)."""
+    if N < FEW_ROWS_N:
+        return 1
+    return max(MATVEC_Q8_ROWS // (2 if gate_up else 1), 1)
+
+
 def q8_stage_fits(K: int, wg: int) -> bool:
     """Whether an int8 decode kernel can stage the activation row in workgroup memory (shaders/kq_q8_halves.wgsl):
     its element-order codes (K bytes, in whole 128-byte groups) and per-chunk scale and half sums (K / 4 bytes),
@@ -188,17 +202,19 @@ def q8_stage_fits(K: int, wg: int) -> bool:
 
 def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None,
                       wg: int = MATVEC_Q8_WG, *, chunks: bool | None = None, wide: bool | None = None,
-                      split: int | None = None, stage: bool | None = None) -> tuple[dict, tuple[int, int]]:
+                      split: int | None = None, stage: bool | None = None,
+                      batch: int | None = None) -> tuple[dict, tuple[int, int]]:
     """Constants and grid for the int8 decode kernel of `tag` (matvec_kq_q8_kernel's: shaders/matvec_kq_q8_wide,
     matvec_kq_q8_sub, matvec_kq_q8_chunks, matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or a norm's Q8
     output). BLOCKS row blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size
     still covers all). `stage` (the item kernels and matvec_kq_q8_sub; default off): the activation row staged in
     workgroup memory. `split` (matvec_kq_q8_sub, default sub_split; matvec_kq_q8_wide, default wide_split):
-    segments per subgroup, each taking ROWS outputs."""
+    segments per subgroup, each taking ROWS outputs. `batch` (the item kernels and matvec_kq_q8_chunks, default
+    Q8_BATCH_DEFAULT's or 1): items (chunks) a lane takes per pass, their loads issued together."""
     fmt = _check(tag, K, N)
     if subgroup_size < 1 or wg % subgroup_size:
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
-    rows = rows or max(MATVEC_Q8_ROWS // (2 if gate_up else 1), 1)
+    rows = rows or q8_rows_default(N, gate_up)
     blocks = wg // subgroup_size
     which = q8_kernel_kind(tag, None, chunks, wide)
     if split is not None and which not in ("sub", "wide"):
@@ -206,6 +222,13 @@ def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: boo
     if stage is not None and which in ("chunks", "wide"):
         raise ValueError(f"matvec_kq_q8_{which} reads the activation row as it is: no stage")
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
+    if batch is not None and which not in ("items", "chunks"):
+        raise ValueError("batch is the item kernels' and matvec_kq_q8_chunks' knob")
+    if which in ("items", "chunks"):
+        batch = Q8_BATCH_DEFAULT.get(tag, 1) if batch is None else batch
+        if batch not in Q8_BATCHES:
+            raise ValueError(f"BATCH must be one of {Q8_BATCHES}, got {batch}")
+        consts["BATCH"] = batch
     if which in ("items", "sub"):
         stage = False if stage is None else stage  # staging measured slower on the H200 for every type (BENCH.md)
         if stage and not q8_stage_fits(K, wg):

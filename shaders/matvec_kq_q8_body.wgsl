@@ -9,7 +9,8 @@
 // in element order (kq_q8_halves.wgsl) and each item's words loaded one item ahead.
 // The including kernel declares xq (vec4<u32>), w, wh (f16), y (f32), xm (vec2<f32>), defines wv / ws
 // (kq_items.wgsl) and imports reduce. Constants: K (a multiple of QK), N, WG, ROWS, BLOCKS, GATE_UP (gate rows then
-// up rows; y = silu(gate)·up), HALVES (per-16 offsets), STAGE, KTYPE, QK, BW.
+// up rows; y = silu(gate)·up), HALVES (per-16 offsets), STAGE, BATCH (items a lane takes per pass of the unstaged
+// loop, 1 the plain loop), KTYPE, QK, BW.
 #import kq_items
 #import q8_element_order
 #import kq_q8_halves
@@ -22,7 +23,12 @@ fn kq_q8_rows(group_id: u32, lane: Lane) {
         let first = (group_id * BLOCKS + blkrow) * ROWS;
         let blk0 = kq_row_blocks(first);
         var acc = array<f32, WROWS>();
-        for (var item = lane.sg_lane; item < ITEMS; item += lane.sg_size) {
+        for (var item0 = lane.sg_lane; item0 < ITEMS; item0 += BATCH * lane.sg_size) {
+          for (var u = 0u; u < BATCH; u++) {
+            // BATCH items a lane at a time, none behind a branch (past the row: its last item, not summed), so
+            // their loads can all be in flight together.
+            let live = item0 + u * lane.sg_size < ITEMS;
+            let item = min(item0 + u * lane.sg_size, ITEMS - 1u);
             let bo = item / IPB;
             let t = item % IPB;
             var xw: array<vec4<u32>, PARTS>;  // part p's 16 activation codes in element order
@@ -52,8 +58,9 @@ fn kq_q8_rows(group_id: u32, lane: Lane) {
                           + dot4I8Packed(u.w, x.w);
                     s += xs[p] * (it.a[p] * f32(d) + it.b[p] * xb[p]);
                 }
-                acc[i] += s;
+                acc[i] += select(0.0, s, live);
             }
+          }
         }
         store_kq_rows(first, acc, lane);
     }

@@ -8,7 +8,7 @@
 // Each subgroup owns ROWS outputs (row blocks sg_id, sg_id + n_sg, ... of the workgroup's BLOCKS, as matvec_q8.wgsl);
 // its lanes walk K one chunk at a time and meet through subgroupAdd. Needs subgroup ops.
 // Constants: K (a multiple of QK), N, WG, ROWS, BLOCKS, GATE_UP (gate rows then up rows; y = silu(gate)·up),
-//   KTYPE (10 or 11), QK, BW, BH.
+//   BATCH (chunks a lane takes per pass), KTYPE (10 or 11), QK, BW, BH.
 // Bindings: 0 xq u32[K / 4] as vec4, 1 w u32 q_blocks, 2 wh f16 (q_d, or q_blocks again), 3 y f32[N] (write),
 //   4 xm vec2<f32>[K / 32] (scale, Σ codes). Grid: fold_grid(ceil(N / (ROWS · BLOCKS))).
 #import reduce
@@ -31,7 +31,12 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         let first = (group_id * BLOCKS + blkrow) * ROWS;
         let blk0 = kq_row_blocks(first);
         var acc = array<f32, WROWS>();
-        for (var c = lane.sg_lane; c < CHUNKS; c += lane.sg_size) {
+        for (var c0 = lane.sg_lane; c0 < CHUNKS; c0 += BATCH * lane.sg_size) {
+          for (var u = 0u; u < BATCH; u++) {
+            // BATCH chunks a lane at a time, none behind a branch (past the row: its last chunk, not summed), so
+            // their loads can all be in flight together.
+            let live = c0 + u * lane.sg_size < CHUNKS;
+            let c = min(c0 + u * lane.sg_size, CHUNKS - 1u);
             let blk_off = c / CPB;
             let cc = c % CPB;
             let a = xq[2u * c];
@@ -57,8 +62,9 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
                     d0 += dot4I8Packed(kq_word(blk, cc, j), xc[j]);
                     d1 += dot4I8Packed(kq_word(blk, cc, j + 4u), xc[j + 4u]);
                 }
-                acc[i] += m.x * (ab.x * f32(d0) + ab.y * f32(d1) + ab.z * xsum.x + ab.w * xsum.y);
+                acc[i] += select(0.0, m.x * (ab.x * f32(d0) + ab.y * f32(d1) + ab.z * xsum.x + ab.w * xsum.y), live);
             }
+          }
         }
         store_kq_rows(first, acc, lane);
     }

@@ -207,7 +207,7 @@ def kq_kernels(rt) -> set[str]:
 
 
 # The int8 decode matvec of each type (engine/kquant_plan.py matvec_kq_q8_kernel; BENCH.md, K-quant bandwidth).
-INT8_DECODE_KERNEL = {Q.Q2_K: "matvec_kq_q8_chunks", Q.Q3_K: "matvec_kq_q8_chunks", Q.Q4_K: "matvec_kq_q8_vec4",
+INT8_DECODE_KERNEL = {Q.Q2_K: "matvec_kq_q8_chunks", Q.Q3_K: "matvec_kq_q8_chunks", Q.Q4_K: "matvec_kq_q8",
                       Q.Q5_K: "matvec_kq_q8_vec4", Q.Q6_K: "matvec_kq_q8_vec4", Q.Q5_0: "matvec_kq_q8",
                       Q.Q5_1: "matvec_kq_q8"}
 

@@ -282,6 +282,21 @@ def test_matvec_kq_q8_item_kernels_staged_or_not(gpu, rng, tag, vec4, blocks, N,
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
+@pytest.mark.parametrize("tag", TAGS)
+@pytest.mark.parametrize("batch", [2, 4])
+@pytest.mark.parametrize("blocks,N,gate_up", [(3, 37, False), (5, 11, True)])
+def test_matvec_kq_q8_batched_items_and_chunks(gpu, rng, tag, batch, blocks, N, gate_up):
+    # BATCH items (Q2_K / Q3_K: chunks of matvec_kq_q8_chunks) a lane per pass: rows whose items end mid-pass, the
+    # clamped tail loaded and not summed (a bench/kquant_probe.py --variants A/B).
+    K = blocks * kquant.TYPES[tag].elements
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    chunks = True if tag in ("q2_k", "q3_k") else None
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, chunks=chunks, batch=batch)
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+
+
 @pytest.mark.parametrize("tag", [t for t in TAGS if has_vec4_blocks(t)])
 @pytest.mark.parametrize("gate_up", [False, True])
 def test_matvec_kq_q8_u32_kernel_reads_the_vec4_types_too(gpu, rng, tag, gate_up):
@@ -625,8 +640,12 @@ def test_plans_refuse_what_they_cannot_run():
     # The faster kernel per type on the H200 (BENCH.md, K-quant bandwidth; Q2_K / Q3_K: matvec_kq_q8_sub measured
     # no faster than matvec_kq_q8_chunks there).
     assert {t: matvec_kq_q8_kernel(t).name for t in TAGS} == {
-        "q2_k": "matvec_kq_q8_chunks", "q3_k": "matvec_kq_q8_chunks", "q4_k": "matvec_kq_q8_vec4",
+        "q2_k": "matvec_kq_q8_chunks", "q3_k": "matvec_kq_q8_chunks", "q4_k": "matvec_kq_q8",
         "q5_k": "matvec_kq_q8_vec4", "q6_k": "matvec_kq_q8_vec4", "q5_0": "matvec_kq_q8", "q5_1": "matvec_kq_q8"}
+    # One row a subgroup below FEW_ROWS_N outputs (rows 1 measured faster there on the H200), else two (one with
+    # gate_up's paired rows).
+    assert [matvec_kq_q8_plan("q4_k", 8192, n, 32, gate_up=g)[0]["ROWS"] for n, g in
+            ((3072, False), (8191, False), (8192, False), (9216, False), (9216, True))] == [1, 1, 2, 2, 1]
     # The vec4 kernel reads a block's words 16 bytes at a time from a 16-byte boundary: whole 16-byte blocks only.
     assert [t for t in TAGS if has_vec4_blocks(t)] == ["q4_k", "q5_k", "q6_k"]
     with pytest.raises(ValueError, match="power of two"):
