@@ -7,7 +7,9 @@ kernel's own time plus the barrier it brings), for each kernel. The floor: as ma
 kernel as the token has, each reading and writing one buffer (a barrier between each), and the same number reading
 only (no barrier needed), in one pass. Results of ablated tokens are wrong; only their times count.
 
-    python3 bench/chain_profile.py phi3-mini qwen3-4b qwen3.6-35b-a3b-4bit [--tokens 20] [--options JSON]
+    python3 bench/chain_profile.py phi3-mini qwen3-4b qwen3.6-35b-a3b-4bit [--tokens 20] [--options JSON ...]
+
+Several --options: each shape is profiled under each in turn (an A/B in one job).
 """
 
 from __future__ import annotations
@@ -105,18 +107,21 @@ def main(shape: str, gpu: Gpu, tokens: int, options: dict) -> dict:
     for name, count, ms in rows:
         print(f"  {name:24s} ×{count:4d}  {ms / count * 1e3:7.2f} µs each in the chain  {ms:6.3f} ms  "
               f"{100 * ms / whole:5.1f}%", flush=True)
-    return {"shape": shape, "dispatches": n, "gpu_ms": whole, "floor_barrier_ms": barrier, "floor_read_ms": free,
-            "kernels": [{"kernel": k, "count": c, "ms": m} for k, c, m in rows]}
+    return {"shape": shape, "options": options, "dispatches": n, "gpu_ms": whole, "floor_barrier_ms": barrier,
+            "floor_read_ms": free, "kernels": [{"kernel": k, "count": c, "ms": m} for k, c, m in rows]}
 
 
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("shapes", nargs="*", default=["phi3-mini"])
     ap.add_argument("--tokens", type=int, default=20, help="passes timed per variant (median)")
-    ap.add_argument("--options", default="{}", help="JSON runtime options")
+    ap.add_argument("--options", action="append", help="JSON runtime options (repeat: each in turn, per shape)")
     ap.add_argument("--json", help="write the results here")
     args = ap.parse_args()
     g = Gpu()
-    results = [main(s, g, args.tokens, json.loads(args.options)) for s in args.shapes]
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    results = []
+    for s in args.shapes:
+        for o in args.options or ["{}"]:
+            results.append(main(s, g, args.tokens, json.loads(o)))
+            if args.json:  # after each: a job cut short keeps what it measured
+                Path(args.json).write_text(json.dumps(results, indent=1))

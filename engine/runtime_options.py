@@ -15,6 +15,7 @@ SPLIT_KEYS = 64  # decode attention splits its keys into blocks of this size (mo
 SINGLE_PASS_KEYS = 256
 Q8_PREFILL_MIN_DIM = 2048  # int8 prefill by default from this model dim (Phi-3 3072, Qwen3.6 2048; SmolLM2 576)
 MAX_PREFILL_CHUNK = 4096
+MAX_NORM_MATVEC_SPLITS = 16  # workgroups a chunk of the split-K matvec_q8_norm at most
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,11 @@ class RuntimeOptions:
     gdn_conv_runs: runs a prefill chunk's Gated DeltaNet conv splits each channel's tokens into, walked at once by
         threads of one workgroup (None: engine/kernels/gdn.py's gdn_conv_runs for the chunk; 1: one thread per
         channel walks the whole chunk as before, for A/B). At most 256; the same outputs bit for bit whatever it is.
+    norm_matvec_splits: workgroups each 32-output chunk of a decode matvec that ends in the residual add + next norm
+        (matvec_q8_norm: o, down) takes, each over a part of K, the last of a chunk summing their partials and
+        writing the epilogue (shaders/matvec_q8_norm_split.wgsl); at most MAX_NORM_MATVEC_SPLITS and one per
+        32-element block of K. 1: one workgroup a chunk (matvec_q8_norm.wgsl, as before); None: chosen per matrix so
+        the grid fills a large GPU (engine/kernels/matmul.py norm_matvec_splits).
     """
 
     max_context: int | None = None
@@ -70,6 +76,7 @@ class RuntimeOptions:
     expert_policy: str = "lfu"
     gate_up_q8: bool = False
     gdn_conv_runs: int | None = None
+    norm_matvec_splits: int | None = 1
 
     def __post_init__(self) -> None:
         def positive(name: str, value, hi: int | None = None) -> None:
@@ -90,6 +97,8 @@ class RuntimeOptions:
         if self.decode_attention not in ("serial", "batched"):
             raise ValueError(f"runtime option decode_attention must be 'serial' or 'batched', got "
                              f"{self.decode_attention!r}")
+        if self.norm_matvec_splits is not None:
+            positive("norm_matvec_splits", self.norm_matvec_splits, MAX_NORM_MATVEC_SPLITS)
         if self.expert_policy not in ("lru", "lfu"):
             raise ValueError(f"runtime option expert_policy must be 'lru' or 'lfu', got {self.expert_policy!r}")
         for name in ("q8_decode", "gate_up_q8", "q8_epilogues", "fused_split_decode"):

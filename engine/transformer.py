@@ -64,7 +64,7 @@ class RuntimePlan:
         self.arithmetic = ar = Arithmetic(
             int8=int8, int8_prefill=int8_prefill, norm_int8=int8 and norm_can_write_int8(s.dim),
             subgroup_rows=traits.subgroups, subgroup_size=traits.subgroup_size, max_threads=traits.max_threads,
-            int8_epilogues=int8_prefill and self.options.q8_epilogues)
+            int8_epilogues=int8_prefill and self.options.q8_epilogues, norm_splits=self.options.norm_matvec_splits)
         kinds = layer_blocks(s)
         layers_of = lambda kind, at: tuple(i for i, k in enumerate(kinds) if k[at] == kind)  # noqa: E731
         self.vocab = VocabEnds(s.dim, s.vocab, s.tied_embeddings, formats, ar, C, traits.max_binding)
@@ -125,7 +125,10 @@ class RuntimePlan:
             for name, size in b.shared_needs().items():
                 shared[name] = max(shared.get(name, 0), size)
         int8_k = max([s.dim] + [b.int8_row_k() for b in self.blocks])
-        self.workspace = Workspace(s.dim, C, int8_k, ar.int8_prefill, shared, traits.offset_alignment, fused)
+        # room for the split matvec_q8_norm of the most workgroups a chunk any of its matrices takes
+        norm_splits = max([b.norm_matvec_splits() for b in [*mixers, *ffns]] + [1]) if fused else 1
+        self.workspace = Workspace(s.dim, C, int8_k, ar.int8_prefill, shared, traits.offset_alignment, fused,
+                                   norm_splits)
 
     @property
     def streaming(self):

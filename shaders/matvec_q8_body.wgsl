@@ -100,10 +100,31 @@ fn q8_block(first: u32, row0: u32, xrow: u32, y_base: u32, lane: Lane, three: bo
 // a factor common to all its chunks (an RMSNorm's 1/rms: matvec_q8_rms.wgsl).
 fn q8_block_scaled(first: u32, row0: u32, xrow: u32, y_base: u32, scale: f32, lane: Lane, three: bool, wbase: u32,
                    sbase: u32) {
+    let sums = q8_block_sums(first, row0, xrow, lane, three, wbase, sbase, 0u, CHUNKS);
+    var total: array<f32, WROWS>;
+    for (var i = 0u; i < WROWS; i++) { total[i] = sums[i] * scale; }
+    if (lane.sg_lane == 0u) {
+        for (var i = 0u; i < ROWS; i++) {
+            let r = first + i;
+            if (r < N) {
+                if (GATE_UP) {
+                    y[y_base + r] = silu(total[i]) * total[ROWS + i];
+                } else {
+                    y[y_base + r] = total[i];
+                }
+            }
+        }
+    }
+}
+
+// The subgroup's sums (in every lane) of q8_block's WROWS weight rows over chunks c_begin .. c_end of K (all of them:
+// q8_block; a part of K: a split-K workgroup, matvec_q8_norm_split.wgsl). Call from subgroup-uniform flow.
+fn q8_block_sums(first: u32, row0: u32, xrow: u32, lane: Lane, three: bool, wbase: u32, sbase: u32, c_begin: u32,
+                 c_end: u32) -> array<f32, WROWS> {
     var row: array<u32, WROWS>;  // rows past N are clamped to N - 1: read, summed, never written
     for (var i = 0u; i < WROWS; i++) { row[i] = row0 + (i / ROWS) * N + min(first + i % ROWS, N - 1u); }
     var acc = array<f32, WROWS>();
-    for (var c = lane.sg_lane; c < CHUNKS; c += lane.sg_size) {
+    for (var c = c_begin + lane.sg_lane; c < c_end; c += lane.sg_size) {
         var words: array<vec4<u32>, WROWS>;
         var scales: array<f32, WROWS>;
         var mins: array<f32, WROWS>;
@@ -129,17 +150,6 @@ fn q8_block_scaled(first: u32, row0: u32, xrow: u32, y_base: u32, scale: f32, la
         }
     }
     var total: array<f32, WROWS>;
-    for (var i = 0u; i < WROWS; i++) { total[i] = subgroupAdd(acc[i]) * scale; }
-    if (lane.sg_lane == 0u) {
-        for (var i = 0u; i < ROWS; i++) {
-            let r = first + i;
-            if (r < N) {
-                if (GATE_UP) {
-                    y[y_base + r] = silu(total[i]) * total[ROWS + i];
-                } else {
-                    y[y_base + r] = total[i];
-                }
-            }
-        }
-    }
+    for (var i = 0u; i < WROWS; i++) { total[i] = subgroupAdd(acc[i]); }
+    return total;
 }

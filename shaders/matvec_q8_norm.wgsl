@@ -25,6 +25,8 @@
 @group(0) @binding(6) var<storage, read> nw: array<f16>;
 @group(0) @binding(7) var<storage, read_write> nq: array<u32>;
 
+fn nq_put(i: u32, v: u32) { nq[i] = v; }  // norm_chunk_out's store
+
 
 @compute @workgroup_size(WG)
 fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {

@@ -27,6 +27,8 @@
 @group(0) @binding(5) var<storage, read> nw: array<f16>;
 @group(0) @binding(6) var<storage, read_write> nq: array<u32>;
 
+fn nq_put(i: u32, v: u32) { nq[i] = v; }  // norm_chunk_out's store
+
 var<workgroup> xq: array<vec4<u32>, SLOTS * K / 16u>;  // every slot's int8 row (two vec4 per chunk) and pairs
 var<workgroup> xm: array<vec2<f32>, SLOTS * K / 32u>;
 var<workgroup> y: array<f32, SLOTS * 32u>;  // y[slot · 32 + i]: output i of the chunk by the slot's expert

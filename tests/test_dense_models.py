@@ -310,3 +310,26 @@ def test_prefill_reports_each_chunk_and_stops_where_its_callback_raises(gpu, tin
     resumed = rt.logits(ids[64:])  # and goes on from there
     fresh = model.logits(ids)
     np.testing.assert_allclose(resumed, fresh[64:], rtol=0, atol=1e-5 * np.abs(fresh).max())
+
+
+def test_split_k_norm_matvecs_keep_the_int8_decode(gpu, tiny):
+    """o and down split along K (norm_matvec_splits=3: matvec_q8_norm_split, 3 workgroups a chunk, or one a block of
+    K where it has fewer; the last of a chunk sums the partials) in place of every matvec_q8_norm: per-token decode
+    logits equal to the unsplit decode's to f32 rounding, not bit for bit (each output sums its K in another
+    order, which may also move an int8 code of the next norm's row by one step), and still equal to the full
+    forward to the int8 decode tolerance."""
+    _, mlc = tiny
+    ids = np.random.default_rng(7).integers(0, 250, 80)
+    runs = {}
+    for splits in (1, 3):
+        rt = load_model(mlc, gpu=gpu, max_context=96, prefill_chunk=32, norm_matvec_splits=splits).runtime
+        kernels = rt.dispatched_kernels()
+        carried = 2 * rt.spec.n_layers - 1  # every o and down but the last (K ≥ 64 here: at least 2 splits each)
+        assert kernels.count("matvec_q8_norm_split") == (carried if splits > 1 else 0)
+        assert kernels.count("matvec_q8_norm") == (0 if splits > 1 else carried)
+        runs[splits] = rt.logits(ids, chunk=1)
+    rt.reset()
+    full = rt.logits(ids)
+    scale = np.abs(full).max()
+    assert np.abs(runs[3] - runs[1]).max() / scale < DECODE_TOL[False]
+    assert np.abs(runs[3] - full).max() / scale < DECODE_TOL[True]

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 
 from engine.kernels.matmul import (
+    MAX_NORM_SPLITS,
     matvec_q8_norm_plan,
     matvec_q8_plan,
     matvec_q8_rms_plan,
     matvec_q8_rms_q8_plan,
+    norm_matvec_splits,
     norm_pack_layout,
 )
 from tests.helpers import (
@@ -97,21 +99,34 @@ def test_matvec_q8_rms_q8_plan():
         assert (consts["ROWS"], consts["BLOCKS"], consts["WG"], consts["EPS"], grid) == (1, 32, wg, 1e-5, (3, 1))
 
 
-@pytest.mark.parametrize("tag,K,N,offset", [("q4f16_1", 128, 96, 0.0), ("q4_1", 256, 64, 1.0), ("mlx4", 192, 32, 0.0)])
-def test_matvec_q8_norm(gpu, rng, tag, K, N, offset):
+@pytest.mark.parametrize("splits", [1, 2, 3, 4, 8])
+@pytest.mark.parametrize("tag,K,N,offset", [("q4f16_1", 128, 96, 0.0), ("q4_1", 256, 64, 1.0), ("mlx4", 192, 32, 0.0),
+                                            ("q4_0", 1056, 64, 0.0)])
+def test_matvec_q8_norm(gpu, rng, tag, K, N, offset, splits):
     """matvec_q8 + residual add + the next norm's row without 1/rms: the new residual, the int8 codes and scales of
-    residual · (w + offset), Σ residual² per chunk, each where the packed layout says."""
+    residual · (w + offset), Σ residual² per chunk, each where the packed layout says; split along K into `splits`
+    workgroups a chunk (matvec_q8_norm_split; K's 4 to 33 blocks: splits of unequal size, some empty) the same to
+    f32 rounding, the tickets back at zero, a second dispatch the same bits (the partials are summed in split order).
+    Everything else starts poisoned."""
     fmt = Q4[tag]
     w, s = random_packed(rng, N, K, **fmt)
     x = rng.standard_normal(K).astype(np.float32)
     r_in = (rng.standard_normal(N) * 3).astype(np.float32)
     nw = rng.uniform(0.5, 1.5, N).astype(np.float16)
-    pack = norm_pack_layout(N)
+    pack = norm_pack_layout(N, splits=splits)
     xq_buf, xm_buf, _, _ = quantize_on_gpu(gpu, x[None], False)
-    consts, grid = matvec_q8_norm_plan(K, N, gpu.subgroup_size, offset, pack, **fmt)
-    y, nq = poisoned(gpu, "y", (N,)), poisoned(gpu, "nq", (pack["bytes"] // 4,), np.uint32)
-    run(gpu, "matvec_q8_norm", consts, [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf,
-                                         gpu.upload("r_in", r_in), gpu.upload("nw", nw), nq], grid)
+    consts, grid = matvec_q8_norm_plan(K, N, gpu.subgroup_size, offset, pack, splits, **fmt)
+    assert grid == (N // 32 * splits, 1)
+    if splits > 1:  # a folded grid with spare workgroups, as fold_grid makes past 65,535
+        grid = (-(-grid[0] // 2) + 1, 2)
+    words0 = np.full(pack["bytes"] // 4, 0xFFFFFFFF, np.uint32)
+    if splits > 1:
+        words0[pack["TICKETS"]:pack["TICKETS"] + N // 32] = 0  # zero between dispatches, as a new buffer is
+    y, nq = poisoned(gpu, "y", (N,)), gpu.upload("nq", words0)
+    kernel = "matvec_q8_norm_split" if splits > 1 else "matvec_q8_norm"
+    bufs = [xq_buf, gpu.upload("w", w), gpu.upload("s", s), y, xm_buf, gpu.upload("r_in", r_in), gpu.upload("nw", nw),
+            nq]
+    run(gpu, kernel, consts, bufs, grid)
     _, x_hat, _ = run_q8(gpu, x, w, s, N, False, fmt)
     ref = r_in.astype(np.float64) + q8_reference(x_hat, w, s, N, False, fmt)
     got = read(gpu, y, (N,))
@@ -122,6 +137,12 @@ def test_matvec_q8_norm(gpu, rng, tag, K, N, offset):
     assert_q8_matches(words[:N // 4], meta, v)
     ss = words[pack["SS"]:pack["SS"] + N // 32].view(np.float32)
     np.testing.assert_allclose(ss, (got.astype(np.float64).reshape(-1, 32) ** 2).sum(1), rtol=1e-6)
+    if splits > 1:
+        assert (words[pack["TICKETS"]:pack["TICKETS"] + N // 32] == 0).all()
+        run(gpu, kernel, consts, bufs, grid)
+        np.testing.assert_array_equal(read(gpu, y, (N,)), got)
+        np.testing.assert_array_equal(read(gpu, nq, (pack["bytes"] // 4,), np.uint32)[:pack["tickets"] // 4],
+                                      words[:pack["tickets"] // 4])
 
 
 def test_norm_then_rms_matvec_is_add_rms_norm_then_matvec(gpu, rng):
@@ -175,3 +196,25 @@ def test_matvec_q8_norm_plan():
         consts, grid = matvec_q8_norm_plan(64, 64, sg, 0.0, pack)
         assert (consts["ROWS"], consts["BLOCKS"], consts["WG"], grid) == (2, 16, wg, (2, 1))
     assert (pack["meta"], pack["ss"], pack["bytes"]) == (256, 512, 520)
+    split = norm_pack_layout(64, splits=4)  # the same row, then the tickets and 4 partial records a chunk
+    assert {k: split[k] for k in pack if k not in ("bytes", "splits")} == {k: v for k, v in pack.items()
+                                                                           if k not in ("bytes", "splits")}
+    assert (split["tickets"], split["part"], split["bytes"], split["TICKETS"], split["PART"]) == (768, 1024, 2048,
+                                                                                               192, 256)
+    consts, grid = matvec_q8_norm_plan(64, 64, 32, 0.0, split, 3)
+    assert (consts["SPLITS"], consts["TICKETS"], consts["PART"], consts["WG"], grid) == (3, 192, 256, 512, (6, 1))
+    with pytest.raises(ValueError, match="2 to 4 splits"):
+        matvec_q8_norm_plan(64, 64, 32, 0.0, split, 5)  # more than the pack has room for
+
+
+def test_norm_matvec_splits():
+    """The split count the runtime takes: as asked, at most one a 32-element block of K; automatic: enough for
+    NORM_SPLIT_WORKGROUPS workgroups while every lane of a subgroup keeps a block, at most MAX_NORM_SPLITS."""
+    assert [norm_matvec_splits(3072, 3072, 32, n) for n in (1, 4, 16)] == [1, 4, 16]
+    assert norm_matvec_splits(64, 3072, 32, 8) == 2
+    assert norm_matvec_splits(3072, 3072, 32, None) == 3  # 96 chunks: 6 wanted, 96 blocks / 32 lanes
+    assert norm_matvec_splits(8192, 3072, 32, None) == 6
+    assert norm_matvec_splits(8192, 3072, 8, None) == 6
+    assert norm_matvec_splits(32768, 1024, 8, None) == MAX_NORM_SPLITS
+    assert norm_matvec_splits(8192, 65536, 32, None) == 1  # the grid is full already
+    assert norm_matvec_splits(512, 3072, 32, None) == 1

@@ -509,3 +509,14 @@ def test_real_qwen3_5_4b_layer_shapes_run(gpu):
     per_token = rt.logits(ids, chunk=1)
     assert np.isfinite(chunked).all()
     assert np.abs(per_token - chunked).max() <= DECODE_TOL[True] * np.abs(chunked).max()
+
+
+def test_split_k_norm_matvecs_keep_the_int8_decode_steps(gpu, tiny):
+    """The mixers' and MLP's last matvecs split along K (norm_matvec_splits=4: matvec_q8_norm_split in place of every
+    matvec_q8_norm, the attention's o, the GDN's out and down alike): each int8 decode step within the int8 step
+    tolerance of the full forward."""
+    model = load_model(tiny[1], gpu=gpu, max_context=128, prefill_chunk=32, norm_matvec_splits=4)
+    kernels = model.runtime.dispatched_kernels()
+    assert kernels.count("matvec_q8_norm_split") == 2 * model.runtime.spec.n_layers - 1
+    assert "matvec_q8_norm" not in kernels
+    assert_int8_decode_steps_match_the_full_forward(model)

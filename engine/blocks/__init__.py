@@ -131,6 +131,16 @@ class Block:
         then: `norms`, the residual block."""
         return False
 
+    # the matrix (in `lin[layer]`) whose decode matvec ends the block in the residual add + next norm (matvec_q8_norm)
+    norm_producer: str | None = None
+
+    def norm_matvec_splits(self) -> int:
+        """The most workgroups a 32-output chunk of this block's matvec_q8_norm dispatches take (the workspace's packed
+        row keeps room for that many partials)."""
+        if self.norm_producer is None:
+            return 1
+        return max(self.lin[i][self.norm_producer].norm_splits for i in self.layers)
+
     def int8_row_k(self) -> int:
         """The widest input row (elements) this block's int8 decode matvecs read from the workspace's int8 row."""
         return 0

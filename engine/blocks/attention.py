@@ -44,6 +44,7 @@ MAX_SPLITS = 32  # split-K partitions of decode attention at most
 
 class AttentionMixer(Block):
     name = "attention"
+    norm_producer = "o"
 
     def __init__(self, spec, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic, chunk: int,
                  max_context: int, split_keys: int, gated: bool = False, single_pass_keys: int = 1,

@@ -45,6 +45,7 @@ def in_proj_format(formats: dict[str, str], layer: int) -> str:
 
 class GatedDeltaNetMixer(Block):
     name = "gated_deltanet"
+    norm_producer = "out"
     keeps_state = True
     # True: the recurrence's subgroup-shuffle kernel where it fits; it measured 2.8x slower than the workgroup-memory
     # kernel on the H200 (BENCH.md), so only bench/gdn_subgroups.py's A/B turns it on.

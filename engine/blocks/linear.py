@@ -17,6 +17,7 @@ from engine.kernels.matmul import (
     MATVEC_INT4,
     MATVEC_Q8,
     MATVEC_Q8_NORM,
+    MATVEC_Q8_NORM_SPLIT,
     MATVEC_Q8_RMS,
     MATVEC_Q8_RMS_Q8,
     MATVEC_SG,
@@ -30,6 +31,7 @@ from engine.kernels.matmul import (
     matvec_q8_rms_plan,
     matvec_q8_rms_q8_plan,
     matvec_sg_plan,
+    norm_matvec_splits,
     norm_pack_layout,
     packed_shapes,
     prefers_subgroup_rows,
@@ -63,6 +65,8 @@ class Arithmetic:
     max_threads: int = 256  # threads a workgroup may have (matvec_q8_norm takes up to 512)
     # the prefill kernels before an int8 GEMM (tiled attention, gate_up) write its int8 rows: no quantize_q8 between
     int8_epilogues: bool = False
+    # workgroups a 32-output chunk of matvec_q8_norm takes (RuntimeOptions.norm_matvec_splits; None: per matrix)
+    norm_splits: int | None = 1
 
     def is_int8(self, tag: str) -> bool:
         return self.int8 and _int8_format(tag)
@@ -159,6 +163,7 @@ class Linear:
         self.k, self.n, self.tag, self.gate_up, self.rows_q8_out = k, n, tag, gate_up, rows_q8_out
         self.int8, self.int8_prefill = ar.is_int8(tag), ar.is_int8_prefill(tag)
         self.subgroup_size, self.max_threads = ar.subgroup_size, ar.max_threads
+        self.norm_splits = norm_matvec_splits(k, n, ar.subgroup_size, ar.norm_splits)
         self.mv = decode_kernel(k, n, gate_up, tag, ar)
         # matvec_q8_rms / matvec_q8_norm are matvec_q8 with a prologue / epilogue: only for its formats
         self.norm_variants = self.mv[0] is MATVEC_Q8
@@ -178,7 +183,8 @@ class Linear:
         with `int8_out` (and `rms`) the output row also goes to the workspace's int8 row as quantize_q8 writes it
         (matvec_q8_rms_q8: the next matvec binds src_int8); `norm_out` {r_in, r_out, nw, nq: bindings, pack:
         norm_pack_layout, offset}: the output is added to the residual r_in into r_out and the next norm's row
-        without 1/rms goes to nq (matvec_q8_norm)."""
+        without 1/rms goes to nq (matvec_q8_norm; split along K where the arithmetic's norm_splits gives this shape
+        more than one workgroup a chunk and the pack has room for them, matvec_q8_norm_split)."""
         kernel, consts, grid = self.mv
         knobs = format_knobs(self.tag) if self.norm_variants else {}
         extra = {}
@@ -197,11 +203,12 @@ class Linear:
                     self.k, self.n, self.subgroup_size, rms["eps"], self.gate_up, self.max_threads, **knobs)
                 extra |= dict(yq=ws.x_q8, ym=ws.x_q8_meta)
         if norm_out is not None:
+            splits = min(self.norm_splits, norm_out["pack"]["splits"])
             plan = self.norm_variants and matvec_q8_norm_plan(self.k, self.n, self.subgroup_size, norm_out["offset"],
-                                                              norm_out["pack"], **knobs)
+                                                              norm_out["pack"], splits, **knobs)
             if not plan or plan[0]["WG"] > self.max_threads:
                 raise ValueError(f"{label}: no matvec_q8_norm for K={self.k}, N={self.n} on this GPU")
-            kernel, (consts, grid) = MATVEC_Q8_NORM, plan
+            kernel, (consts, grid) = MATVEC_Q8_NORM_SPLIT if splits > 1 else MATVEC_Q8_NORM, plan
             y, extra = norm_out["r_out"], dict(r_in=norm_out["r_in"], nw=norm_out["nw"], nq=norm_out["nq"])
         pipe = gpu.pipeline(kernel, consts)
         self.decode_steps = []  # (pipeline, bind group, grid)

@@ -15,6 +15,7 @@ from engine.kernels.matmul import packed_shapes
 
 class DenseMlp(Block):
     name = "mlp"
+    norm_producer = "down"
 
     def __init__(self, dim: int, ffn_dim: int, layers: tuple[int, ...], formats: dict[str, str], ar: Arithmetic,
                  chunk: int, gate_up_int8: bool = False):

@@ -20,10 +20,11 @@ class Workspace:
     """Shared activation buffers; `shared` holds the scratch buffers several blocks use (each at its largest size)."""
 
     def __init__(self, dim: int, chunk: int, int8_k: int, int8_prefill: bool, shared: dict[str, int],
-                 offset_alignment: int = 256, norm_pack: bool = False):
+                 offset_alignment: int = 256, norm_pack: bool = False, norm_splits: int = 1):
         self.dim, self.chunk, self.int8_k, self.int8_prefill = dim, chunk, int8_k, int8_prefill
-        # the norms' int8 row without 1/rms when the decode matvecs carry the norms (matvec_q8_norm)
-        self.norm_pack = norm_pack_layout(dim, offset_alignment) if norm_pack else None
+        # the norms' int8 row without 1/rms when the decode matvecs carry the norms (matvec_q8_norm), with room for
+        # the split-K variant's tickets and partials of up to norm_splits workgroups a chunk
+        self.norm_pack = norm_pack_layout(dim, offset_alignment, norm_splits) if norm_pack else None
         self.shared_sizes = dict(shared)
         self.step_layout = step_struct()
 

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from engine.formats import kquant
 from engine.kernels import declare, fold_grid, row_outputs
+from engine.runtime_options import MAX_NORM_MATVEC_SPLITS
 
 MATVEC_INT4 = declare("matvec_int4", writes=("y",))
 MATVEC_SG = declare("matvec_sg", writes=("y",))
 MATVEC_Q8 = declare("matvec_q8", writes=("y",))
 MATVEC_Q8_RMS = declare("matvec_q8_rms", writes=("y",))
 MATVEC_Q8_NORM = declare("matvec_q8_norm", writes=("y", "nq"))
+MATVEC_Q8_NORM_SPLIT = declare("matvec_q8_norm_split", writes=("y", "nq"))
 MATVEC_Q8_RMS_Q8 = declare("matvec_q8_rms_q8", writes=("y", "yq", "ym"))
 MATMUL_INT4 = declare("matmul_int4", writes=("y",))
 MATMUL_Q8W = declare("matmul_q8w", writes=("y", "yq", "ym"))
@@ -52,6 +54,11 @@ MATVEC_Q8_SLOTS = 2
 # matvec_q8_norm's workgroups (one 32-output chunk each): a subgroup per block of rows up to this many threads (512
 # on the H200's 32-lane subgroups: as many threads in flight as matvec_q8's 128-thread workgroups over 4× as many).
 MATVEC_Q8_NORM_MAX_WG = 512
+# matvec_q8_norm split along K (shaders/matvec_q8_norm_split.wgsl): at most this many workgroups a chunk; the automatic
+# choice (norm_matvec_splits None) adds splits until the grid has NORM_SPLIT_WORKGROUPS workgroups, while every lane
+# of a subgroup still gets a block of K. Untuned starting points.
+MAX_NORM_SPLITS = MAX_NORM_MATVEC_SPLITS
+NORM_SPLIT_WORKGROUPS = 512
 # matvec_q8_rms_q8's (gate_up: 32 one-output blocks a chunk): a subgroup per output, as matvec_q8's gate_up, up to
 # this many threads and the GPU's limit (past it a subgroup takes several blocks in turn). Untuned; bench/ab.py
 # variants may set it ("matmul_consts").
@@ -178,28 +185,56 @@ def matvec_q8_rms_plan(
     return dict(consts, EPS=float(eps)), grid
 
 
-def norm_pack_layout(n: int, alignment: int = 256) -> dict:
+def norm_pack_layout(n: int, alignment: int = 256, splits: int = 1) -> dict:
     """Where matvec_q8_norm.wgsl puts a row of n values in its one output buffer (the readers bind each part as a
     range, so parts start on `alignment` bytes): codes at byte 0, (scale, Σ codes) pairs at `meta`, Σ x² per chunk at
-    `ss` (bytes); META and SS are the same offsets in u32 for the kernel; `bytes` the buffer size."""
+    `ss` (bytes); META and SS are the same offsets in u32 for the kernel; `bytes` the buffer size. `splits` > 1: room
+    after them for matvec_q8_norm_split.wgsl of up to that many splits, its tickets at `tickets` (u32 TICKETS) and
+    its partial records at `part` (u32 PART)."""
     up = lambda b: -(-b // alignment) * alignment  # noqa: E731
     meta = up(n)
     ss = meta + up(n // CHUNK * 8)
-    return dict(meta=meta, ss=ss, bytes=ss + n // CHUNK * 4, META=meta // 4, SS=ss // 4)
+    out = dict(meta=meta, ss=ss, bytes=ss + n // CHUNK * 4, META=meta // 4, SS=ss // 4, splits=1)
+    if splits > 1:
+        tickets = up(out["bytes"])
+        part = tickets + up(n // CHUNK * 4)
+        out |= dict(tickets=tickets, part=part, bytes=part + n * splits * 4, TICKETS=tickets // 4, PART=part // 4,
+                    splits=splits)
+    return out
 
 
 def matvec_q8_norm_plan(
-    K: int, N: int, subgroup_size: int, norm_offset: float, pack: dict, *, bits: int = 4, zero: int = 7,
-    affine: bool = False, group: int = 32,
+    K: int, N: int, subgroup_size: int, norm_offset: float, pack: dict, splits: int = 1, *, bits: int = 4,
+    zero: int = 7, affine: bool = False, group: int = 32,
 ) -> tuple[dict, tuple[int, int]] | None:
     """Constants and grid for shaders/matvec_q8_norm.wgsl (matvec_q8 + residual add + the next norm's int8 row
     without 1/rms, `pack` = norm_pack_layout(N)): one 32-output chunk per workgroup, a subgroup per block of ROWS
-    while MATVEC_Q8_NORM_MAX_WG allows. None where the shape cannot take it (N not whole chunks)."""
+    while MATVEC_Q8_NORM_MAX_WG allows; with `splits` > 1 for shaders/matvec_q8_norm_split.wgsl, `splits`
+    workgroups a chunk (`pack` must have room for them). None where the shape cannot take it (N not whole chunks)."""
     consts, _ = matvec_q8_plan(K, N, subgroup_size, bits=bits, zero=zero, affine=affine, group=group)
     chunked = _chunk_workgroups(consts, N, subgroup_size, MATVEC_Q8_NORM_MAX_WG)
     if chunked is None:
         return None
-    return dict(chunked[0], NORM_OFFSET=float(norm_offset), META=pack["META"], SS=pack["SS"]), chunked[1]
+    consts = dict(chunked[0], NORM_OFFSET=float(norm_offset), META=pack["META"], SS=pack["SS"])
+    if splits == 1:
+        return consts, chunked[1]
+    if not 1 < splits <= min(pack["splits"], MAX_NORM_SPLITS):
+        raise ValueError(f"matvec_q8_norm_split takes 2 to {min(pack['splits'], MAX_NORM_SPLITS)} splits "
+                         f"(MAX_NORM_SPLITS and the packed row's room), got {splits}")
+    return (dict(consts, SPLITS=splits, TICKETS=pack["TICKETS"], PART=pack["PART"]),
+            fold_grid(N // CHUNK * splits))
+
+
+def norm_matvec_splits(K: int, N: int, subgroup_size: int, requested: int | None) -> int:
+    """Workgroups a 32-output chunk of matvec_q8_norm takes (1: matvec_q8_norm.wgsl, else its split-K variant):
+    `requested` (RuntimeOptions.norm_matvec_splits), at most one a 32-element block of K; None: the fewest that give
+    the grid NORM_SPLIT_WORKGROUPS workgroups, at most one a subgroup's worth of blocks (every lane keeps a block)
+    and MAX_NORM_SPLITS."""
+    blocks = K // CHUNK
+    if requested is not None:
+        return max(min(requested, blocks), 1)
+    cap = max(min(blocks // max(subgroup_size, 1), MAX_NORM_SPLITS), 1)
+    return max(min(-(-NORM_SPLIT_WORKGROUPS // max(N // CHUNK, 1)), cap), 1)
 
 
 def matvec_q8_rms_q8_plan(
