@@ -34,9 +34,10 @@ from tests.helpers import (
 EPS = 1e-6
 
 
-@pytest.fixture(params=["serial", "batched"])
+@pytest.fixture(params=["serial", "batched", "lanes"])
 def variant(request):
-    """attention_decode_consts' variant: both kernels' loads one at a time, or in groups (the decode_attention knob)."""
+    """attention_decode_consts' variant: both kernels' loads one at a time, in groups, or lane groups across the head
+    dim (the decode_attention knob)."""
     return request.param
 
 
@@ -223,8 +224,8 @@ def split_bindings(g, a, q8, splits, scratch, WG, variant="serial"):
 
 def run_split(g, a, q8, splits, WG=None, grid_y=None, scratch=None, variant="serial"):
     scratch = scratch or SplitScratch(g, a.H, a.HD)
-    pipe, bg, (out, k_cache, v_cache, xq, xm) = split_bindings(g, a, q8, splits, scratch, WG or split_decode_wg(a.HD),
-                                                               variant)
+    wg = WG or split_decode_wg(a.HD, variant)
+    pipe, bg, (out, k_cache, v_cache, xq, xm) = split_bindings(g, a, q8, splits, scratch, wg, variant)
     rec = Recorder(g, "test-split")
     rec.dispatch(pipe, bg, a.H, grid_y or splits, 1)
     rec.submit()
@@ -331,7 +332,7 @@ def test_attention_decode_split_layer_after_layer(gpu, rng, variant):
     rec = Recorder(g, "test-split-layers")
     outs = []
     for a in layers:
-        pipe, bg, bufs = split_bindings(g, a, True, S, scratch, split_decode_wg(HD), variant)
+        pipe, bg, bufs = split_bindings(g, a, True, S, scratch, split_decode_wg(HD, variant), variant)
         rec.dispatch(pipe, bg, H, S, 1)
         outs.append(bufs)
     rec.submit()
