@@ -6,7 +6,7 @@
 // the group by a shuffle tree at once, then the group's own online softmax (m, l, identical in its lanes) and its
 // lanes' share of P·V — no barrier and no workgroup memory per step. The new key (p) comes from k_sh / v_sh and is
 // group 0's last. One meeting of the groups' (m, l, o) in acc_sh at the end leaves o_sh as walk_keys + meet_lanes do.
-// Needs LANE_CHUNKS · G ≥ C (the host sizes LANE_CHUNKS for 8-lane subgroups; `attend` checks it) and subgroups
+// Needs LANE_CHUNKS · G ≥ C (the host sizes LANE_CHUNKS for the adapter's subgroup size; `attend` checks it) and subgroups
 // whose lanes sit in order (subgroup id · size + lane), as reduce_subgroup.wgsl's workgroups have.
 
 var<private> lane_acc: array<vec4<f32>, LANE_CHUNKS>;  // this lane's chunks of the group's unnormalized P·V

@@ -23,6 +23,7 @@ from engine.kernels.attention import (
     ATTENTION_TILED,
     ATTN_GATE,
     COMBINE,
+    LANES_SUBGROUP,
     ROPE_APPEND,
     attention_consts,
     attention_decode_consts,
@@ -217,14 +218,16 @@ class AttentionMixer(Block):
             getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0)))
         rope = rope_append_consts(s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
                                   getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0))
+        # "lanes" sizes a lane's chunks for the adapter's probed subgroup size (a smaller one falls back in-kernel)
+        lanes = dict(variant=self.decode_variant, subgroup=gpu.subgroup_size if gpu.use_subgroups else LANES_SUBGROUP)
         if self.decode_fused:
             decode = attention_decode_consts(rope, self.gate_offset // 4 if self.gated else None, self.decode_int8,
-                                             variant=self.decode_variant)
+                                             **lanes)
             self.p_decode = gpu.pipeline(ATTENTION_DECODE, decode)
         if self.split_fused:
             self.p_decode_split = gpu.pipeline(ATTENTION_DECODE_SPLIT, attention_decode_consts(
                 rope, self.gate_offset // 4 if self.gated else None, self.decode_int8,
-                split_decode_wg(s.head_dim, self.decode_variant), variant=self.decode_variant))
+                split_decode_wg(s.head_dim, self.decode_variant), **lanes))
             self.split_part, self.tickets = made["attn-split-part"], made["attn-tickets"]
         if self.gated:
             self.gate = (self.qkv, self.gate_offset, self.chunk * self.q_dim * 4)
