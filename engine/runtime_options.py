@@ -39,8 +39,9 @@ class RuntimeOptions:
         adapter binds its 10 storage buffers a stage; False (or fewer allowed): RoPE + append, split-K attention and
         the combine (+ the gate), three (four) dispatches, as before (for A/B).
     decode_attention: the one-dispatch decode attention kernels' variant: "serial" (each key lane's value loads one
-        after another, the split combine's partial loads likewise) or "batched" (groups of loads in flight before
-        any is used; engine/kernels/attention.py attention_decode_consts).
+        after another, the split combine's partial loads likewise), "batched" (groups of loads in flight before
+        any is used; engine/kernels/attention.py attention_decode_consts) or "lanes" (groups of lanes across the
+        head dim take a key each, one merge at the end: shaders/attention_decode_lanes.wgsl; batched's combine).
     state_snapshots: (prompt, decode) copies of a linear-attention model's recurrent state kept for rollback.
     snapshot_every: decode positions between two decode snapshots.
     gpu_weights: bytes of model weights allowed on the GPU (engine/gpu_budget.py; None: auto, the adapter's memory
@@ -94,8 +95,8 @@ class RuntimeOptions:
             positive("gpu_weights", self.gpu_weights)
         if self.gdn_conv_runs is not None:
             positive("gdn_conv_runs", self.gdn_conv_runs, 256)
-        if self.decode_attention not in ("serial", "batched"):
-            raise ValueError(f"runtime option decode_attention must be 'serial' or 'batched', got "
+        if self.decode_attention not in ("serial", "batched", "lanes"):
+            raise ValueError(f"runtime option decode_attention must be 'serial', 'batched' or 'lanes', got "
                              f"{self.decode_attention!r}")
         if self.norm_matvec_splits is not None:
             positive("norm_matvec_splits", self.norm_matvec_splits, MAX_NORM_MATVEC_SPLITS)

@@ -32,8 +32,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
     let p = step.pos0;
     load_head(lane, h, p, h % GROUP == 0u);
-    let ml = walk_keys(lane, h / GROUP, p, 0u, p + 1u);
-    meet_lanes(lane);
+    let ml = attend(lane, h / GROUP, p, 0u, p + 1u);
     for (var c = lane.lid; c < C; c += WG) { write_out(h, c, o_sh[c] / ml.y); }
     write_q8(lane, h);
 }

@@ -16,6 +16,7 @@
 #import rope
 #import reduce
 #import q8_pack
+#import attention_decode_lanes
 
 const C: u32 = HD / 4u;       // vec4 chunks per head row
 const COLS: u32 = C / PV;     // threads covering one key's value row in the P·V phase
@@ -55,11 +56,11 @@ fn normed(src: u32, i: u32, inv: f32, w0: u32) -> f32 {
     return v * inv * (inv_freq[w0 + i] + NORM_OFFSET);
 }
 
-// Element i of a q or k head after the norm and RoPE (rotate-half pairs (i, i + HALF)), as rope_append computes it.
-fn roped(src: u32, i: u32, inv: f32, w0: u32, p: u32) -> f32 {
+// Element i of a q or k head after the norm and RoPE (rotate-half pairs (i, i + HALF)), as rope_append computes it;
+// cs = rope_cos_sin(p, i % HALF) · ROPE_SCALE (used only for i < ROT), shared by q and k.
+fn roped(src: u32, i: u32, inv: f32, w0: u32, cs: vec2<f32>) -> f32 {
     var val = normed(src, i, inv, w0);
     if (i < ROT) {
-        let cs = rope_cos_sin(p, i % HALF) * ROPE_SCALE;
         if (i < HALF) {
             val = val * cs.x - normed(src, i + HALF, inv, w0) * cs.y;
         } else {
@@ -94,8 +95,11 @@ fn load_head(lane: Lane, h: u32, p: u32, append: bool) {
         var qv = vec4<f32>(0.0);
         var kv = vec4<f32>(0.0);
         for (var j = 0u; j < 4u; j++) {
-            qv[j] = roped(q_src, 4u * c + j, q_inv, HALF, p);
-            kv[j] = roped(k_src, 4u * c + j, k_inv, HALF + HD, p);
+            let i = 4u * c + j;
+            var cs = vec2<f32>(1.0, 0.0);
+            if (i < ROT) { cs = rope_cos_sin(p, i % HALF) * ROPE_SCALE; }
+            qv[j] = roped(q_src, i, q_inv, HALF, cs);
+            kv[j] = roped(k_src, i, k_inv, HALF + HD, cs);
         }
         let k16 = f16_rounded(kv);
         let v16 = f16_rounded(vec4<f32>(qkv[v_src + 4u * c], qkv[v_src + 4u * c + 1u], qkv[v_src + 4u * c + 2u],
@@ -209,6 +213,24 @@ fn meet_lanes(lane: Lane) {
         }
         workgroupBarrier();  // acc_sh is rewritten for the next chunk
     }
+}
+
+var<workgroup> rounds_sh: u32;  // LANES: ceil(C / G), 0 where LANE_CHUNKS · G < C (then walk_keys)
+
+// Keys [start, end) of kv head kvh: o_sh gets the unnormalized output; returns (m, l). LANES takes walk_lanes where
+// its lane groups cover the head (the subgroup size decides), else walk_keys + meet_lanes.
+fn attend(lane: Lane, kvh: u32, p: u32, start: u32, end: u32) -> vec2<f32> {
+    if (LANES) {  // a constant: what follows stays in uniform control flow
+        if (lane.lid == 0u) {
+            let width = lane_group_width(subgroup_place(lane).x);
+            rounds_sh = select(0u, (C + width - 1u) / width, LANE_CHUNKS * width >= C);
+        }
+        let rounds = workgroupUniformLoad(&rounds_sh);
+        if (rounds > 0u) { return walk_lanes(lane, kvh, p, start, end, rounds); }
+    }
+    let ml = walk_keys(lane, kvh, p, start, end);
+    meet_lanes(lane);
+    return ml;
 }
 
 // Chunk c of head h's normalized output: the gate (with GATE), then out and o_sh (for write_q8).

@@ -90,8 +90,7 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     let start = min(s * per_split, n_keys);
     let end = min(start + per_split, n_keys);
     load_head(lane, h, p, start <= p && p < end && h % GROUP == 0u);
-    let ml = walk_keys(lane, h / GROUP, p, start, end);
-    meet_lanes(lane);
+    let ml = attend(lane, h / GROUP, p, start, end);
     if (n_splits == 1u) {
         for (var c = lid; c < C; c += WG) { write_out(h, c, o_sh[c] / ml.y); }
         write_q8(lane, h);

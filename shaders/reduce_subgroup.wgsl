@@ -35,3 +35,15 @@ fn wg_max(v: f32, lane: Lane) -> f32 {
     workgroupBarrier();
     return m;
 }
+
+// The subgroup a thread sits in: (size, the thread's lane, the subgroup's id in the workgroup).
+fn subgroup_place(lane: Lane) -> vec3<u32> {
+    return vec3<u32>(lane.sg_size, lane.sg_lane, lane.sg_id);
+}
+
+// The sum over aligned groups of `width` lanes (a power of two ≤ the subgroup size), every lane of a group getting it.
+fn lanes_sum4(v: vec4<f32>, width: u32) -> vec4<f32> {
+    var s = v;
+    for (var off = 1u; off < width; off <<= 1u) { s += subgroupShuffleXor(s, off); }
+    return s;
+}

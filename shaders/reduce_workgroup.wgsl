@@ -34,3 +34,13 @@ fn wg_max(v: f32, lane: Lane) -> f32 {
     workgroupBarrier();
     return m;
 }
+
+// Without subgroup ops every thread is a subgroup of one: (size 1, lane 0, id = the thread's index).
+fn subgroup_place(lane: Lane) -> vec3<u32> {
+    return vec3<u32>(1u, 0u, lane.lid);
+}
+
+// The sum over groups of `width` lanes: here width is 1, the value itself.
+fn lanes_sum4(v: vec4<f32>, width: u32) -> vec4<f32> {
+    return v;
+}

@@ -68,5 +68,5 @@ def test_fused_split_decode_where_the_adapter_binds_its_storage_buffers():
 
 @pytest.mark.parametrize("bad", ["fast", "", None, True])
 def test_decode_attention_must_name_a_variant(bad):
-    with pytest.raises(ValueError, match="decode_attention must be 'serial' or 'batched'"):
+    with pytest.raises(ValueError, match="decode_attention must be 'serial', 'batched' or 'lanes'"):
         RuntimeOptions(decode_attention=bad)

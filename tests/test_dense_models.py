@@ -84,7 +84,7 @@ def test_logits_match_transformers_at_every_position(gpu, tiny, q8):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["serial", "batched"])
+@pytest.mark.parametrize("variant", ["serial", "batched", "lanes"])
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_decode_equals_full_forward_and_chunking(gpu, tiny, q8, variant):
     _, mlc = tiny
@@ -189,7 +189,7 @@ def test_gate_up_int8_row_leaves_the_decode_logits_bit_for_bit(gpu, tiny):
 
 
 @pytest.mark.slow  # every tiny architecture, four loads
-@pytest.mark.parametrize("variant", ["serial", "batched"])
+@pytest.mark.parametrize("variant", ["serial", "batched", "lanes"])
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8, variant):
     """Split-K decode in one dispatch a layer (fused_split_decode: attention_decode_split) against rope_append + split

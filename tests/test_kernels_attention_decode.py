@@ -8,6 +8,7 @@ import pytest
 
 from engine.gpu import Recorder
 from engine.kernels.attention import (
+    LANES_SUBGROUP,
     attention_decode_consts,
     attn_gate_plan,
     combine_consts,
@@ -34,9 +35,10 @@ from tests.helpers import (
 EPS = 1e-6
 
 
-@pytest.fixture(params=["serial", "batched"])
+@pytest.fixture(params=["serial", "batched", "lanes"])
 def variant(request):
-    """attention_decode_consts' variant: both kernels' loads one at a time, or in groups (the decode_attention knob)."""
+    """attention_decode_consts' variant: both kernels' loads one at a time, in groups, or lane groups across the head
+    dim (the decode_attention knob)."""
     return request.param
 
 
@@ -91,12 +93,12 @@ class DecodeSetup:
         return out, k_new.astype(np.float64), v_new.astype(np.float64)
 
 
-def run_decode(g, a, q8, WG=256, variant="serial"):
+def run_decode(g, a, q8, WG=256, variant="serial", subgroup=LANES_SUBGROUP):
     k_cache, v_cache = a.caches(g)
     params = np.concatenate([a.inv_freq, a.norms[0].astype(np.float32), a.norms[1].astype(np.float32)])
     out = poisoned(g, "out", (a.H * a.HD,))
     xq, xm = poisoned(g, "xq", (a.H * a.HD // 4,), np.uint32), poisoned(g, "xm", (max(a.H * a.HD // 32, 1), 2))
-    consts = attention_decode_consts(a.rope(), a.gate_off, q8, wg=WG, variant=variant)
+    consts = attention_decode_consts(a.rope(), a.gate_off, q8, wg=WG, variant=variant, subgroup=subgroup)
     run(g, "attention_decode", consts, [g.upload("qkv", a.row), k_cache, v_cache, g.upload("pt", a.page_table),
                                         g.upload("params", params), out, step_uniform(g, 1, a.p), xq, xm], (a.H, 1, 1))
     return read(g, out, (a.H * a.HD,)), k_cache, v_cache, xq, xm
@@ -207,24 +209,24 @@ class SplitScratch:
         return not read(g, self.tickets, (max(H, 4),), np.uint32).any()
 
 
-def split_bindings(g, a, q8, splits, scratch, WG, variant="serial"):
+def split_bindings(g, a, q8, splits, scratch, WG, variant="serial", subgroup=LANES_SUBGROUP):
     """(pipeline, bind group, (out, k_cache, v_cache, xq, xm)) of one split-K decode dispatch over `a`."""
     k_cache, v_cache = a.caches(g)
     params = np.concatenate([a.inv_freq, a.norms[0].astype(np.float32), a.norms[1].astype(np.float32)])
     out = poisoned(g, "out", (a.H * a.HD,))
     xq, xm = poisoned(g, "xq", (a.H * a.HD // 4,), np.uint32), poisoned(g, "xm", (max(a.H * a.HD // 32, 1), 2))
     pipe = g.pipeline("attention_decode_split", attention_decode_consts(a.rope(), a.gate_off, q8, wg=WG,
-                                                                        variant=variant))
+                                                                        variant=variant, subgroup=subgroup))
     step = step_uniform(g, 1, a.p, attn_splits=splits)
     bg = g.bind(pipe, [g.upload("qkv", a.row), k_cache, v_cache, g.upload("pt", a.page_table),
                        g.upload("params", params), out, step, xq, xm, scratch.part, scratch.tickets], "split")
     return pipe, bg, (out, k_cache, v_cache, xq, xm)
 
 
-def run_split(g, a, q8, splits, WG=None, grid_y=None, scratch=None, variant="serial"):
+def run_split(g, a, q8, splits, WG=None, grid_y=None, scratch=None, variant="serial", subgroup=LANES_SUBGROUP):
     scratch = scratch or SplitScratch(g, a.H, a.HD)
-    pipe, bg, (out, k_cache, v_cache, xq, xm) = split_bindings(g, a, q8, splits, scratch, WG or split_decode_wg(a.HD),
-                                                               variant)
+    wg = WG or split_decode_wg(a.HD, variant)
+    pipe, bg, (out, k_cache, v_cache, xq, xm) = split_bindings(g, a, q8, splits, scratch, wg, variant, subgroup)
     rec = Recorder(g, "test-split")
     rec.dispatch(pipe, bg, a.H, grid_y or splits, 1)
     rec.submit()
@@ -275,6 +277,19 @@ def test_attention_decode_split_without_q8_and_a_grid_past_the_splits(gpu, rng, 
     a = DecodeSetup(gpu, rng, 4, 2, HD, HD, 200, True, gate, 1.0 if gate else 0.0)
     out, k_cache, v_cache, xq, xm = run_split(gpu, a, False, 4, grid_y=7, variant=variant)
     check_split(gpu, a, out, k_cache, v_cache, xq, xm, False)
+
+
+@pytest.mark.parametrize("subgroup", [4, 16, 64])
+def test_attention_decode_lanes_sized_for_another_subgroup(gpu, rng, subgroup):
+    """"lanes" with its lane chunks sized for subgroups other than the adapter's: smaller (a lane holds more chunks
+    than its group needs) or larger (too few for the adapter's lane groups: the kernel takes batched's walk)."""
+    a = DecodeSetup(gpu, rng, 8, 2, 128, 64, 100, True, False)
+    out, k_cache, v_cache, xq, xm = run_decode(gpu, a, True, variant="lanes", subgroup=subgroup)
+    np.testing.assert_allclose(out, a.reference()[0], rtol=1e-4, atol=1e-5)
+    assert_q8_row(gpu, xq, xm, out)
+    a = DecodeSetup(gpu, rng, 8, 2, 128, 64, 100, True, False)
+    out, k_cache, v_cache, xq, xm = run_split(gpu, a, True, 3, variant="lanes", subgroup=subgroup)
+    check_split(gpu, a, out, k_cache, v_cache, xq, xm, True)
 
 
 @pytest.mark.parametrize("H,KVH,HD,p,gate,WG", [(8, 2, 128, 45, False, 64), slow(4, 2, 64, 300, True, 256),
@@ -331,7 +346,7 @@ def test_attention_decode_split_layer_after_layer(gpu, rng, variant):
     rec = Recorder(g, "test-split-layers")
     outs = []
     for a in layers:
-        pipe, bg, bufs = split_bindings(g, a, True, S, scratch, split_decode_wg(HD), variant)
+        pipe, bg, bufs = split_bindings(g, a, True, S, scratch, split_decode_wg(HD, variant), variant)
         rec.dispatch(pipe, bg, H, S, 1)
         outs.append(bufs)
     rec.submit()

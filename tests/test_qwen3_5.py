@@ -156,7 +156,7 @@ def test_int8_decode(gpu, tiny):
 
 
 @pytest.mark.slow  # four loads
-@pytest.mark.parametrize("variant", ["serial", "batched"])
+@pytest.mark.parametrize("variant", ["serial", "batched", "lanes"])
 @pytest.mark.parametrize("q8", [False, True], ids=["f32-x", "int8-x"])
 def test_fused_split_decode_matches_the_split_k_kernels(gpu, tiny, q8, variant):
     """The gated attention's split-K decode in one dispatch (fused_split_decode: attention_decode_split, which also

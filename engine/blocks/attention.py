@@ -23,6 +23,7 @@ from engine.kernels.attention import (
     ATTENTION_TILED,
     ATTN_GATE,
     COMBINE,
+    LANES_SUBGROUP,
     ROPE_APPEND,
     attention_consts,
     attention_decode_consts,
@@ -54,7 +55,7 @@ class AttentionMixer(Block):
         self.name = "gated_attention" if gated else "attention"
         self.layers, self.gated, self.ar, self.chunk, self.split_keys = tuple(layers), gated, ar, chunk, split_keys
         self.single_pass_keys = single_pass_keys
-        self.decode_variant = decode_variant  # attention_decode_consts' variant ("serial" / "batched")
+        self.decode_variant = decode_variant  # attention_decode_consts' variant
         self.norms = None  # the residual block when o carries the add + norm after it and qkv (gate) read that row
         self.q_dim, self.kv_dim = s.n_heads * s.head_dim, s.n_kv_heads * s.head_dim
         self.qkv_dim = self.q_dim + 2 * self.kv_dim
@@ -67,7 +68,7 @@ class AttentionMixer(Block):
         self.decode_fused = attention_decode_fits(s.head_dim)
         # Past single_pass_keys too, where the adapter binds the split kernel's storage buffers (else the 3 kernels).
         self.split_fused = (fused_split and self.decode_fused and attention_decode_fits(s.head_dim, split_decode_wg(
-            s.head_dim)) and storage_buffers >= split_decode_storage_buffers())
+            s.head_dim, decode_variant)) and storage_buffers >= split_decode_storage_buffers())
         self.qkv_rows = (self.q_dim, self.kv_dim, self.kv_dim)
         self.qk_norm = gated or s.qk_norm
         self.n_pages = -(-max_context // PAGE)
@@ -218,14 +219,16 @@ class AttentionMixer(Block):
             getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0)))
         rope = rope_append_consts(s.n_heads, s.n_kv_heads, s.head_dim, s.rot_dim, PAGE, self.qk_norm, s.eps,
                                   getattr(s, "norm_offset", 0.0), getattr(s, "rope_scale", 1.0))
+        # "lanes" sizes a lane's chunks for the adapter's probed subgroup size (a smaller one falls back in-kernel)
+        lanes = dict(variant=self.decode_variant, subgroup=gpu.subgroup_size if gpu.use_subgroups else LANES_SUBGROUP)
         if self.decode_fused:
             decode = attention_decode_consts(rope, self.gate_offset // 4 if self.gated else None, self.decode_int8,
-                                             variant=self.decode_variant)
+                                             **lanes)
             self.p_decode = gpu.pipeline(ATTENTION_DECODE, decode)
         if self.split_fused:
             self.p_decode_split = gpu.pipeline(ATTENTION_DECODE_SPLIT, attention_decode_consts(
-                rope, self.gate_offset // 4 if self.gated else None, self.decode_int8, split_decode_wg(s.head_dim),
-                variant=self.decode_variant))
+                rope, self.gate_offset // 4 if self.gated else None, self.decode_int8,
+                split_decode_wg(s.head_dim, self.decode_variant), **lanes))
             self.split_part, self.tickets = made["attn-split-part"], made["attn-tickets"]
         if self.gated:
             self.gate = (self.qkv, self.gate_offset, self.chunk * self.q_dim * 4)

@@ -87,15 +87,18 @@ def attention_decode_fits(head_dim: int, wg: int = DECODE_WG) -> bool:
     return head_dim % 4 == 0 and head_dim // 4 <= wg and 4 * head_dim * 4 + wg * (4 + 4 + 16 + 16) <= 16384
 
 
-DECODE_ATTENTION_VARIANTS = ("serial", "batched")
+DECODE_ATTENTION_VARIANTS = ("serial", "batched", "lanes")
+LANES_SUBGROUP = 8  # "lanes": the subgroup size a lane's chunks are sized for where none is known
 
 
 def attention_decode_consts(rope: dict, gate_offset: int | None, q8: bool, wg: int = DECODE_WG,
-                            variant: str = "serial") -> dict:
+                            variant: str = "serial", subgroup: int = LANES_SUBGROUP) -> dict:
     """Constants for attention_decode.wgsl (grid (H, 1, 1)) from rope_append_consts' (`rope`): `gate_offset` the
     f32 index of the gate row in the qkv binding (None: no gate); `q8` also writes the int8 row (HD % 32 == 0).
     `variant` "batched": the P·V value loads (and the split kernel's combine loads) go out in groups before any is
-    used; "serial": one at a time, as before (for A/B)."""
+    used; "serial": one at a time, as before (for A/B); "lanes": attention_decode_lanes.wgsl's walk (groups of lanes
+    across the head dim, a key at a time each), its lane chunks sized for subgroups of `subgroup` lanes (the
+    adapter's); the batched kernels where the subgroups at run time are too small for them."""
     if variant not in DECODE_ATTENTION_VARIANTS:
         raise ValueError(f"decode attention variant must be one of {DECODE_ATTENTION_VARIANTS}, got {variant!r}")
     hd = rope["HD"]
@@ -105,14 +108,18 @@ def attention_decode_consts(rope: dict, gate_offset: int | None, q8: bool, wg: i
     if q8 and hd % 32:
         raise ValueError(f"the decode attention writes int8 rows only for head_dim a multiple of 32, got {hd}")
     pv = next(n for n in (4, 3, 2, 1) if hd // 4 % n == 0)  # vec4 chunks a thread accumulates in the P·V phase
+    c = hd // 4
+    lane_chunks = -(-c // min(max(subgroup, 1), 1 << (c.bit_length() - 1)))  # chunks a lane holds in "lanes"
     return dict(rope, WG=wg, SCALE=1.0 / math.sqrt(hd), GATE=gate_offset is not None, GATE_OFF=gate_offset or 0,
-                Q8=bool(q8), PV=pv, BATCHED=variant == "batched")
+                Q8=bool(q8), PV=pv, BATCHED=variant in ("batched", "lanes"), LANES=variant == "lanes",
+                LANE_CHUNKS=lane_chunks)
 
 
-def split_decode_wg(head_dim: int) -> int:
+def split_decode_wg(head_dim: int, variant: str = "serial") -> int:
     """Threads of attention_decode_split.wgsl: attention.wgsl's (a split holds about split_keys keys, so 256 threads
-    a workgroup would mostly sit out the scores)."""
-    return attention_consts(1, 1, head_dim, 1)["WG"]
+    a workgroup would mostly sit out the scores); "lanes" 128 at least (more lane groups on a split's keys)."""
+    wg = attention_consts(1, 1, head_dim, 1)["WG"]
+    return max(wg, 128) if variant == "lanes" else wg
 
 
 def split_decode_storage_buffers() -> int:
