@@ -1,7 +1,8 @@
 """K-quant kernels vs Q4_0 on model-size matrices: weight bytes streamed per second by the decode matvecs (f32 x:
-matvec_kq vs the engine's matvec_int4 / matvec_sg; int8 x: the type's matvec_kq_q8_sub, matvec_kq_q8 or
-matvec_kq_q8_vec4, as engine/kquant_plan.py matvec_kq_q8_kernel picks, vs matvec_q8) and the prefill GEMMs
-(matmul_kq vs matmul_int4; quantize_q8 + matmul_kq_q8 vs quantize_q8 + matmul_q8w) on random weights of each type.
+matvec_kq vs the engine's matvec_int4 / matvec_sg; int8 x: the type's matvec_kq_q8_wide(_vec4), matvec_kq_q8_chunks,
+matvec_kq_q8 or matvec_kq_q8_vec4, as engine/kquant_plan.py matvec_kq_q8_kernel picks by type and N, vs matvec_q8)
+and the prefill GEMMs (matmul_kq vs matmul_int4; quantize_q8 + matmul_kq_q8 vs quantize_q8 + matmul_q8w) on random
+weights of each type.
 
 Before anything is timed, each type's four kernels are checked on the matrix they are timed on: the f32 matvec
 against float64 numpy on gguf's dequantization (1e-4 of max|y|), the f32 GEMM's rows against the matvec on the
@@ -17,12 +18,10 @@ matrix). The last table has one row per type: GB/s and × Q4_0 per timed kind an
 the GPU's L2 cache (50 MiB on the H100 / H200) the weights come from memory, as a model's do in decode; the default
 0 reads one copy over and over, which a matrix smaller than the L2 cache serves from there.
 `--kinds` times only some kernel kinds (all four are still checked). `--variants` also times other plan settings
-(ROWS, WG, tiles; the u32-load int8 kernel for the types that have a vec4 one; for Q2_K / Q3_K matvec_kq_q8_sub
-and its SPLIT instead of their default matvec_kq_q8_chunks; STAGE), each checked against the default. The session-5
-A/B: `--types q2_k,q3_k,q4_k --kinds "matvec int8" --variants` (the `{'chunks': False}` lines of Q2_K / Q3_K, the
-`{'stage': True}` line of Q4_K are the variants that measured slower). Issue 19's Q2_K / Q3_K A/B: the same command,
-the `{'wide': True, ...}` lines (matvec_kq_q8_wide(_vec4) and its ROWS / SPLIT) against the default line above
-them.
+(ROWS, WG, tiles; the u32-load int8 kernel for the types that have a vec4 one; the wide kernels and their SPLIT, or
+not, against the N's default; STAGE), each checked against the default. Issue 19's A/B:
+`--types q2_k,q3_k,q4_k --kinds "matvec int8" --variants` (the `{'wide': True, ...}` / `{'wide': False}` lines
+against the default line above them).
 
     python3 bench/kquant_probe.py [--tokens 512] [--reps 50] [--types q4_k,q6_k] [--kinds "matvec int8"]
                                   [--weight-mib 256] [--variants] [--quick] [--json out.json]
@@ -71,21 +70,19 @@ F32_TOL, Q8_TOL = 1e-4, 5e-2  # relative to max|y|: f32 rounding; int8 rounding 
 KINDS = ("matvec f32", "matvec int8", "gemm f32", "gemm int8")
 # --variants: other plan settings of the K-quant kernels, each checked against the default one first (same x, so
 # only the summation order differs: 1e-5 of max|y|). vec4=False: matvec_kq_q8 (u32 loads) where the default is the
-# vec4 kernel. chunks=False: Q2_K / Q3_K on matvec_kq_q8_sub instead of their default matvec_kq_q8_chunks.
-# stage=True: the activation row staged in workgroup memory, not read per lane (both measured slower on the H200).
-# split: matvec_kq_q8_sub's (or with wide, matvec_kq_q8_wide's) segments per subgroup. wide=True: Q2_K / Q3_K on
-# matvec_kq_q8_wide, Q4_K on matvec_kq_q8_wide_vec4 (few instructions a weight byte; issue 19's A/B against the
-# default); wide=False names the default kernel once wide is a type's default. batch: items (Q2_K / Q3_K: chunks) a
-# lane of the item kernels or matvec_kq_q8_chunks takes per pass, their loads unbranched (issue 19's A/B).
+# vec4 kernel. chunks=True: Q2_K / Q3_K on matvec_kq_q8_chunks where their default is the wide kernel.
+# stage=True: the activation row staged in workgroup memory, not read per lane (measured slower on the H200).
+# wide=True: Q2_K / Q3_K on matvec_kq_q8_wide, Q4_K on matvec_kq_q8_wide_vec4 (few instructions a weight byte), with
+# split: its segments per subgroup; wide=False: the non-wide kernel where N makes wide the default (issue 19's A/B).
+# batch: items (Q2_K / Q3_K: chunks) a lane of the item kernels or matvec_kq_q8_chunks takes per pass, their loads
+# unbranched (issue 19's A/B).
 # A knob that does not apply to a type, or repeats its default, is not timed.
 VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec f32", dict(rows=4, wg=128)),
             ("matvec int8", dict(rows=1)), ("matvec int8", dict(rows=2)), ("matvec int8", dict(rows=4)),
             ("matvec int8", dict(rows=2, wg=64)),
             ("matvec int8", dict(rows=2, wg=256)), ("matvec int8", dict(vec4=False)),
-            ("matvec int8", dict(chunks=False)), ("matvec int8", dict(chunks=True, rows=4)),
-            ("matvec int8", dict(stage=True)), ("matvec int8", dict(chunks=False, split=1)),
-            ("matvec int8", dict(chunks=False, split=2)), ("matvec int8", dict(chunks=False, split=4)),
-            ("matvec int8", dict(chunks=False, stage=True)),
+            ("matvec int8", dict(chunks=True)), ("matvec int8", dict(chunks=True, rows=4)),
+            ("matvec int8", dict(stage=True)),
             ("matvec int8", dict(wide=True)), ("matvec int8", dict(wide=True, rows=4)),
             ("matvec int8", dict(wide=True, rows=1)), ("matvec int8", dict(wide=True, split=2)),
             ("matvec int8", dict(wide=False)),
@@ -132,7 +129,7 @@ def plans(g: Gpu, tag: str, K: int, N: int, T: int) -> dict:
                 "gemm f32": ("matmul_int4", *gemm_plan(K, N, T, **fmt)),
                 "gemm int8": ("matmul_q8w", *gemm_q8w_plan(K, N, T, **fmt))}
     return {"matvec f32": ("matvec_kq", *matvec_kq_plan(tag, K, N)),
-            "matvec int8": (matvec_kq_q8_kernel(tag), *matvec_kq_q8_plan(tag, K, N, sg)),
+            "matvec int8": (matvec_kq_q8_kernel(tag, n=N), *matvec_kq_q8_plan(tag, K, N, sg)),
             "gemm f32": ("matmul_kq", *gemm_kq_plan(tag, K, N, T)),
             "gemm int8": ("matmul_kq_q8", *gemm_kq_q8_plan(tag, K, N, T))}
 
@@ -149,19 +146,14 @@ def variant_plan(g: Gpu, tag: str, K: int, N: int, T: int, kind: str, plan: dict
             return None
         sub = tag in SUB_BLOCK_TYPES
         if (plan.get("wide") and tag not in WIDE_TYPES or "chunks" in plan and not sub
-                or "split" in plan and not (sub or plan.get("wide"))):
+                or "split" in plan and not plan.get("wide")):
             return None
-        if plan.get("wide") is False:  # the type's non-wide default by name: a variant where wide is the default
-            plan.pop("wide")
-            if sub:
-                plan.setdefault("chunks", True)
-            else:
-                vec4 = has_vec4_blocks(tag)
-        if plan.get("stage") and q8_kernel_kind(tag, vec4, plan.get("chunks"), plan.get("wide")) in ("chunks", "wide"):
+        knobs = dict(vec4=vec4, chunks=plan.get("chunks"), wide=plan.get("wide"))
+        if plan.get("stage") and q8_kernel_kind(tag, **knobs, n=N) in ("chunks", "wide"):
             return None  # matvec_kq_q8_chunks and matvec_kq_q8_wide stage nothing
-        consts, grid = matvec_kq_q8_plan(tag, K, N, g.subgroup_size, **plan)
-        kernel = matvec_kq_q8_kernel(tag, vec4, plan.get("chunks"), plan.get("wide"))
-        default = (matvec_kq_q8_kernel(tag).name, matvec_kq_q8_plan(tag, K, N, g.subgroup_size)[0])
+        consts, grid = matvec_kq_q8_plan(tag, K, N, g.subgroup_size, vec4=vec4, **plan)
+        kernel = matvec_kq_q8_kernel(tag, **knobs, n=N)
+        default = (matvec_kq_q8_kernel(tag, n=N).name, matvec_kq_q8_plan(tag, K, N, g.subgroup_size)[0])
         if (kernel.name, consts) == default:
             return None  # the default's kernel and settings again
         return (kernel, consts, grid)

@@ -7,17 +7,16 @@ arrays. Pipelines are built by name with Gpu.pipeline(shader, consts):
 | shader | role | bindings (in order) | grid |
 |---|---|---|---|
 | matvec_kq | decode, f32 x | x, w, wh, y, step | matvec_kq_plan |
-| matvec_kq_q8_wide | decode, int8 x (quantize_q8's layout): Q2_K, Q3_K | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8_wide | decode, int8 x (quantize_q8's): Q2_K, Q3_K, N<FEW_ROWS_N | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8_wide_vec4 | the same for Q4_K, w as vec4 | xq, w, wh, y, xm | matvec_kq_q8_plan |
-| matvec_kq_q8_sub | the same, an earlier kernel of 64-element items | xq, w, wh, y, xm | matvec_kq_q8_plan |
-| matvec_kq_q8_chunks | the same, older (a 32-element chunk a lane) | xq, w, wh, y, xm | matvec_kq_q8_plan |
-| matvec_kq_q8 | the same for the other types, w as u32 | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8_chunks | the same, Q2_K, Q3_K, N ≥ FEW_ROWS_N (chunk a lane) | xq, w, wh, y, xm | matvec_kq_q8_plan |
+| matvec_kq_q8 | the same, other types (Q4_K: N ≥ FEW_ROWS_N), u32 w | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matvec_kq_q8_vec4 | the same, w as vec4 (blocks of whole 16-byte units) | xq, w, wh, y, xm | matvec_kq_q8_plan |
 | matmul_kq | prefill GEMM, f32 X | x, w, wh, y, step | gemm_kq_plan |
 | matmul_kq_q8 | prefill GEMM, int8 X (quantize_q8 rows) | xq, w, wh, y, xm, step, yq, ym | gemm_kq_q8_plan |
 | embedding_kq | embedding rows as f32 | tokens, w, wh, x, step | embedding_kq_plan |
 
-`matvec_kq_q8_kernel` picks among the six int8 decode kernels.
+`matvec_kq_q8_kernel` picks among the five int8 decode kernels by type and output count N.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ from engine.kernels.matmul import rows_q8_consts, rows_q8_stage_bytes
 MATVEC_KQ = declare("matvec_kq", writes=("y",))
 MATVEC_KQ_Q8_WIDE = declare("matvec_kq_q8_wide", writes=("y",))
 MATVEC_KQ_Q8_WIDE_VEC4 = declare("matvec_kq_q8_wide_vec4", writes=("y",))
-MATVEC_KQ_Q8_SUB = declare("matvec_kq_q8_sub", writes=("y",))
 MATVEC_KQ_Q8_CHUNKS = declare("matvec_kq_q8_chunks", writes=("y",))
 MATVEC_KQ_Q8 = declare("matvec_kq_q8", writes=("y",))
 MATVEC_KQ_Q8_VEC4 = declare("matvec_kq_q8_vec4", writes=("y",))
@@ -55,7 +53,6 @@ BINDINGS = {
     "matvec_kq": ("x", "w", "wh", "y", "step"),
     "matvec_kq_q8_wide": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_wide_vec4": ("xq", "w", "wh", "y", "xm"),
-    "matvec_kq_q8_sub": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_chunks": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8": ("xq", "w", "wh", "y", "xm"),
     "matvec_kq_q8_vec4": ("xq", "w", "wh", "y", "xm"),
@@ -100,19 +97,28 @@ def matvec_kq_plan(tag: str, K: int, N: int, gate_up: bool = False, last_row: bo
     return consts, fold_grid(-(-N // rows))
 
 
-# The int8 decode kernel of each type: for Q2_K and Q3_K matvec_kq_q8_chunks (lanes of whole 32-element chunks);
-# matvec_kq_q8_sub (a lane per 64-element item of four sub-blocks) stays selectable for bench/kquant_probe.py
-# --variants. For the others lanes of consecutive 16-byte items (matvec_kq_q8, matvec_kq_q8_vec4), the faster on the
-# H200 (BENCH.md, K-quant bandwidth). wide=True: matvec_kq_q8_wide (Q2_K, Q3_K) or matvec_kq_q8_wide_vec4 (Q4_K), a
-# lane per 64-element item of WROWS rows built for few instructions a weight byte, not yet timed on the H200.
+# The int8 decode kernel of each type, the faster on the H200 (BENCH.md, K-quant int8 decode matvecs): for Q2_K,
+# Q3_K and Q4_K below FEW_ROWS_N outputs matvec_kq_q8_wide (Q2_K, Q3_K) or matvec_kq_q8_wide_vec4 (Q4_K), a lane per
+# 64-element item of WROWS rows built for few instructions a weight byte; from FEW_ROWS_N outputs, and for the other
+# types, Q2_K / Q3_K on matvec_kq_q8_chunks (lanes of whole 32-element chunks), the others on lanes of consecutive
+# 16-byte items (matvec_kq_q8, matvec_kq_q8_vec4). wide=True / wide=False override the output count's choice.
 SUB_BLOCK_TYPES = ("q2_k", "q3_k")
 WIDE_TYPES = ("q2_k", "q3_k", "q4_k")
-SUB_SPLITS = (1, 2, 4, 8, 16)  # segments a subgroup of matvec_kq_q8_sub or matvec_kq_q8_wide may be cut into
-WIDE_DEFAULT: tuple[str, ...] = ()  # the types that run matvec_kq_q8_wide(_vec4) when no knob asks otherwise
-FEW_ROWS_N = 8192  # outputs below which the int8 decode kernels take one row a subgroup (q8_rows_default)
+SPLITS = (1, 2, 4, 8, 16)  # segments a subgroup of matvec_kq_q8_wide may be cut into
+FEW_ROWS_N = 8192  # outputs below which the int8 decode kernels take one row a subgroup and WIDE_TYPES run wide
 U32_DEFAULT = ("q4_k",)  # vec4 types whose default is matvec_kq_q8 (u32 loads): measured faster (BENCH.md)
 Q8_BATCHES = (1, 2, 4)  # items (chunks) a lane of the item kernels or matvec_kq_q8_chunks takes per pass
 Q8_BATCH_DEFAULT: dict[str, int] = {}  # per type where it is not 1
+
+
+def wide_default(tag: str, n: int | None) -> bool:
+    """Whether `tag`'s int8 decode matvec of `n` outputs runs matvec_kq_q8_wide(_vec4) when no knob names a kernel:
+    WIDE_TYPES below FEW_ROWS_N outputs (the H200 measured it faster on 3072 outputs, not on 9216)."""
+    if tag not in WIDE_TYPES:
+        return False
+    if n is None:
+        raise ValueError(f"{tag}'s int8 decode kernel depends on the output count: pass n (or wide=)")
+    return n < FEW_ROWS_N
 
 
 def has_vec4_blocks(tag: str) -> bool:
@@ -120,58 +126,44 @@ def has_vec4_blocks(tag: str) -> bool:
     return ktype(tag).words % 4 == 0
 
 
-def q8_kernel_kind(tag: str, vec4: bool | None = None, chunks: bool | None = None, wide: bool | None = None) -> str:
-    """Which int8 decode kernel the knobs ask for: "wide" (wide=True, or by default for WIDE_DEFAULT's types),
-    Q2_K / Q3_K's "chunks" (chunks=True, or by default) or "sub" (chunks=False), the others' "items"."""
+def q8_kernel_kind(tag: str, vec4: bool | None = None, chunks: bool | None = None, wide: bool | None = None,
+                   *, n: int | None = None) -> str:
+    """Which int8 decode kernel the knobs ask for: "wide" (wide=True, or with no knob wide_default(tag, n)),
+    Q2_K / Q3_K's "chunks", the others' "items"."""
     if wide and tag not in WIDE_TYPES:
         raise ValueError(f"matvec_kq_q8_wide reads {', '.join(t.upper() for t in WIDE_TYPES)} only, not {tag}")
-    if chunks and tag not in SUB_BLOCK_TYPES:  # chunks=False on the others: not the chunks kernel, as ever
-        raise ValueError(f"matvec_kq_q8_chunks and matvec_kq_q8_sub read Q2_K and Q3_K only, not {tag}")
-    if wide and (chunks or (chunks is False and tag in SUB_BLOCK_TYPES) or vec4 is not None):
+    if chunks is not None and tag not in SUB_BLOCK_TYPES:
+        raise ValueError(f"matvec_kq_q8_chunks reads Q2_K and Q3_K only, not {tag}")
+    if chunks is False:
+        raise ValueError("chunks=False named matvec_kq_q8_sub, which is gone: wide=True names the other Q2_K / Q3_K "
+                         "kernel")
+    if wide and (chunks or vec4 is not None):
         raise ValueError("wide=True and chunks / vec4 name different kernels")
-    if wide or (wide is None and chunks is None and vec4 is None and tag in WIDE_DEFAULT):
+    if wide or (wide is None and chunks is None and vec4 is None and wide_default(tag, n)):
         return "wide"
-    if tag in SUB_BLOCK_TYPES:
-        return "sub" if chunks is False else "chunks"
-    return "items"
+    return "chunks" if tag in SUB_BLOCK_TYPES else "items"
 
 
-def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool | None = None, wide: bool | None = None):
-    """The int8 decode kernel for `tag` (q8_kernel_kind's). Q2_K and Q3_K: matvec_kq_q8_chunks by default,
-    chunks=False matvec_kq_q8_sub. The others: matvec_kq_q8_vec4 where the blocks allow (or `vec4` asks), else
-    matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them; U32_DEFAULT's types by default). wide=True:
-    matvec_kq_q8_wide (Q2_K, Q3_K) or
-    matvec_kq_q8_wide_vec4 (Q4_K)."""
+def matvec_kq_q8_kernel(tag: str, vec4: bool | None = None, chunks: bool | None = None, wide: bool | None = None,
+                        *, n: int | None = None):
+    """The int8 decode kernel for `tag` and `n` outputs (q8_kernel_kind's). By default Q2_K, Q3_K and Q4_K below
+    FEW_ROWS_N outputs run matvec_kq_q8_wide (Q2_K, Q3_K) or matvec_kq_q8_wide_vec4 (Q4_K); otherwise Q2_K and Q3_K
+    run matvec_kq_q8_chunks (chunks=True names it at any n), the others matvec_kq_q8_vec4 where the blocks allow (or
+    `vec4` asks), else matvec_kq_q8 (u32 loads; vec4=False asks for it on any of them; U32_DEFAULT's types by
+    default). wide=True / wide=False: the wide kernel or not, whatever n."""
     if vec4 and not has_vec4_blocks(tag):
         raise ValueError(f"{tag} blocks are {ktype(tag).words * 4} bytes in q_blocks, not whole 16-byte units: "
                          "matvec_kq_q8_vec4 cannot read them")
     if tag in SUB_BLOCK_TYPES and vec4 is not None:
-        raise ValueError(f"{tag} runs matvec_kq_q8_wide, matvec_kq_q8_sub or matvec_kq_q8_chunks only "
+        raise ValueError(f"{tag} runs matvec_kq_q8_wide or matvec_kq_q8_chunks only "
                          "(shaders/kq_items.wgsl has no items of its blocks)")
-    kind = q8_kernel_kind(tag, vec4, chunks, wide)
+    kind = q8_kernel_kind(tag, vec4, chunks, wide, n=n)
     if kind == "wide":
         return MATVEC_KQ_Q8_WIDE_VEC4 if has_vec4_blocks(tag) else MATVEC_KQ_Q8_WIDE
-    if kind in ("sub", "chunks"):
-        return MATVEC_KQ_Q8_SUB if kind == "sub" else MATVEC_KQ_Q8_CHUNKS
+    if kind == "chunks":
+        return MATVEC_KQ_Q8_CHUNKS
     vec4 = has_vec4_blocks(tag) and tag not in U32_DEFAULT if vec4 is None else vec4
     return MATVEC_KQ_Q8_VEC4 if vec4 else MATVEC_KQ_Q8
-
-
-def sub_split(items: int, subgroup_size: int) -> int:
-    """matvec_kq_q8_sub's default SPLIT for rows of `items` items. Each segment takes a subgroup's rows from the grid,
-    so a split must keep a tenth more of the lanes busy over a row's passes to be taken (K = 3072: 48 items take 2
-    passes of 32 lanes, 3/4 busy; 3 passes of 16, all busy), and more than 2 segments only for rows shorter than
-    half a subgroup."""
-    def busy(split: int) -> float:
-        lanes = subgroup_size // split
-        return items / (-(-items // lanes) * lanes)
-    best = 1
-    for split in SUB_SPLITS:
-        if split > subgroup_size or (split > 2 and 2 * items >= subgroup_size):
-            break
-        if busy(split) > 1.1 * busy(best):
-            best = split
-    return best
 
 
 def wide_split(items: int, subgroup_size: int) -> int:
@@ -179,7 +171,7 @@ def wide_split(items: int, subgroup_size: int) -> int:
     few items) unless a row has at most half a subgroup's items; then segments of the fewest lanes that still take a
     row's items in one pass (K = 1024: 16 items, segments of 16 lanes at 32)."""
     split = 1
-    while 2 * split in SUB_SPLITS and 2 * split <= subgroup_size and items <= subgroup_size // (2 * split):
+    while 2 * split in SPLITS and 2 * split <= subgroup_size and items <= subgroup_size // (2 * split):
         split *= 2
     return split
 
@@ -201,24 +193,25 @@ def q8_stage_fits(K: int, wg: int) -> bool:
 
 
 def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: bool = False, rows: int | None = None,
-                      wg: int = MATVEC_Q8_WG, *, chunks: bool | None = None, wide: bool | None = None,
+                      wg: int = MATVEC_Q8_WG, *, vec4: bool | None = None, chunks: bool | None = None,
+                      wide: bool | None = None,
                       split: int | None = None, stage: bool | None = None,
                       batch: int | None = None) -> tuple[dict, tuple[int, int]]:
-    """Constants and grid for the int8 decode kernel of `tag` (matvec_kq_q8_kernel's: shaders/matvec_kq_q8_wide,
-    matvec_kq_q8_sub, matvec_kq_q8_chunks, matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or a norm's Q8
-    output). BLOCKS row blocks of ROWS outputs per workgroup, one per subgroup of the probed size (any real size
-    still covers all). `stage` (the item kernels and matvec_kq_q8_sub; default off): the activation row staged in
-    workgroup memory. `split` (matvec_kq_q8_sub, default sub_split; matvec_kq_q8_wide, default wide_split):
-    segments per subgroup, each taking ROWS outputs. `batch` (the item kernels and matvec_kq_q8_chunks, default
-    Q8_BATCH_DEFAULT's or 1): items (chunks) a lane takes per pass, their loads issued together."""
+    """Constants and grid for the int8 decode kernel of `tag` and N outputs (matvec_kq_q8_kernel's with n=N:
+    shaders/matvec_kq_q8_wide(_vec4), matvec_kq_q8_chunks, matvec_kq_q8 or matvec_kq_q8_vec4; x from quantize_q8 or
+    a norm's Q8 output; `vec4`, `chunks`, `wide` as there). BLOCKS row blocks of ROWS outputs per workgroup, one per
+    subgroup of the probed size (any real size still covers all). `stage` (the item kernels; default off): the
+    activation row staged in workgroup memory. `split` (matvec_kq_q8_wide, default wide_split): segments per
+    subgroup, each taking ROWS outputs. `batch` (the item kernels and matvec_kq_q8_chunks, default Q8_BATCH_DEFAULT's
+    or 1): items (chunks) a lane takes per pass, their loads issued together."""
     fmt = _check(tag, K, N)
     if subgroup_size < 1 or wg % subgroup_size:
         raise ValueError(f"WG={wg} must be a multiple of the subgroup size {subgroup_size}")
     rows = rows or q8_rows_default(N, gate_up)
     blocks = wg // subgroup_size
-    which = q8_kernel_kind(tag, None, chunks, wide)
-    if split is not None and which not in ("sub", "wide"):
-        raise ValueError("split is matvec_kq_q8_sub's (Q2_K, Q3_K) and matvec_kq_q8_wide's (wide=True) knob")
+    which = q8_kernel_kind(tag, vec4, chunks, wide, n=N)
+    if split is not None and which != "wide":
+        raise ValueError("split is matvec_kq_q8_wide's knob (Q2_K, Q3_K, Q4_K below FEW_ROWS_N outputs or wide=True)")
     if stage is not None and which in ("chunks", "wide"):
         raise ValueError(f"matvec_kq_q8_{which} reads the activation row as it is: no stage")
     consts = dict(K=K, N=N, WG=wg, ROWS=rows, BLOCKS=blocks, GATE_UP=gate_up, **fmt)
@@ -229,16 +222,16 @@ def matvec_kq_q8_plan(tag: str, K: int, N: int, subgroup_size: int, gate_up: boo
         if batch not in Q8_BATCHES:
             raise ValueError(f"BATCH must be one of {Q8_BATCHES}, got {batch}")
         consts["BATCH"] = batch
-    if which in ("items", "sub"):
+    if which == "items":
         stage = False if stage is None else stage  # staging measured slower on the H200 for every type (BENCH.md)
         if stage and not q8_stage_fits(K, wg):
             raise ValueError(f"K={K}: the staged activation row ({K * 5 // 4} bytes) and WG={wg} do not fit "
                              f"{WORKGROUP_BYTES} bytes of workgroup memory")
         consts["STAGE"] = stage
-    if which in ("sub", "wide"):
-        split = split or (sub_split if which == "sub" else wide_split)(K // 64, subgroup_size)
-        if split not in SUB_SPLITS:
-            raise ValueError(f"SPLIT must be one of {SUB_SPLITS}, got {split}")
+    if which == "wide":
+        split = split or wide_split(K // 64, subgroup_size)
+        if split not in SPLITS:
+            raise ValueError(f"SPLIT must be one of {SPLITS}, got {split}")
         del consts["HALVES"], consts["BH"]
         consts["SPLIT"] = split
         return consts, fold_grid(-(-N // (rows * blocks * split)))

@@ -1,5 +1,5 @@
 // ggml's Q4_K, Q5_K, Q6_K and Q5_0 / Q5_1 blocks as the int8 decode matvec reads them (as stored:
-// engine/formats/kquant.py's arrays; Q2_K and Q3_K run matvec_kq_q8_sub.wgsl). A block is cut into IPB = QK / 32
+// engine/formats/kquant.py's arrays; Q2_K and Q3_K run matvec_kq_q8_wide.wgsl or matvec_kq_q8_chunks.wgsl). A block is cut into IPB = QK / 32
 // items, item t being code bytes 16t.. of the block's code array (4 whole u32 words), so the lanes of a subgroup that
 // take consecutive items read one contiguous run of a row. An item is two parts: part p is half h of chunk c of the
 // block (16 elements, one activation vec4 of q8_pack's layout), its codes u in element order 4 to a word, and

@@ -32,8 +32,8 @@ fn half_in_order(v: vec4<u32>) -> vec4<u32> {
 }
 
 // Where half i is staged: bits 3..4 of i flipped into bits 1..2, within its group of 8 halves (128 bytes). The lanes
-// of matvec_kq_q8_sub read halves 16b + 8·(t/2) + t%2 + 2k (block b, item t, sub-block k): unswizzled, the 8 lanes
-// of each quarter subgroup that one 16-byte read serves would share 2 of 8 bank groups; swizzled they use all 8.
+// of a 64-element item kernel read halves 16b + 8·(t/2) + t%2 + 2k (block b, item t, sub-block k): unswizzled, the
+// 8 lanes of each quarter subgroup that one 16-byte read serves would share 2 of 8 bank groups; swizzled all 8.
 fn swizzle(i: u32) -> u32 { return i ^ ((i >> 2u) & 6u); }
 
 // Half i straight from xq / xm.

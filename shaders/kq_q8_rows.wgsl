@@ -1,4 +1,4 @@
-// What the K-quant int8 decode matvecs (matvec_kq_q8_body, matvec_kq_q8_chunks, matvec_kq_q8_sub) share around
+// What the K-quant int8 decode matvecs (matvec_kq_q8_body, matvec_kq_q8_chunks, kq_wide) share around
 // their dot loops: a subgroup's ROWS output rows (× 2 with GATE_UP: gate rows, then up rows at N), their first block,
 // and the sums written once per row, y = silu(gate)·up with GATE_UP.
 // The including kernel declares y (f32, read_write) and the constants K, QK, N, ROWS and GATE_UP.

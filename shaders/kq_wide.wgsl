@@ -4,7 +4,6 @@
 // | type | item t (0..3) | sub-block k (16 elements) and its codes |
 // | Q2_K, Q3_K | qs bytes 16t..16t + 15 | half t%2 of chunk 4·(t/2) + k: (q >> 2k) & 3 a byte, Q3_K | hmask bit << 2 |
 // | Q4_K | qs bytes 32t..32t + 31 | half k%2 of chunk 2t + k/2: nibble k/2 of qs bytes 32t + 16·(k%2).. |
-// (kq_sub_items.wgsl derives the Q2_K / Q3_K layout.)
 // The activations stay in q8_pack's order (per 8 elements a word of the evens, one of the odds): each row's code
 // bytes are put in that order instead, once for all the sub-blocks that share their byte positions, fewer
 // instructions than reordering an item's activations. Per row the codes meet the activations through dot4I8Packed,

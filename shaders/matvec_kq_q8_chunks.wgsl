@@ -1,7 +1,7 @@
 // Decode matvec on Q2_K / Q3_K blocks with int8 activations (quantize_q8.wgsl's layout, q8_pack.wgsl: per 32-element
-// chunk int8 codes xq, scale xs and Σ xq), four products per dot4I8Packed as llama.cpp's q8_1 path does. The older
-// of their two kernels: they run matvec_kq_q8_sub.wgsl, this one stays for A/B timings (bench/kquant_probe.py
-// --variants); the other types run matvec_kq_q8.wgsl or matvec_kq_q8_vec4.wgsl (engine/kquant_plan.py).
+// chunk int8 codes xq, scale xs and Σ xq), four products per dot4I8Packed as llama.cpp's q8_1 path does. Their
+// kernel from FEW_ROWS_N outputs (below it matvec_kq_q8_wide.wgsl); the other types run matvec_kq_q8.wgsl or
+// matvec_kq_q8_vec4.wgsl (engine/kquant_plan.py).
 // Per chunk and half h (16 elements; both types scale per 16): Σ w·x = xs·(a_h·Σ u·xq + b_h·Σ xq) in kq_decode.wgsl's
 // form, the integer sums exact. Each lane puts its chunk's activation words in element order once and reuses them
 // for the ROWS rows it owns.

@@ -18,6 +18,7 @@ from engine.kernels import MAX_GROUPS_PER_DIM
 from engine.kernels.matmul import quantize_q8_plan
 from engine.kquant_plan import (
     BINDINGS,
+    FEW_ROWS_N,
     embedding_kq_plan,
     gemm_kq_plan,
     gemm_kq_q8_plan,
@@ -232,22 +233,24 @@ def scaled_activations(rng, T, K):
 def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, chunks=None, wide=None, **plan):
     K = x_row.shape[0]
     xq, xm, x_hat, scale = quantize_x(gpu, x_row[None])
-    consts, grid = matvec_kq_q8_plan(tag, K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, chunks=chunks,
-                                     wide=wide, **plan)
+    consts, grid = matvec_kq_q8_plan(tag, K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, vec4=vec4,
+                                     chunks=chunks, wide=wide, **plan)
     y = poisoned(gpu, "y", (N,))
     w, wh = upload_weight(gpu, tag, raw, K)
-    run(gpu, matvec_kq_q8_kernel(tag, vec4, chunks, wide), consts, [xq, w, wh, y, xm], grid)
+    run(gpu, matvec_kq_q8_kernel(tag, vec4, chunks, wide, n=N), consts, [xq, w, wh, y, xm], grid)
     return read(gpu, y, (N,)), x_hat[0], scale[0], grid
 
 
-@pytest.mark.parametrize("tag", TAGS)
+# Each type's default for these N (below FEW_ROWS_N: the wide kernels for Q2_K, Q3_K, Q4_K), and those three's
+# kernel from FEW_ROWS_N outputs (wide=False: matvec_kq_q8_chunks, Q4_K's matvec_kq_q8).
+@pytest.mark.parametrize("tag,wide", [(t, None) for t in TAGS] + [("q2_k", False), ("q3_k", False), ("q4_k", False)])
 @pytest.mark.parametrize("blocks,N,gate_up", [(3, 37, False), (2, 21, True), (8, 6, False)])
-def test_matvec_kq_q8(gpu, rng, tag, blocks, N, gate_up):
+def test_matvec_kq_q8(gpu, rng, tag, wide, blocks, N, gate_up):
     K = blocks * kquant.TYPES[tag].elements
     raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
     W, M = reference(tag, raw)
     x = scaled_activations(rng, 1, K)[0]
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up)
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, wide=wide)
     # Integer sums are exact; then ≤ 8 roundings per chunk (the scales' products and sums), the lane's chunk
     # chain and subgroupAdd.
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
@@ -258,12 +261,13 @@ def test_matvec_kq_q8(gpu, rng, tag, blocks, N, gate_up):
 def test_matvec_kq_q8_rows_and_block_counts(gpu, rng, tag, blocks, N, rows, gate_up):
     # K a multiple of 256 only (1, 3, 5 blocks: the items or chunks a lane takes of a row are not a multiple of the
     # lanes, and one block has fewer than a subgroup has lanes), odd N, and ROWS that leave rows past N in the last
-    # subgroup. Q2_K and Q3_K run matvec_kq_q8_sub, the others the item kernels.
+    # subgroup. The kernels of FEW_ROWS_N outputs and more (wide=False: Q2_K and Q3_K on matvec_kq_q8_chunks, the
+    # others on the item kernels); test_matvec_kq_q8_wide takes the wide kernels through the same shapes.
     K = blocks * 256
     raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
     W, M = reference(tag, raw)
     x = scaled_activations(rng, 1, K)[0]
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, rows=rows)
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, rows=rows, wide=False)
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
@@ -292,8 +296,7 @@ def test_matvec_kq_q8_batched_items_and_chunks(gpu, rng, tag, batch, blocks, N, 
     raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
     W, M = reference(tag, raw)
     x = scaled_activations(rng, 1, K)[0]
-    chunks = True if tag in ("q2_k", "q3_k") else None
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, chunks=chunks, batch=batch)
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, wide=False, batch=batch)
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
@@ -309,9 +312,8 @@ def test_matvec_kq_q8_u32_kernel_reads_the_vec4_types_too(gpu, rng, tag, gate_up
     check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
 
 
-# One type per kernel: vec4, u32, sub-blocks (whose SPLIT the plan takes from the claimed size: 16 segments at 64,
-# which a smaller subgroup takes in turns), chunks.
-@pytest.mark.parametrize("tag,chunks", [("q6_k", False), ("q5_1", False), ("q3_k", False), ("q2_k", True)])
+# One type per kernel: vec4, u32, chunks (the wide kernels: test_matvec_kq_q8_wide_covers_every_row_...).
+@pytest.mark.parametrize("tag,chunks", [("q6_k", None), ("q5_1", None), ("q2_k", True)])
 @pytest.mark.parametrize("claimed", [1, 4, 64])
 def test_matvec_kq_q8_covers_every_row_whatever_the_subgroup_size(gpu, rng, tag, chunks, claimed):
     K, N = 512, 301
@@ -335,10 +337,10 @@ def test_matvec_kq_q8_folded_grid(gpu, rng):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tag,knobs", [("q6_k", {}), ("q2_k", {"chunks": True}),
-                                       ("q3_k", {"chunks": False, "split": 1})])
+                                       ("q3_k", {"wide": True, "split": 1})])
 def test_matvec_kq_q8_folded_grid_one_row_a_workgroup(gpu, rng, tag, knobs):
     # One row a workgroup: more than 65,535 workgroups fold into (x, y); the vec4 kernel with Q6_K's split-off d,
-    # matvec_kq_q8_chunks and matvec_kq_q8_sub.
+    # matvec_kq_q8_chunks and matvec_kq_q8_wide.
     K, N = 256, MAX_GROUPS_PER_DIM + 1000
     raw = random_raw(rng, tag, N, K)
     W, M = reference(tag, raw)
@@ -348,30 +350,7 @@ def test_matvec_kq_q8_folded_grid_one_row_a_workgroup(gpu, rng, tag, knobs):
     check_int8_product(out, x, x_hat, scale, W, M, N, False, 8 + K // 32 + 64)
 
 
-@pytest.mark.slow  # an A/B variant, not the default path: the long pass runs it
-@pytest.mark.parametrize("tag", ["q2_k", "q3_k"])
-@pytest.mark.parametrize("blocks,N,rows,gate_up,knobs", [
-    (1, 23, 1, False, {"split": 1, "stage": False}),  # 4 items a row: most lanes idle, rows past N
-    (3, 37, 2, False, {"split": 2, "stage": True}),
-    (5, 11, 3, False, {"split": 4, "stage": False}),
-    (2, 9, 1, True, {"split": 16, "stage": True}),  # more segments than this GPU's lanes: taken in turns
-    (12, 17, 2, True, {"split": 8, "stage": False}),
-    (12, 17, 2, False, {"chunks": True}),  # the older kernel, kept for A/B timings
-])
-def test_matvec_kq_q8_sub_knobs(gpu, rng, tag, blocks, N, rows, gate_up, knobs):
-    # matvec_kq_q8_sub's SPLIT and STAGE, each way, on fresh blocks and activations; outputs start as NaN.
-    K = blocks * 256
-    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
-    W, M = reference(tag, raw)
-    x = scaled_activations(rng, 1, K)[0]
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, rows=rows, **{"chunks": False, **knobs})
-    # Integer sums are exact (|sc·Σ u·xq| < 2^17, |(s − 32)·Σ (u − 4)·xq| < 2^19); per 64-element item ≤ 4 chained
-    # FMAs over its sub-blocks, xs·Σ xq, the d / dmin products and their difference, then the lane's item chain and
-    # the subgroup sum: within the chunks kernel's 8 + K/32 + 64 roundings.
-    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
-
-
-# ---- matvec_kq_q8_wide (Q2_K, Q3_K) and matvec_kq_q8_wide_vec4 (Q4_K), variants beside the defaults --------------
+# ---- matvec_kq_q8_wide (Q2_K, Q3_K) and matvec_kq_q8_wide_vec4 (Q4_K): their defaults below FEW_ROWS_N outputs ---
 # Their integer sums are exact (|sc·Σ u·xq| ≤ 15·16·3·127 < 2^17, |(s − 32)·Σ (u − 4)·xq| ≤ 32·16·4·127 < 2^19,
 # Q4_K's per chunk ≤ 63·32·15·127 < 2^22, so the MAGIC bias turns them into f32 exactly); an element then passes ≤ 7
 # roundings in its item (≤ 4 chained FMAs over the sub-blocks, xs·Σ xq, the d / dmin products and their
@@ -398,7 +377,7 @@ def test_matvec_kq_q8_wide(gpu, rng, tag, blocks, N, rows, gate_up):
 @pytest.mark.parametrize("tag", WIDE)
 @pytest.mark.parametrize("blocks,N,gate_up", [(2, 19, False), (3, 10, True)])
 def test_matvec_kq_q8_wide_equals_the_default_kernel(gpu, rng, tag, blocks, N, gate_up):
-    # The same int8 row and blocks through the wide kernel and the default it is timed against (matvec_kq_q8_chunks,
+    # The same int8 row and blocks through the wide kernel and a kernel it is timed against (matvec_kq_q8_chunks,
     # Q4_K's matvec_kq_q8_vec4): the same exact integer sums, so they differ only by their f32 roundings, each within
     # the bound above of the exact product on x̂ (hence within twice it of each other).
     K = blocks * 256
@@ -618,30 +597,50 @@ def test_plans_refuse_what_they_cannot_run():
         matvec_kq_q8_plan("q6_k", 256, 8, 48)
     with pytest.raises(ValueError, match="not whole 16-byte units"):
         matvec_kq_q8_kernel("q2_k", vec4=True)
-    with pytest.raises(ValueError, match="q3_k runs matvec_kq_q8_wide, matvec_kq_q8_sub or matvec_kq_q8_chunks only"):
+    with pytest.raises(ValueError, match="q3_k runs matvec_kq_q8_wide or matvec_kq_q8_chunks only"):
         matvec_kq_q8_kernel("q3_k", vec4=False)
-    with pytest.raises(ValueError, match="read Q2_K and Q3_K only"):
+    with pytest.raises(ValueError, match="matvec_kq_q8_chunks reads Q2_K and Q3_K only"):
         matvec_kq_q8_kernel("q4_k", chunks=True)
-    with pytest.raises(ValueError, match="matvec_kq_q8_sub's"):
-        matvec_kq_q8_plan("q4_k", 256, 8, 32, split=2)
+    with pytest.raises(ValueError, match="matvec_kq_q8_sub, which is gone"):
+        matvec_kq_q8_kernel("q2_k", chunks=False)
+    with pytest.raises(ValueError, match="split is matvec_kq_q8_wide's knob"):
+        matvec_kq_q8_plan("q4_k", 256, FEW_ROWS_N, 32, split=2)
+    with pytest.raises(ValueError, match="split is matvec_kq_q8_wide's knob"):
+        matvec_kq_q8_plan("q2_k", 256, 8, 32, chunks=True, split=2)
     with pytest.raises(ValueError, match="no stage"):
         matvec_kq_q8_plan("q2_k", 256, 8, 32, chunks=True, stage=False)
-    with pytest.raises(ValueError, match="SPLIT must be one of"):
-        matvec_kq_q8_plan("q2_k", 256, 8, 32, chunks=False, split=3)
     with pytest.raises(ValueError, match="workgroup memory"):
-        matvec_kq_q8_plan("q3_k", 12288, 8, 32, chunks=False, stage=True)
-    with pytest.raises(ValueError, match="workgroup memory"):
-        matvec_kq_q8_plan("q4_k", 11520, 8, 32, stage=True)
+        matvec_kq_q8_plan("q4_k", 11520, 8, 32, wide=False, stage=True)
     # Staging fits 16 KiB beside the reduction's WG vec4s up to K = 11264 at WG = 128; the default stages nothing.
-    assert matvec_kq_q8_plan("q4_k", 11264, 8, 32, stage=True)[0]["STAGE"]
-    assert not any(matvec_kq_q8_plan(t, K, 8, 32)[0]["STAGE"] for t in ("q4_k", "q6_k", "q5_0") for K in (256, 11264))
-    assert "STAGE" not in matvec_kq_q8_plan("q3_k", 256, 8, 32)[0]  # matvec_kq_q8_chunks
+    assert matvec_kq_q8_plan("q4_k", 11264, 8, 32, vec4=False, stage=True)[0]["STAGE"]
+    assert not any(matvec_kq_q8_plan(t, K, FEW_ROWS_N, 32)[0]["STAGE"] for t in ("q4_k", "q6_k", "q5_0")
+                   for K in (256, 11264))
+    assert "STAGE" not in matvec_kq_q8_plan("q3_k", 256, FEW_ROWS_N, 32)[0]  # matvec_kq_q8_chunks
     assert matvec_kq_q8_kernel("q2_k", chunks=True).name == "matvec_kq_q8_chunks"
-    # The faster kernel per type on the H200 (BENCH.md, K-quant bandwidth; Q2_K / Q3_K: matvec_kq_q8_sub measured
-    # no faster than matvec_kq_q8_chunks there).
-    assert {t: matvec_kq_q8_kernel(t).name for t in TAGS} == {
-        "q2_k": "matvec_kq_q8_chunks", "q3_k": "matvec_kq_q8_chunks", "q4_k": "matvec_kq_q8",
-        "q5_k": "matvec_kq_q8_vec4", "q6_k": "matvec_kq_q8_vec4", "q5_0": "matvec_kq_q8", "q5_1": "matvec_kq_q8"}
+    # The faster kernel per type and output count on the H200 (BENCH.md, K-quant int8 decode matvecs): below
+    # FEW_ROWS_N outputs the wide kernels for Q2_K, Q3_K, Q4_K (3072 outputs), from it the others (9216).
+    few = {"q2_k": "matvec_kq_q8_wide", "q3_k": "matvec_kq_q8_wide", "q4_k": "matvec_kq_q8_wide_vec4",
+           "q5_k": "matvec_kq_q8_vec4", "q6_k": "matvec_kq_q8_vec4", "q5_0": "matvec_kq_q8", "q5_1": "matvec_kq_q8"}
+    many = {**few, "q2_k": "matvec_kq_q8_chunks", "q3_k": "matvec_kq_q8_chunks", "q4_k": "matvec_kq_q8"}
+    for n, want in ((1, few), (3072, few), (FEW_ROWS_N - 1, few), (FEW_ROWS_N, many), (9216, many)):
+        assert {t: matvec_kq_q8_kernel(t, n=n).name for t in TAGS} == want, n
+    # The plan takes the same kernel's constants from N: SPLIT only for the wide kernels, BATCH only for the others.
+    for t in TAGS:
+        for n in (3072, 9216):
+            consts = matvec_kq_q8_plan(t, 3072, n, 32)[0]
+            assert ("SPLIT" in consts) == matvec_kq_q8_kernel(t, n=n).name.startswith("matvec_kq_q8_wide"), (t, n)
+            assert ("BATCH" in consts) != ("SPLIT" in consts), (t, n)
+    # wide= overrides N either way; the other knobs name their kernel at any N; no knob and no n: no choice.
+    assert matvec_kq_q8_kernel("q3_k", wide=True, n=9216).name == "matvec_kq_q8_wide"
+    assert matvec_kq_q8_kernel("q4_k", wide=False, n=3072).name == "matvec_kq_q8"
+    assert matvec_kq_q8_kernel("q4_k", vec4=True, n=3072).name == "matvec_kq_q8_vec4"
+    assert matvec_kq_q8_kernel("q2_k", chunks=True, n=3072).name == "matvec_kq_q8_chunks"
+    assert "SPLIT" in matvec_kq_q8_plan("q3_k", 3072, 9216, 32, wide=True)[0]
+    assert "BATCH" in matvec_kq_q8_plan("q4_k", 3072, 3072, 32, wide=False)[0]
+    assert "BATCH" in matvec_kq_q8_plan("q4_k", 3072, 3072, 32, vec4=True)[0]
+    with pytest.raises(ValueError, match="depends on the output count"):
+        matvec_kq_q8_kernel("q2_k")
+    assert matvec_kq_q8_kernel("q6_k").name == "matvec_kq_q8_vec4"  # not a wide type: no n needed
     # One row a subgroup below FEW_ROWS_N outputs (rows 1 measured faster there on the H200), else two (one with
     # gate_up's paired rows).
     assert [matvec_kq_q8_plan("q4_k", 8192, n, 32, gate_up=g)[0]["ROWS"] for n, g in
@@ -658,9 +657,8 @@ def test_plans_refuse_what_they_cannot_run():
         gemm_kq_q8_plan("q4_k", 256, 8, 4, kc=3)
     with pytest.raises(ValueError, match="workgroup memory"):
         gemm_kq_q8_plan("q4_k", 1024, 8, 4, tm=128, tn=32, kc=4)
-    assert set(BINDINGS) == {"matvec_kq", "matvec_kq_q8_wide", "matvec_kq_q8_wide_vec4", "matvec_kq_q8_sub",
-                             "matvec_kq_q8_chunks", "matvec_kq_q8", "matvec_kq_q8_vec4", "matmul_kq", "matmul_kq_q8",
-                             "embedding_kq"}
+    assert set(BINDINGS) == {"matvec_kq", "matvec_kq_q8_wide", "matvec_kq_q8_wide_vec4", "matvec_kq_q8_chunks",
+                             "matvec_kq_q8", "matvec_kq_q8_vec4", "matmul_kq", "matmul_kq_q8", "embedding_kq"}
     # matvec_kq_q8_wide(_vec4): Q2_K / Q3_K / Q4_K only, no staging, one knob for one kernel; SPLIT keeps whole
     # subgroups on a row set unless a row has at most half a subgroup's 64-element items.
     assert [matvec_kq_q8_kernel(t, wide=True).name for t in ("q2_k", "q3_k", "q4_k")] == [
@@ -668,7 +666,7 @@ def test_plans_refuse_what_they_cannot_run():
     with pytest.raises(ValueError, match="reads Q2_K, Q3_K, Q4_K only"):
         matvec_kq_q8_kernel("q6_k", wide=True)
     with pytest.raises(ValueError, match="name different kernels"):
-        matvec_kq_q8_plan("q3_k", 256, 8, 32, wide=True, chunks=False)
+        matvec_kq_q8_plan("q3_k", 256, 8, 32, wide=True, chunks=True)
     with pytest.raises(ValueError, match="name different kernels"):
         matvec_kq_q8_kernel("q4_k", vec4=True, wide=True)
     with pytest.raises(ValueError, match="no stage"):

@@ -117,7 +117,8 @@ def decode_kernel(k: int, n: int, gate_up: bool, tag: str, ar: Arithmetic, last_
     """(Kernel, constants, grid) of the decode matvec for an [n (×2 with gate_up), k] matrix in format `tag`."""
     if is_kquant(tag):
         if ar.is_int8(tag):
-            return (matvec_kq_q8_kernel(tag), *matvec_kq_q8_plan(tag, k, n, ar.subgroup_size, gate_up=gate_up))
+            # Both pick by n (outputs): the wide kernels below FEW_ROWS_N, gate_up included (kq_q8_rows.wgsl's GATE_UP).
+            return (matvec_kq_q8_kernel(tag, n=n), *matvec_kq_q8_plan(tag, k, n, ar.subgroup_size, gate_up=gate_up))
         return (MATVEC_KQ, *matvec_kq_plan(tag, k, n, gate_up=gate_up, last_row=last_row))
     knobs = format_knobs(tag)
     if ar.is_int8(tag):
