@@ -241,19 +241,24 @@ def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=Non
     return read(gpu, y, (N,)), x_hat[0], scale[0], grid
 
 
+def assert_int8_matvec(gpu, rng, tag, K, N, gate_up, **plan):
+    """The type's int8 decode kernel (run_matvec_q8 with `plan`) on fresh random blocks and activations against
+    float64 on the dequantized weights: integer sums are exact; then ≤ 8 roundings per chunk (the scales' products
+    and sums), the lane's chunk chain and subgroupAdd."""
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, **plan)
+    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+
+
 # Each type's default for these N (below FEW_ROWS_N: the wide kernels for Q2_K, Q3_K, Q4_K), and those three's
 # kernel from FEW_ROWS_N outputs (wide=False: matvec_kq_q8_chunks, Q4_K's matvec_kq_q8).
 @pytest.mark.parametrize("tag,wide", [(t, None) for t in TAGS] + [("q2_k", False), ("q3_k", False), ("q4_k", False)])
 @pytest.mark.parametrize("blocks,N,gate_up", [(3, 37, False), (2, 21, True), (8, 6, False)])
 def test_matvec_kq_q8(gpu, rng, tag, wide, blocks, N, gate_up):
     K = blocks * kquant.TYPES[tag].elements
-    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
-    W, M = reference(tag, raw)
-    x = scaled_activations(rng, 1, K)[0]
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, wide=wide)
-    # Integer sums are exact; then ≤ 8 roundings per chunk (the scales' products and sums), the lane's chunk
-    # chain and subgroupAdd.
-    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+    assert_int8_matvec(gpu, rng, tag, K, N, gate_up, wide=wide)
 
 
 @pytest.mark.parametrize("tag", ["q2_k", "q3_k", "q4_k", "q5_k", "q6_k"])
@@ -264,11 +269,7 @@ def test_matvec_kq_q8_rows_and_block_counts(gpu, rng, tag, blocks, N, rows, gate
     # subgroup. The kernels of FEW_ROWS_N outputs and more (wide=False: Q2_K and Q3_K on matvec_kq_q8_chunks, the
     # others on the item kernels); test_matvec_kq_q8_wide takes the wide kernels through the same shapes.
     K = blocks * 256
-    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
-    W, M = reference(tag, raw)
-    x = scaled_activations(rng, 1, K)[0]
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, rows=rows, wide=False)
-    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+    assert_int8_matvec(gpu, rng, tag, K, N, gate_up, rows=rows, wide=False)
 
 
 @pytest.mark.parametrize("tag,vec4", [("q4_k", True), ("q5_k", True), ("q6_k", True), ("q6_k", False),
@@ -279,11 +280,7 @@ def test_matvec_kq_q8_item_kernels_staged_or_not(gpu, rng, tag, vec4, blocks, N,
     # STAGE off (the default: each lane orders its activations itself) and on (the row staged per workgroup, an A/B
     # that measured slower on the H200), both timed by bench/kquant_probe.py --variants.
     K = blocks * kquant.TYPES[tag].elements
-    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
-    W, M = reference(tag, raw)
-    x = scaled_activations(rng, 1, K)[0]
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, vec4=vec4, stage=stage)
-    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+    assert_int8_matvec(gpu, rng, tag, K, N, gate_up, vec4=vec4, stage=stage)
 
 
 @pytest.mark.parametrize("tag", TAGS)
@@ -293,11 +290,7 @@ def test_matvec_kq_q8_batched_items_and_chunks(gpu, rng, tag, batch, blocks, N, 
     # BATCH items (Q2_K / Q3_K: chunks of matvec_kq_q8_chunks) a lane per pass: rows whose items end mid-pass, the
     # clamped tail loaded and not summed (a bench/kquant_probe.py --variants A/B).
     K = blocks * kquant.TYPES[tag].elements
-    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
-    W, M = reference(tag, raw)
-    x = scaled_activations(rng, 1, K)[0]
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, wide=False, batch=batch)
-    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+    assert_int8_matvec(gpu, rng, tag, K, N, gate_up, wide=False, batch=batch)
 
 
 @pytest.mark.parametrize("tag", [t for t in TAGS if has_vec4_blocks(t)])
@@ -305,11 +298,7 @@ def test_matvec_kq_q8_batched_items_and_chunks(gpu, rng, tag, batch, blocks, N, 
 def test_matvec_kq_q8_u32_kernel_reads_the_vec4_types_too(gpu, rng, tag, gate_up):
     # matvec_kq_q8 (u32 loads) takes the vec4 types too: bench/kquant_probe.py's --variants compare the two.
     K, N = 768, 19
-    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
-    W, M = reference(tag, raw)
-    x = scaled_activations(rng, 1, K)[0]
-    out, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, vec4=False)
-    check_int8_product(out, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+    assert_int8_matvec(gpu, rng, tag, K, N, gate_up, vec4=False)
 
 
 # One type per kernel: vec4, u32, chunks (the wide kernels: test_matvec_kq_q8_wide_covers_every_row_...).
