@@ -292,11 +292,10 @@ class MainWindow(QMainWindow):
     def _weights_budget(self) -> int | None:
         """The weights budget the next load takes (the worker's rule: Settings, else ZEROTVM_GPU_WEIGHTS), for the
         fit verdicts; one the load would refuse as misspelt counts as auto here (the load names it)."""
-        from engine.gpu_budget import from_env, parse_size
+        from engine.gpu_budget import setting_budget
 
         try:
-            typed = self.prefs.gpu_weights
-            return parse_size(typed, "GPU weights budget") if typed != "auto" else from_env()
+            return setting_budget(self.prefs.gpu_weights)
         except ValueError:
             return None
 

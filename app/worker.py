@@ -167,9 +167,9 @@ class EngineWorker(QObject):
 
     def _gpu_weights(self) -> int | None:
         """The weights budget: the Settings entry (set by the window before a load), else ZEROTVM_GPU_WEIGHTS."""
-        from engine.gpu_budget import from_env, parse_size
+        from engine.gpu_budget import setting_budget
 
-        return parse_size(self.gpu_weights, "GPU weights budget") if self.gpu_weights != "auto" else from_env()
+        return setting_budget(self.gpu_weights)
 
     def _facts(self, seconds: float) -> dict:
         from engine.gpu_budget import streaming_line

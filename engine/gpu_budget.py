@@ -59,6 +59,11 @@ def from_env(environ=None) -> int | None:
     return parse_size((environ if environ is not None else os.environ).get(ENV), ENV)
 
 
+def setting_budget(typed: str) -> int | None:
+    """The budget the app's Settings entry gives (as typed: a size or "auto"), else ZEROTVM_GPU_WEIGHTS."""
+    return parse_size(typed, "GPU weights budget") if typed != "auto" else from_env()
+
+
 def auto_margin(memory_bytes: int) -> int:
     """What auto leaves free of an adapter with `memory_bytes` of memory."""
     return max(AUTO_MARGIN_BYTES, int(memory_bytes * AUTO_MARGIN_SHARE))
