@@ -89,7 +89,12 @@ VARIANTS = [("matvec f32", dict(rows=2)), ("matvec f32", dict(rows=8)), ("matvec
             ("matvec int8", dict(batch=2)), ("matvec int8", dict(batch=4)), ("matvec int8", dict(batch=2, rows=1)),
             ("matvec int8", dict(batch=4, rows=1)), ("matvec int8", dict(batch=2, rows=4)),
             ("matvec int8", dict(batch=2, wg=256)),
-            ("gemm int8", dict(kc=4, tm=32, tn=32)), ("gemm int8", dict(tm=32, tn=128))]
+            ("gemm int8", dict(kc=4, tm=32, tn=32)), ("gemm int8", dict(tm=32, tn=128)),
+            # int8 rows in element order (shaders/q8_codes.wgsl Q8_NATURAL, a model of K-quant products): no
+            # reordering of bytes per row; the same sums, so the same outputs
+            ("matvec int8", dict(natural=True)), ("matvec int8", dict(natural=True, rows=1)),
+            ("matvec int8", dict(natural=True, wide=True, rows=1)), ("matvec int8", dict(natural=True, wide=False)),
+            ("gemm int8", dict(natural=True))]
 
 
 def random_weight(g: Gpu, tag: str, N: int, K: int, rng, reference: bool = True) -> tuple[list, int, np.ndarray]:
@@ -329,6 +334,11 @@ def main() -> None:
         consts, grid = quantize_q8_plan(K, rows=T)
         pipe = g.pipeline("quantize_q8", consts)
         quantize = (pipe, g.bind(pipe, [io["x"], io["xq"], io["xm"], io["step"]], "probe-quantize"), grid)
+        # the same rows in element order, for the `natural` variants
+        io_natural = dict(io, xq=g.buffer("xq-natural", T * K), xm=g.buffer("xm-natural", T * K // 32 * 8))
+        pipe = g.pipeline("quantize_q8", dict(consts, Q8_NATURAL=True))
+        quantize_natural = (pipe, g.bind(pipe, [io["x"], io_natural["xq"], io_natural["xm"], io["step"]],
+                                         "probe-quantize-natural"), grid)
         t_quant = dispatch_seconds(g, *quantize, reps) * 1e6
         print(f"\n{name} (N={N} outputs, K={K}); quantize_q8 of {T} rows {t_quant:.1f} us (not in the int8 GEMM "
               "times below)")
@@ -358,17 +368,22 @@ def main() -> None:
             for kind, plan in VARIANTS if args.variants and tag != "q4_0" else []:
                 if kind not in kinds or (keys and not set(plan) <= keys):
                     continue
+                natural = bool(plan.get("natural"))
+                knobs = {k: v for k, v in plan.items() if k != "natural"}
                 try:
-                    vp = variant_plan(g, tag, K, N, T, kind, plan)
+                    vp = variant_plan(g, tag, K, N, T, kind, knobs) if knobs else None
                 except ValueError as e:  # a setting that does not fit this shape
                     print(f"      {tag} {kind} {plan}: skipped ({e})")
                     continue
+                if vp is None and natural:  # the default kernel, on rows in element order
+                    vp = plans(g, tag, K, N, T)[kind]
                 if vp is None:
                     continue
                 shader, consts, grid = vp
-                pipe = g.pipeline(shader, consts)
-                bgs = [g.bind(pipe, bind_list(kind, io, c[0], io["y"][4]), f"probe-{kind}") for c in copies]
-                got = output(g, kind, (pipe, bgs[0], grid), quantize, io["y"][4], T, N)
+                pipe = g.pipeline(shader, dict(consts, Q8_NATURAL=True) if natural else consts)
+                rows_io, rows_quantize = (io_natural, quantize_natural) if natural else (io, quantize)
+                bgs = [g.bind(pipe, bind_list(kind, rows_io, c[0], io["y"][4]), f"probe-{kind}") for c in copies]
+                got = output(g, kind, (pipe, bgs[0], grid), rows_quantize, io["y"][4], T, N)
                 want = res[kind]
                 err = np.abs(got - want).max() / np.abs(want).max()
                 ok = bool(err < 1e-5)

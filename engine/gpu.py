@@ -14,7 +14,7 @@ import wgpu
 
 from engine.errors import GpuError
 from engine.kernels import Kernel, kernel
-from engine.shaders import build_source
+from engine.shaders import MODEL_CONSTANTS, build_source, with_model_constants
 
 STORAGE = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
 UNIFORM = wgpu.BufferUsage.UNIFORM | wgpu.BufferUsage.COPY_DST
@@ -299,14 +299,14 @@ class Gpu:
         """The compute pipeline of a kernel (a Kernel, or the name of shaders/<name>.wgsl) with `consts` injected as
         WGSL constants; built once per (kernel, constants, reduction path). The one pipeline cache of the engine."""
         k = shader if isinstance(shader, Kernel) else kernel(shader)
-        consts = dict(consts or {})
+        consts = with_model_constants(k.source, consts or {})
         key = (k.name, tuple(sorted(consts.items())), self.use_subgroups)  # the reduce lib differs per path
         if key not in self._pipelines:
             k.check_consts(consts)
             module = self.device.create_shader_module(label=k.file, code=build_source(k.name, consts, self))
             built = self.device.create_compute_pipeline(
                 label=k.name, layout="auto", compute={"module": module, "entry_point": "main"})
-            self._pipelines[key] = Pipeline(k, built)
+            self._pipelines[key] = Pipeline(k, built, consts)
         return self._pipelines[key]
 
     def pipeline_from_source(self, label: str, code: str) -> Pipeline:
@@ -342,12 +342,13 @@ class Gpu:
 
 
 class Pipeline:
-    """A compute pipeline and the Kernel it was built from (whose declarations its bind groups are checked by)."""
+    """A compute pipeline, the Kernel it was built from (whose declarations its bind groups are checked by) and the
+    constants it was built with."""
 
-    __slots__ = ("kernel", "wgpu", "label")
+    __slots__ = ("kernel", "wgpu", "label", "consts")
 
-    def __init__(self, k: Kernel, built):
-        self.kernel, self.wgpu, self.label = k, built, k.name
+    def __init__(self, k: Kernel, built, consts: dict | None = None):
+        self.kernel, self.wgpu, self.label, self.consts = k, built, k.name, dict(consts or {})
 
     @property
     def handle(self):
@@ -535,3 +536,22 @@ class MapWait:
         """Unmap after a completed wait."""
         self.buf.unmap()
 
+
+
+class ModelGpu:
+    """A Gpu as one model's blocks see it while they build: every pipeline takes the model's values of the
+    MODEL_CONSTANTS its kernel reads (engine/shaders.py), so kernels that meet through int8 rows agree on their
+    layout. Everything else is the Gpu's own (buffers, the one pipeline cache)."""
+
+    def __init__(self, gpu: Gpu, model: dict):
+        unknown = set(model) - set(MODEL_CONSTANTS)
+        if unknown:
+            raise ValueError(f"not model constants: {', '.join(sorted(unknown))} (have {', '.join(MODEL_CONSTANTS)})")
+        self.base, self.model = gpu, dict(model)
+
+    def pipeline(self, shader: str | Kernel, consts: dict | None = None) -> Pipeline:
+        k = shader if isinstance(shader, Kernel) else kernel(shader)
+        return self.base.pipeline(k, with_model_constants(k.source, consts or {}, self.model))
+
+    def __getattr__(self, name: str):
+        return getattr(self.base, name)

@@ -31,6 +31,10 @@ class RuntimeOptions:
     q8_epilogues: with int8 prefill GEMMs, the kernels before one (the tiled attention before o, the gate_up GEMM
         before down) write its int8 rows themselves, the same bytes a quantize_q8 dispatch would (False: those
         dispatches, for A/B).
+    q8_natural: where every int8 product of a model reads GGUF K-quant blocks (a Q4_K_M file, say), its int8
+        activation rows are written in element order, which those blocks' codes meet as stored; the K-quant kernels
+        then skip reordering bytes per row (shaders/q8_codes.wgsl Q8_NATURAL). The same integer sums, so the same
+        logits bit for bit. False: matvec_q8's order everywhere, as before (for A/B).
     split_keys: decode attention past single_pass_keys keys splits them into blocks of this size.
     single_pass_keys: decode attention over at most this many keys runs as one dispatch per layer (RoPE, KV append,
         attention, the gate and o's int8 input together), one workgroup per query head.
@@ -67,6 +71,7 @@ class RuntimeOptions:
     q8_decode: bool = True
     q8_prefill: bool | None = None
     q8_epilogues: bool = True
+    q8_natural: bool = True
     split_keys: int = SPLIT_KEYS
     single_pass_keys: int = SINGLE_PASS_KEYS
     fused_split_decode: bool = True
@@ -102,7 +107,7 @@ class RuntimeOptions:
             positive("norm_matvec_splits", self.norm_matvec_splits, MAX_NORM_MATVEC_SPLITS)
         if self.expert_policy not in ("lru", "lfu"):
             raise ValueError(f"runtime option expert_policy must be 'lru' or 'lfu', got {self.expert_policy!r}")
-        for name in ("q8_decode", "gate_up_q8", "q8_epilogues", "fused_split_decode"):
+        for name in ("q8_decode", "gate_up_q8", "q8_epilogues", "q8_natural", "fused_split_decode"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"runtime option {name} must be true or false, got {getattr(self, name)!r}")
         if self.q8_prefill not in (None, True, False):

@@ -6,7 +6,24 @@ The library `reduce` resolves to `reduce_subgroup` when the device runs subgroup
 
 from __future__ import annotations
 
+import re
+
 from engine.kernels import expand
+
+# Constants that describe the model, not one kernel: the runtime gives every kernel of a model that reads one the
+# model's value (engine/gpu.py ModelGpu); a kernel built on its own (tests, probes) takes the value here.
+# Q8_NATURAL: int8 activation rows in element order (q8_codes.wgsl), for models whose int8 products all read GGUF
+# K-quant blocks; else matvec_q8's order.
+MODEL_CONSTANTS: dict[str, bool] = {"Q8_NATURAL": False}
+
+
+def with_model_constants(source: str, consts: dict, model: dict | None = None) -> dict:
+    """`consts` plus the MODEL_CONSTANTS `source` reads and `consts` leaves out: `model`'s value, else the default."""
+    out = dict(consts)
+    for name, default in MODEL_CONSTANTS.items():
+        if name not in out and re.search(rf"\b{name}\b", source):
+            out[name] = (model or {}).get(name, default)
+    return out
 
 
 def const_block(consts: dict) -> str:

@@ -28,8 +28,9 @@ from engine.blocks.vocab import VocabEnds
 from engine.blocks.workspace import RING, Workspace
 from engine.cancel import Cancelled, CancelToken, check
 from engine.errors import ContextLimitError, ModelFormatError, WeightsBudgetError, ZeroTVMError
-from engine.gpu import Gpu, MapWait, PlanRecorder, Recorder, SegmentRecorder
+from engine.gpu import Gpu, MapWait, ModelGpu, PlanRecorder, Recorder, SegmentRecorder
 from engine.kernels.norm import norm_can_write_int8
+from engine.kquant_plan import is_kquant
 from engine.models.base import FFNS, MIXERS
 from engine.runtime_options import RuntimeOptions
 from engine.sampling import SamplingParams
@@ -124,6 +125,9 @@ class RuntimePlan:
         for b in self.blocks:
             for name, size in b.shared_needs().items():
                 shared[name] = max(shared.get(name, 0), size)
+        # int8 rows in element order where every int8 product reads K-quant blocks, which meet it as stored
+        int8_tags = set().union(*(b.int8_formats() for b in self.blocks))
+        self.q8_natural = self.options.q8_natural and bool(int8_tags) and all(map(is_kquant, int8_tags))
         int8_k = max([s.dim] + [b.int8_row_k() for b in self.blocks])
         # room for the split matvec_q8_norm of the most workgroups a chunk any of its matrices takes
         norm_splits = max([b.norm_matvec_splits() for b in [*mixers, *ffns]] + [1]) if fused else 1
@@ -260,11 +264,12 @@ class Transformer:
             self._load(weights)
             self.ws.build(gpu)
             self.ws.dummy_f16 = self.plan.residual.dummy_f16
+            model_gpu = ModelGpu(gpu, {"Q8_NATURAL": self.plan.q8_natural})  # one int8 row layout for all kernels
             for b in self.blocks:
                 if b is self.sampler:
-                    b.build(gpu, self.ws, logits=self.vocab.logits)
+                    b.build(model_gpu, self.ws, logits=self.vocab.logits)
                 else:
-                    b.build(gpu, self.ws)
+                    b.build(model_gpu, self.ws)
         except BaseException:  # a failed or cancelled load (an exception from the progress callback) frees its memory
             for b in [self.ws, *self.blocks]:
                 b.release()

@@ -1,5 +1,6 @@
 // Prefill's residual add + RMSNorm that also writes every row in int8 (the prefill GEMMs' input, as quantize_q8
-// over the rows would write it: q8_pack.wgsl's layout and rounding), so the GEMMs after it need no quantize_q8.
+// over the rows would write it: q8_codes.wgsl's layout, in the model's byte order, and rounding), so the GEMMs after
+// it need no quantize_q8.
 // The add and norm are add_rms_norm.wgsl's (residual_norm.wgsl: r_out and y bit for bit); then the
 // workgroup rereads its y row as vec4s (thread j: vec4 j, so the 8 threads of a 32-element chunk are neighbours),
 // the chunk maxima and codes meet in workgroup memory, and thread j writes u32 word j of the row (word j of a chunk
@@ -10,6 +11,7 @@
 #import step
 #import reduce
 #import residual_norm
+#import q8_codes
 
 @group(0) @binding(0) var<storage, read> r_in: array<f32>;
 @group(0) @binding(1) var<storage, read> delta: array<f32>;
@@ -50,10 +52,13 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     }
     workgroupBarrier();
     for (var j = lane.lid; j < V; j += WG) {
-        // Word j: even j takes elements 0 and 2 of vec4s j and j + 1, odd j elements 1 and 3 of vec4s j − 1 and j.
+        // Word j in the model's order (q8_codes.wgsl): element order is vec4 j's codes as they are; else even j takes
+        // elements 0 and 2 of vec4s j and j + 1, odd j elements 1 and 3 of vec4s j − 1 and j.
         let a = unpack4xI8(code_sh[j & ~1u]);
         let b = unpack4xI8(code_sh[j | 1u]);
-        if ((j & 1u) == 0u) {
+        if (Q8_NATURAL) {
+            xq[row * V + j] = code_sh[j];
+        } else if ((j & 1u) == 0u) {
             xq[row * V + j] = pack4xI8(vec4<i32>(a.x, a.z, b.x, b.z));
         } else {
             xq[row * V + j] = pack4xI8(vec4<i32>(a.y, a.w, b.y, b.w));

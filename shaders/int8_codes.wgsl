@@ -2,6 +2,9 @@
 // is subtracted here, once at staging, so the inner loop is dot4I8Packed and nothing else. The including kernel
 // declares constants ZERO and AFFINE.
 
+// The codes meet matvec_q8's byte order of the activation rows only: a model in element order never runs these.
+const_assert !Q8_NATURAL;
+
 const NIB: u32 = 0x0F0F0F0Fu;
 const SIGN: u32 = 0x80808080u;
 const ZERO4: u32 = ZERO * 0x01010101u;      // ZERO in each byte

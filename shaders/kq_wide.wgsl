@@ -117,8 +117,10 @@ fn swap_mid(v: vec2<u32>) -> vec2<u32> {
 }
 
 // 16 bytes of element-order positions (words: positions 0..3, 4..7, 8..11, 12..15) in q8_pack's order: per 8
-// positions a word of the evens, then one of the odds, so each word meets the activation word at its index.
+// positions a word of the evens, then one of the odds, so each word meets the activation word at its index. Rows in
+// element order (Q8_NATURAL) meet the codes as stored.
 fn q8_order(q: vec4<u32>) -> vec4<u32> {
+    if (Q8_NATURAL) { return q; }
     let a = q.xz;
     let b = q.yw;
     let ev = swap_mid((a & vec2<u32>(0x00FF00FFu)) | ((b << vec2<u32>(8u)) & vec2<u32>(0xFF00FF00u)));  // 0 4 2 6

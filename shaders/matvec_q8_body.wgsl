@@ -7,6 +7,9 @@
 // The including kernel declares xq (vec4<u32>), w (vec4<u32>), s (f16), y (f32), xm (vec2<f32>) (bindings, or
 // workgroup arrays the kernel fills) and imports reduce; constants K, N, ROWS, GATE_UP, BITS (4, or 3), ZERO, AFFINE, GROUP.
 
+// The nibble-packed codes meet matvec_q8's byte order only: a model in element order never runs these kernels.
+const_assert !Q8_NATURAL;
+
 const CHUNKS: u32 = K / 32u;
 const GROUPS: u32 = K / GROUP;
 const CPG: u32 = GROUP / 32u;                // chunks per scale group

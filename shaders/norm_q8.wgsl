@@ -4,6 +4,7 @@
 // stays with thread i % WG (coalesced, as the f32 path), and chunk maxima, codes and sums meet through workgroup
 // atomics. The including kernel declares w, y, xq, xm, NORM_OFFSET, norm_src and consts D (a multiple of 32,
 // at most 8192) and WG. Call from uniform control flow (it has barriers).
+#import q8_codes
 
 const PER_THREAD: u32 = (D + WG - 1u) / WG;
 // Sized 1 without Q8, so the f32 path keeps its workgroup memory small.
@@ -35,8 +36,8 @@ fn norm_row_q8(base: u32, inv: f32, lid: u32) {
             let e = i % 32u;
             let amax = bitcast<f32>(atomicLoad(&q_amax[c]));
             let q = i32(clamp(round(ys[n] * select(0.0, 127.0 / amax, amax > 0.0)), -127.0, 127.0));
-            // element e of the chunk: word j = e / 8; even elements in u32 2j, odd ones in 2j + 1; byte (e % 8) / 2
-            atomicOr(&q_words[c * 8u + 2u * (e / 8u) + e % 2u], (u32(q) & 0xFFu) << (8u * ((e % 8u) / 2u)));
+            let at = q8_slot(e);  // element e's word and byte (q8_codes.wgsl: the model's order)
+            atomicOr(&q_words[c * 8u + at.x], (u32(q) & 0xFFu) << (8u * at.y));
             atomicAdd(&q_sum[c], q);
         }
     }

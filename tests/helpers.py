@@ -142,10 +142,11 @@ def assert_within_ulps(got: np.ndarray, exact: np.ndarray, ulps: float) -> None:
     assert (err <= ulps).all(), f"{int((err > ulps).sum())} values off by up to {err.max():.2f} ULP (> {ulps})"
 
 
-def assert_q8_matches(xq: np.ndarray, xm: np.ndarray, row: np.ndarray) -> None:
-    """One row's int8 copy (xq words, xm (scale, sum) pairs, as read back) is `row` quantized as the kernels
-    define it: codes exact up to the rounding Q8_CODE_ULPS allows, scales within Q8_SCALE_ULPS, sums exact."""
-    codes = unpack_codes(xq)
+def assert_q8_matches(xq: np.ndarray, xm: np.ndarray, row: np.ndarray, natural: bool = False) -> None:
+    """One row's int8 copy (xq words, xm (scale, sum) pairs, as read back; `natural`: bytes in element order) is
+    `row` quantized as the kernels define it: codes exact up to the rounding Q8_CODE_ULPS allows, scales within
+    Q8_SCALE_ULPS, sums exact."""
+    codes = unpack_codes(xq, natural)
     q, scale, total = reference_quantize_q8(row, codes)
     np.testing.assert_array_equal(codes, q)
     assert_within_ulps(xm[:, 0], scale, Q8_SCALE_ULPS)
@@ -166,22 +167,26 @@ def int8_rounding_bound(x: np.ndarray, weights: np.ndarray, N: int, gate_up: boo
     return 1.1 * eg * (np.abs(u) + eu) + np.abs(silu(g)) * eu
 
 
-def unpack_codes(xq: np.ndarray) -> np.ndarray:
-    """The kernel's byte order back to element order: per 8-element word, u32 2j = elements 0,2,4,6, 2j+1 = odds."""
+def unpack_codes(xq: np.ndarray, natural: bool = False) -> np.ndarray:
+    """The kernel's byte order back to element order: per 8-element word, u32 2j = elements 0,2,4,6, 2j+1 = odds;
+    `natural` (shaders/q8_codes.wgsl Q8_NATURAL): the bytes are in element order already."""
+    if natural:
+        return np.ascontiguousarray(xq).view(np.int8).reshape(-1).copy()
     b = xq.view(np.int8).reshape(-1, 4, 2, 4)  # chunk, word, (even, odd), byte
     out = np.empty((b.shape[0], 4, 8), np.int8)
     out[:, :, 0::2], out[:, :, 1::2] = b[:, :, 0], b[:, :, 1]
     return out.reshape(-1)
 
 
-def assert_q8_row(gpu, xq_buf, xm_buf, row) -> None:
-    """The int8 copy a kernel wrote: `row` quantized as the kernels define it, or (row None) untouched."""
+def assert_q8_row(gpu, xq_buf, xm_buf, row, natural: bool = False) -> None:
+    """The int8 copy a kernel wrote (`natural`: in element order): `row` quantized as the kernels define it, or
+    (row None) untouched."""
     n = xm_buf.size // 8
     xq, xm = read(gpu, xq_buf, (n * 8,), np.uint32), read(gpu, xm_buf, (n, 2))
     if row is None:
         assert (xq == np.iinfo(np.uint32).max).all() and np.isnan(xm).all()
         return
-    assert_q8_matches(xq, xm, row)
+    assert_q8_matches(xq, xm, row, natural)
 
 
 # ---- int8 activations on the GPU: quantize_q8 rows and matvec_q8 on them ------------------------------------------

@@ -147,21 +147,24 @@ def test_fold_grid():
         assert x <= 65535 and y <= 65535 and x * y >= n
 
 
-@pytest.mark.parametrize("T,D,q8", [(1, 32, False), (3, 77, False), (5, 3072, False), (1, 64, True), (5, 3072, True)])
-def test_rms_norm(any_gpu, rng, T, D, q8):
+# natural: the int8 row in element order (shaders/q8_codes.wgsl Q8_NATURAL, a model of K-quant products)
+@pytest.mark.parametrize("T,D,q8,natural", [(1, 32, False, False), (3, 77, False, False), (5, 3072, False, False),
+                                            (1, 64, True, False), (5, 3072, True, False), (1, 64, True, True),
+                                            (5, 3072, True, True)])
+def test_rms_norm(any_gpu, rng, T, D, q8, natural):
     g = any_gpu
     x = rng.standard_normal((T, D)).astype(np.float32)
     w = rng.standard_normal(D).astype(np.float16)
     y = poisoned(g, "y", (T, D))
     xq, xm = poisoned(g, "xq", (max(D // 4, 1),), np.uint32), poisoned(g, "xm", (max(D // 32, 1), 2))
-    run(g, "rms_norm", dict(WG=64, D=D, EPS=1e-5, Q8=q8, NORM_OFFSET=0.0),
+    run(g, "rms_norm", dict(WG=64, D=D, EPS=1e-5, Q8=q8, NORM_OFFSET=0.0, Q8_NATURAL=natural),
         [g.upload("x", x), g.upload("w", w), y, step_uniform(g, T), xq, xm], (T,))
     xd = x.astype(np.float64)
     ref = xd / np.sqrt((xd**2).mean(1, keepdims=True) + 1e-5) * w.astype(np.float64)
     out = read(g, y, (T, D))
     # Σx² over D ≤ 3072 positive terms: ≤ (D − 1)·2^-24 relative, halved by the root (inverseSqrt: 2 ULP)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
-    assert_q8_row(g, xq, xm, out[-1] if q8 else None)  # the last row in int8, or nothing written
+    assert_q8_row(g, xq, xm, out[-1] if q8 else None, natural)  # the last row in int8, or nothing written
 
 
 def test_uploads_wait_for_their_staging_copies_past_one_window(gpu, monkeypatch):

@@ -118,8 +118,11 @@ def test_embedding_plan():
         embedding_plan(96, 300, row0=256, n_rows=45)
 
 
-@pytest.mark.parametrize("T,D,q8", [(1, 64, False), (3, 77, False), (4, 3072, False), (1, 96, True), (4, 3072, True)])
-def test_add_rms_norm(any_gpu, rng, T, D, q8):
+# natural: the int8 row in element order (shaders/q8_codes.wgsl Q8_NATURAL, a model of K-quant products)
+@pytest.mark.parametrize("T,D,q8,natural", [(1, 64, False, False), (3, 77, False, False), (4, 3072, False, False),
+                                            (1, 96, True, False), (4, 3072, True, False), (1, 96, True, True),
+                                            (4, 3072, True, True)])
+def test_add_rms_norm(any_gpu, rng, T, D, q8, natural):
     g = any_gpu
     r_in = rng.standard_normal((T, D)).astype(np.float32)
     delta = rng.standard_normal((T, D)).astype(np.float32)
@@ -127,14 +130,14 @@ def test_add_rms_norm(any_gpu, rng, T, D, q8):
     r_out, y = poisoned(g, "r_out", (T, D)), poisoned(g, "y", (T, D))
     xq, xm = poisoned(g, "xq", (max(D // 4, 1),), np.uint32), poisoned(g, "xm", (max(D // 32, 1), 2))
     bufs = [g.upload("r_in", r_in), g.upload("d", delta), g.upload("w", w), r_out, y, step_uniform(g, T), xq, xm]
-    run(g, "add_rms_norm", dict(WG=128, D=D, EPS=1e-6, Q8=q8, NORM_OFFSET=0.0), bufs, (T,))
+    run(g, "add_rms_norm", dict(WG=128, D=D, EPS=1e-6, Q8=q8, NORM_OFFSET=0.0, Q8_NATURAL=natural), bufs, (T,))
     s = r_in.astype(np.float64) + delta
     ref = s / np.sqrt((s**2).mean(1, keepdims=True) + 1e-6) * w.astype(np.float64)
     np.testing.assert_allclose(read(g, r_out, (T, D)), s, rtol=1e-6, atol=1e-6)  # one f32 addition
     out = read(g, y, (T, D))
     # Σx² over D ≤ 3072 positive terms: ≤ (D − 1)·2^-24 relative, halved by the root (inverseSqrt: 2 ULP)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
-    assert_q8_row(g, xq, xm, out[-1] if q8 else None)  # the last row in int8, or nothing written
+    assert_q8_row(g, xq, xm, out[-1] if q8 else None, natural)  # the last row in int8, or nothing written
 
 
 def greedy_pick(gpu, logits, out_index=0):

@@ -200,13 +200,15 @@ def test_matvec_kq_folded_grid(any_gpu, rng):
 
 
 # ---- decode matvec, int8 activations -----------------------------------------------------------------------
-def quantize_x(gpu, x):
-    """quantize_q8 on the GPU: (xq, xm buffers, x̂ float64 [T, K] the codes stand for, per-chunk scales [T, K/32])."""
+def quantize_x(gpu, x, natural=False):
+    """quantize_q8 on the GPU (`natural`: bytes in element order, shaders/q8_codes.wgsl Q8_NATURAL): (xq, xm buffers,
+    x̂ float64 [T, K] the codes stand for, per-chunk scales [T, K/32])."""
     T, K = x.shape
     xq, xm = poisoned(gpu, "xq", (T * K // 4,), np.uint32), poisoned(gpu, "xm", (T * K // 32, 2))
     consts, grid = quantize_q8_plan(K, rows=T)
-    run(gpu, "quantize_q8", consts, [gpu.upload("x", x), xq, xm, step_uniform(gpu, T)], grid)
-    codes = unpack_codes(read(gpu, xq, (T * K // 4,), np.uint32)).reshape(T, K)
+    run(gpu, "quantize_q8", dict(consts, Q8_NATURAL=natural), [gpu.upload("x", x), xq, xm, step_uniform(gpu, T)],
+        grid)
+    codes = unpack_codes(read(gpu, xq, (T * K // 4,), np.uint32), natural).reshape(T, K)
     scale = read(gpu, xm, (T * K // 32, 2))[:, 0].astype(np.float64).reshape(T, K // 32)
     return xq, xm, codes * np.repeat(scale, 32, axis=1), scale
 
@@ -230,14 +232,17 @@ def scaled_activations(rng, T, K):
     return x.astype(np.float32)
 
 
-def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, chunks=None, wide=None, **plan):
+def run_matvec_q8(gpu, tag, raw, x_row, N, gate_up, subgroup_size=None, vec4=None, chunks=None, wide=None,
+                  natural=False, **plan):
+    """The int8 decode matvec on x_row quantized by quantize_q8; `natural`: both in element order (Q8_NATURAL)."""
     K = x_row.shape[0]
-    xq, xm, x_hat, scale = quantize_x(gpu, x_row[None])
+    xq, xm, x_hat, scale = quantize_x(gpu, x_row[None], natural)
     consts, grid = matvec_kq_q8_plan(tag, K, N, subgroup_size or gpu.subgroup_size, gate_up=gate_up, vec4=vec4,
                                      chunks=chunks, wide=wide, **plan)
     y = poisoned(gpu, "y", (N,))
     w, wh = upload_weight(gpu, tag, raw, K)
-    run(gpu, matvec_kq_q8_kernel(tag, vec4, chunks, wide, n=N), consts, [xq, w, wh, y, xm], grid)
+    run(gpu, matvec_kq_q8_kernel(tag, vec4, chunks, wide, n=N), dict(consts, Q8_NATURAL=natural),
+        [xq, w, wh, y, xm], grid)
     return read(gpu, y, (N,)), x_hat[0], scale[0], grid
 
 
@@ -382,6 +387,46 @@ def test_matvec_kq_q8_wide_equals_the_default_kernel(gpu, rng, tag, blocks, N, g
     assert_within(wide, default, 2 * gate_bound(y_hat, e, N, gate_up), "wide vs default")
 
 
+# Every int8 kernel a K-quant matrix can run, by its plan knobs: the default for few and many outputs, Q4_K's three
+# loads, the chunk kernels, and the staged and batched item loops.
+INT8_VARIANTS = [dict(wide=None), dict(wide=False), dict(vec4=False), dict(chunks=True), dict(wide=False, stage=True),
+                 dict(wide=False, batch=2)]
+
+
+def int8_variants(tag):
+    out = []
+    for knobs in INT8_VARIANTS:
+        if "vec4" in knobs and not has_vec4_blocks(tag) or "chunks" in knobs and tag not in ("q2_k", "q3_k"):
+            continue
+        if "stage" in knobs and tag in ("q2_k", "q3_k"):  # the item kernels' option
+            continue
+        out.append(knobs)
+    return out
+
+
+@pytest.mark.parametrize("tag", TAGS)
+@pytest.mark.parametrize("blocks,N,gate_up", [(3, 37, False), (2, 10, True)])
+def test_int8_rows_in_element_order_give_every_kernel_the_same_sums(gpu, rng, tag, blocks, N, gate_up):
+    # The same row quantized in element order (Q8_NATURAL, what a model of K-quant products writes) and in
+    # matvec_q8's: every int8 kernel then skips reordering bytes, and its integer sums, hence its outputs, are the
+    # same bit for bit; the element-order run also meets the float64 reference's bound on its own.
+    K = blocks * kquant.TYPES[tag].elements
+    raw = random_raw(rng, tag, 2 * N if gate_up else N, K)
+    W, M = reference(tag, raw)
+    x = scaled_activations(rng, 1, K)[0]
+    for knobs in int8_variants(tag):
+        ours, x_hat, scale, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, natural=True, **knobs)
+        pack, x_hat2, _, _ = run_matvec_q8(gpu, tag, raw, x, N, gate_up, **knobs)
+        assert (x_hat == x_hat2).all()  # the same codes, laid out apart
+        np.testing.assert_array_equal(ours, pack, err_msg=str(knobs))
+        check_int8_product(ours, x, x_hat, scale, W, M, N, gate_up, 8 + K // 32 + 64)
+    xs = scaled_activations(rng, 5, K)
+    ours, x_hat, scale, _ = run_gemm_q8(gpu, tag, raw, xs, N, gate_up, natural=True)
+    pack, _, _, _ = run_gemm_q8(gpu, tag, raw, xs, N, gate_up)
+    np.testing.assert_array_equal(ours, pack)
+    check_int8_product(ours, xs, x_hat, scale, W, M, N, gate_up, 6 * (K // 32) + 4)
+
+
 @pytest.mark.parametrize("tag", WIDE)
 @pytest.mark.parametrize("claimed,split", [(1, None), (4, None), (64, None), (64, 16)])
 def test_matvec_kq_q8_wide_covers_every_row_whatever_the_subgroup_size(gpu, rng, tag, claimed, split):
@@ -470,15 +515,16 @@ def test_gemm_kq_folded_grid(gpu, rng):
 
 
 # ---- prefill GEMM, int8 activations ------------------------------------------------------------------------
-def run_gemm_q8(gpu, tag, raw, x, N, gate_up, n_tokens=None, **plan):
+def run_gemm_q8(gpu, tag, raw, x, N, gate_up, n_tokens=None, natural=False, **plan):
     T, K = x.shape
-    xq, xm, x_hat, scale = quantize_x(gpu, x)
+    xq, xm, x_hat, scale = quantize_x(gpu, x, natural)
     consts, grid = gemm_kq_q8_plan(tag, K, N, T, gate_up=gate_up, **plan)
     ys = consts["YS"]
     y = poisoned(gpu, "y", (T, ys))
     w, wh = upload_weight(gpu, tag, raw, K)
     unused = [gpu.buffer("yq", 16), gpu.buffer("ym", 16)]  # the int8 output rows (not with these plans)
-    run(gpu, "matmul_kq_q8", consts, [xq, w, wh, y, xm, step_uniform(gpu, n_tokens or T), *unused], grid)
+    run(gpu, "matmul_kq_q8", dict(consts, Q8_NATURAL=natural),
+        [xq, w, wh, y, xm, step_uniform(gpu, n_tokens or T), *unused], grid)
     return read(gpu, y, (T, ys)), x_hat, scale, grid
 
 

@@ -10,7 +10,8 @@ from tests.helpers import assert_q8_matches, poisoned, read, run, step_uniform
 
 
 @pytest.mark.parametrize("T,D,offset", [(1, 32, 0.0), (3, 96, 0.0), (5, 3072, 0.0), (2, 2560, 1.0)])
-def test_norm_rows_equal_norm_then_quantize(any_gpu, rng, T, D, offset):
+@pytest.mark.parametrize("natural", [False, True])  # the int8 rows in element order (q8_codes.wgsl Q8_NATURAL)
+def test_norm_rows_equal_norm_then_quantize(any_gpu, rng, T, D, offset, natural):
     g = any_gpu
     r_in = rng.standard_normal((T, D)).astype(np.float32)
     delta = rng.standard_normal((T, D)).astype(np.float32)
@@ -25,13 +26,14 @@ def test_norm_rows_equal_norm_then_quantize(any_gpu, rng, T, D, offset):
 
     r_out, y, xq, xm = outputs()
     step = step_uniform(g, T)
-    run(g, "add_rms_norm_rows", norm_rows_plan(D, 1e-6, offset), ins + [r_out, y, step, xq, xm], (T,))
+    run(g, "add_rms_norm_rows", dict(norm_rows_plan(D, 1e-6, offset), Q8_NATURAL=natural),
+        ins + [r_out, y, step, xq, xm], (T,))
 
     r_ref, y_ref, xq_ref, xm_ref = outputs()
     unused = [g.buffer("xq-unused", 16), g.buffer("xm-unused", 16)]
     run(g, "add_rms_norm", norm_plan(D, 1e-6, False, offset), ins + [r_ref, y_ref, step] + unused, (T,))
     consts, grid = quantize_q8_plan(D, rows=T)
-    run(g, "quantize_q8", consts, [y_ref, xq_ref, xm_ref, step], grid)
+    run(g, "quantize_q8", dict(consts, Q8_NATURAL=natural), [y_ref, xq_ref, xm_ref, step], grid)
 
     pairs = ((r_out, r_ref, np.float32, (T + 1, D)), (y, y_ref, np.float32, (T + 1, D)),
              (xq, xq_ref, np.uint32, (T + 1, D // 4)), (xm, xm_ref, np.float32, (T + 1, D // 16)))
@@ -41,7 +43,7 @@ def test_norm_rows_equal_norm_then_quantize(any_gpu, rng, T, D, offset):
         assert (np.isnan(a[T]) if dtype == np.float32 else a[T] == np.iinfo(np.uint32).max).all()
     ys, words, metas = read(g, y, (T + 1, D)), read(g, xq, (T + 1, D // 4), np.uint32), read(g, xm, (T + 1, D // 32, 2))
     for t in range(T):
-        assert_q8_matches(words[t], metas[t], ys[t])
+        assert_q8_matches(words[t], metas[t], ys[t], natural)
 
 
 def test_norm_rows_limits():

@@ -145,6 +145,13 @@ class Block:
         """The widest input row (elements) this block's int8 decode matvecs read from the workspace's int8 row."""
         return 0
 
+    def int8_formats(self) -> set[str]:
+        """The weight formats of this block's products that take int8 activations (decode or prefill), from its
+        `lin` matrices where it has them: the runtime writes int8 rows in element order only where all of a model's
+        are K-quant blocks (engine/transformer.py RuntimePlan.q8_natural)."""
+        return {part.tag for mats in getattr(self, "lin", {}).values() for lin in mats.values()
+                for part in getattr(lin, "parts", [lin]) if part.int8 or part.int8_prefill}
+
     # ---- load and build (GPU) -----------------------------------------------------------------------------
     def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
         """One checkpoint tensor of `tensors()` (its checkpoint name: `source`) as the checkpoint streams by:

@@ -332,6 +332,9 @@ class MoeFfn(Block):
     def int8_row_k(self) -> int:
         return self.D
 
+    def int8_formats(self) -> set[str]:  # its kernels read matvec_q8's int8 order, and its formats are never K-quant
+        return set(self.fmt.values()) if self.ar.int8 else set()
+
     def can_carry_norms(self) -> bool:
         """A resident block of int8 expert stacks runs its decode token as the fused passes, which read the mixer's
         residual and norm row and end in the next norm's row (engine/blocks/moe_fused.py)."""

@@ -77,6 +77,10 @@ class VocabEnds(Block):
     def int8_row_k(self) -> int:
         return self.dim
 
+    def int8_formats(self) -> set[str]:  # the LM head's (the embedding reads no activations)
+        tag = self.formats[self.lm]
+        return {tag} if self.ar.is_int8(tag) or self.ar.is_int8_prefill(tag) else set()
+
     # ---- load --------------------------------------------------------------------------------------------
     def take(self, gpu, name: str, arr: np.ndarray, source: str = "") -> None:
         self.w[name] = upload_weight(gpu, name, arr, parts_ok=True, source=source)
