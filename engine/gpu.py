@@ -537,7 +537,6 @@ class MapWait:
         self.buf.unmap()
 
 
-
 class ModelGpu:
     """A Gpu as one model's blocks see it while they build: every pipeline takes the model's values of the
     MODEL_CONSTANTS its kernel reads (engine/shaders.py), so kernels that meet through int8 rows agree on their

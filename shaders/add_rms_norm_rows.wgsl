@@ -54,14 +54,16 @@ fn main(lane: Lane, @builtin(workgroup_id) wid: vec3<u32>) {
     for (var j = lane.lid; j < V; j += WG) {
         // Word j in the model's order (q8_codes.wgsl): element order is vec4 j's codes as they are; else even j takes
         // elements 0 and 2 of vec4s j and j + 1, odd j elements 1 and 3 of vec4s j − 1 and j.
-        let a = unpack4xI8(code_sh[j & ~1u]);
-        let b = unpack4xI8(code_sh[j | 1u]);
         if (Q8_NATURAL) {
             xq[row * V + j] = code_sh[j];
-        } else if ((j & 1u) == 0u) {
-            xq[row * V + j] = pack4xI8(vec4<i32>(a.x, a.z, b.x, b.z));
         } else {
-            xq[row * V + j] = pack4xI8(vec4<i32>(a.y, a.w, b.y, b.w));
+            let a = unpack4xI8(code_sh[j & ~1u]);
+            let b = unpack4xI8(code_sh[j | 1u]);
+            if ((j & 1u) == 0u) {
+                xq[row * V + j] = pack4xI8(vec4<i32>(a.x, a.z, b.x, b.z));
+            } else {
+                xq[row * V + j] = pack4xI8(vec4<i32>(a.y, a.w, b.y, b.w));
+            }
         }
         if ((j & 7u) == 0u) {
             var total = 0;

@@ -17,23 +17,17 @@ fn q8_chunk(v: ptr<function, array<vec4<f32>, 8>>) -> Q8Chunk {
     let amax = max(max(m.x, m.y), max(m.z, m.w));
     let inv = select(0.0, 127.0 / amax, amax > 0.0);
     var total = 0;
-    if (Q8_NATURAL) {
-        for (var j = 0u; j < 8u; j++) {
-            let a = vec4<i32>(clamp(round((*v)[j] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
-            out.words[j] = pack4xI8(a);
-            total += a.x + a.y + a.z + a.w;
-        }
-        out.scale_sum = vec2<f32>(amax / 127.0, f32(total));
-        return out;
-    }
-    for (var j = 0u; j < 4u; j++) {
+    for (var j = 0u; j < 4u; j++) {  // one rounding for both orders: they hold the same codes
         let a = vec4<i32>(clamp(round((*v)[2u * j] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
         let b = vec4<i32>(clamp(round((*v)[2u * j + 1u] * inv), vec4<f32>(-127.0), vec4<f32>(127.0)));
-        let even = vec4<i32>(a.x, a.z, b.x, b.z);
-        let odd = vec4<i32>(a.y, a.w, b.y, b.w);
-        out.words[2u * j] = pack4xI8(even);
-        out.words[2u * j + 1u] = pack4xI8(odd);
-        total += even.x + even.y + even.z + even.w + odd.x + odd.y + odd.z + odd.w;
+        if (Q8_NATURAL) {
+            out.words[2u * j] = pack4xI8(a);
+            out.words[2u * j + 1u] = pack4xI8(b);
+        } else {
+            out.words[2u * j] = pack4xI8(vec4<i32>(a.x, a.z, b.x, b.z));
+            out.words[2u * j + 1u] = pack4xI8(vec4<i32>(a.y, a.w, b.y, b.w));
+        }
+        total += a.x + a.y + a.z + a.w + b.x + b.y + b.z + b.w;
     }
     out.scale_sum = vec2<f32>(amax / 127.0, f32(total));
     return out;
