@@ -29,6 +29,18 @@ KERNEL = """
 fn main(@builtin(global_invocation_id) i: vec3<u32>) {{ a[i.x] = a[i.x] * {k}u + 1u; }}
 """
 
+# A kernel whose private array is indexed at run time, so it lives in the driver's per-thread local memory: if the
+# driver sizes that memory for every thread the GPU can hold, the pipeline alone grows used memory by ~that × 2 KiB.
+PRIVATE_KERNEL = """
+@group(0) @binding(0) var<storage, read_write> a: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) i: vec3<u32>) {
+    var t: array<u32, 512>;
+    for (var k = 0u; k < 512u; k++) { t[k] = a[(i.x + k) % 64u]; }
+    a[i.x] = t[a[i.x] % 512u];
+}
+"""
+
 
 def settled(used: UsedMemory, gpu) -> int:
     gpu.sync()
@@ -48,10 +60,13 @@ def objects(n_pipelines: int, n_groups: int) -> dict:
     buf = gpu.upload("probe", np.zeros(64, np.uint32))
     groups = [gpu.bind(pipes[0], [buf], f"g{k}") for k in range(n_groups)]
     after_groups = settled(used, gpu)
+    gpu.pipeline_from_source("probe_private", PRIVATE_KERNEL)
+    after_private = settled(used, gpu)
     return {"pipelines": n_pipelines, "pipeline_bytes_each": (after_pipes - base) / max(1, n_pipelines),
             "bind_groups": len(groups), "bind_group_bytes_each": (after_groups - after_pipes) / max(1, len(groups)),
             "pipelines_mb": round((after_pipes - base) / 1e6, 2),
-            "bind_groups_mb": round((after_groups - after_pipes) / 1e6, 2)}
+            "bind_groups_mb": round((after_groups - after_pipes) / 1e6, 2),
+            "private_2kib_pipeline_mb": round((after_private - after_groups) / 1e6, 2)}
 
 
 def counted_load(shape: str) -> dict:
@@ -79,6 +94,7 @@ def counted_load(shape: str) -> dict:
 
     def pipeline(self, shader, consts=None):  # the used memory before and after each new pipeline
         n = len(self._pipelines)
+        self.sync()  # pending uploads land first, so only the pipeline's own memory counts below
         before = used()
         built = real_pipeline(self, shader, consts)
         if len(self._pipelines) > n:
@@ -91,7 +107,7 @@ def counted_load(shape: str) -> dict:
     out = load_peak.one(shape, None, None, None)
     out["pipelines_built"] = len(made[0]._pipelines) if made else None
     out["bind_groups_made"] = counts["bind"]
-    out["pipeline_growth_mb"] = round(sum(grown.values()) / 1e6, 2)  # includes any buffer made meanwhile (none)
+    out["pipeline_growth_mb"] = round(sum(grown.values()) / 1e6, 2)
     out["pipeline_growth_by_kernel_mb"] = {k: round(v / 1e6, 2) for k, v in sorted(grown.items(), key=lambda kv: -kv[1])
                                            if v}
     return out
