@@ -11,8 +11,7 @@ python3 bench/chain_profile.py phi3-mini --tokens 10 --options '{"decode_attenti
   --options '{"norm_matvec_splits": null}' --json "$out/chain.json" 2>&1 | grep -E "decode token|attention_decode|matvec_q8_norm"
 i=0
 for s in phi3-mini qwen3-4b; do
-  for o in '{}' '{"decode_attention": "lanes", "norm_matvec_splits": null}' '{"decode_attention": "batched"}' '{}' \
-           '{"decode_attention": "lanes", "norm_matvec_splits": null}'; do
+  for o in '{}' '{"decode_attention": "lanes"}' '{}' '{"decode_attention": "lanes"}'; do  # session 10: the rest lost
     i=$((i + 1))
     python3 -m engine bench --shape "$s" --runs 2 --long-prompt-tokens 0 --timestamps --options "$o" > "$out/bench_$i.txt" 2>&1
     echo "$s $o: $(grep -E "decode_tok_s|gpu_ms_per_token" "$out/bench_$i.txt" | tr -s ' ' | tr '\n' ' ')"
